@@ -1,0 +1,1 @@
+"""Experiments: one module each, providing data and a model builder. See README.md here."""

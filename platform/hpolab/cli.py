@@ -1,0 +1,136 @@
+"""`hpolab` command line: parse, validate, call one function, return an exit code.
+
+Exit codes: 0 success; 1 the work failed; 2 bad input (spec, arguments, missing study);
+130 interrupted by Ctrl-C (the stores are consistent; re-run to continue).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class UserError(Exception):
+    """A problem the user can fix; printed as one clear message, no traceback."""
+
+
+def _add_store_options(p: argparse.ArgumentParser, suppress: bool) -> None:
+    d = argparse.SUPPRESS if suppress else None
+    p.add_argument("--store", default=d, metavar="DIR", help="local store folder (default ./mlruns): optuna.db, mlflow.db, artifacts/")
+    p.add_argument("--storage", default=d, metavar="URL", help="Optuna storage URL (default: env OPTUNA_STORAGE, else sqlite in the store)")
+    p.add_argument("--tracking-uri", default=d, metavar="URI", help="MLflow tracking URI (default: env MLFLOW_TRACKING_URI, else sqlite in the store)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hpolab", description="Hyperparameter studies for PyTorch on Optuna + MLflow.")
+    _add_store_options(parser, suppress=False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def command(subparsers, name: str, help_: str) -> argparse.ArgumentParser:
+        p = subparsers.add_parser(name, help=help_, description=help_)
+        _add_store_options(p, suppress=True)
+        return p
+
+    study = sub.add_parser("study", help="run, inspect or validate a study")
+    ssub = study.add_subparsers(dest="study_command", metavar="SUBCOMMAND")
+    ssub.required = True
+    p = command(ssub, "run", "run (or continue) a study up to its n_trials budget")
+    p.add_argument("spec", help="study spec YAML, e.g. studies/digits_cnn.yaml")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. n_trials=4 trainer.lr=0.01")
+    p = command(ssub, "status", "trial table of a study, from the stores")
+    p.add_argument("name", help="study name (the spec's name:)")
+    p = command(ssub, "validate", "check a spec and print the resolved version")
+    p.add_argument("spec")
+    p.add_argument("overrides", nargs="*")
+
+    p = command(sub, "worker", "join a study as one more worker (same as `study run`)")
+    p.add_argument("spec")
+    p.add_argument("overrides", nargs="*")
+
+    p = command(sub, "ui", "serve the MLflow UI for the store in use")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=5000)
+
+    command(sub, "env", "check the install: versions, CUDA, a matmul on the device")
+    return parser
+
+
+def _stores(args):
+    from hpolab.stores import resolve_stores
+
+    return resolve_stores(getattr(args, "store", None), getattr(args, "storage", None), getattr(args, "tracking_uri", None))
+
+
+def cmd_study_run(args) -> int:
+    from hpolab.spec import load_spec
+    from hpolab.study.driver import Driver
+    from hpolab.study.progress import Progress
+
+    spec = load_spec(args.spec, args.overrides)
+    stores = _stores(args)
+    # `hpolab worker` joins a study that other drivers are running now: mix the pid into the
+    # sampler seed so two workers started together do not propose identical trials.
+    worker_seed = os.getpid() if args.command == "worker" else 0
+    outcome = Driver(spec, stores, Progress(spec), worker_seed=worker_seed).run()
+    return EXIT_INTERRUPTED if outcome.interrupted else EXIT_OK
+
+
+def cmd_study_validate(args) -> int:
+    from hpolab.spec import load_spec, spec_to_yaml
+
+    spec = load_spec(args.spec, args.overrides)
+    print(f"# {args.spec}: valid")
+    print(spec_to_yaml(spec), end="")
+    return EXIT_OK
+
+
+def cmd_study_status(args) -> int:
+    from hpolab.study.status import print_status
+
+    return print_status(args.name, _stores(args))
+
+
+def cmd_ui(args) -> int:
+    from hpolab.ui import serve
+
+    return serve(_stores(args), host=args.host, port=args.port)
+
+
+def cmd_env(args) -> int:
+    from hpolab.envcheck import run_env_check
+
+    return run_env_check()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = {
+        ("study", "run"): cmd_study_run,
+        ("study", "status"): cmd_study_status,
+        ("study", "validate"): cmd_study_validate,
+        ("worker", None): cmd_study_run,
+        ("ui", None): cmd_ui,
+        ("env", None): cmd_env,
+    }[(args.command, getattr(args, "study_command", None))]
+    from hpolab.spec import SpecError
+
+    try:
+        return handler(args)
+    except SpecError as e:
+        print(e.render(), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except UserError as e:
+        print(f"hpolab: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("hpolab: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""Study spec: YAML + `key=value` overrides -> one frozen, validated StudySpec.
+
+Every problem is collected and reported at once with its field path (`trainer.lr: ...`), so a user
+fixes a spec in one go. Nothing here trains or touches a store.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from types import ModuleType
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hpolab.experiment import load_experiment
+from hpolab.train.config import TrainConfig
+
+STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+class SpecError(Exception):
+    """A spec that cannot be used. `problems` are 'path: message' lines, all of them."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: " + "; ".join(problems))
+
+    def render(self) -> str:
+        lines = [f"invalid study spec {self.source} ({len(self.problems)} problem{'s' * (len(self.problems) > 1)}):"]
+        lines += [f"  - {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FloatDist(_Frozen):
+    type: Literal["float"]
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    # Bounds from the study's LR range test (rule in hpolab.lr_bounds); low/high must then be omitted.
+    from_lr_range_test: bool = False
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "FloatDist":
+        if self.from_lr_range_test:
+            if self.low is not None or self.high is not None:
+                raise ValueError("give either low/high or from_lr_range_test: true, not both")
+            if self.step is not None:
+                raise ValueError("step cannot be combined with from_lr_range_test")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError("float needs low and high (or from_lr_range_test: true)")
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log: true needs low > 0, got {self.low}")
+        if self.log and self.step is not None:
+            raise ValueError("step cannot be combined with log: true")
+        return self
+
+
+class IntDist(_Frozen):
+    type: Literal["int"]
+    low: int
+    high: int
+    log: bool = False
+    step: int = 1
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "IntDist":
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
+        if self.log and (self.low < 1 or self.step != 1):
+            raise ValueError("log: true needs low >= 1 and step 1")
+        return self
+
+
+class CategoricalDist(_Frozen):
+    type: Literal["categorical"]
+    choices: list[Any] = Field(min_length=1)
+
+    @field_validator("choices")
+    @classmethod
+    def _plain(cls, v: list[Any]) -> list[Any]:
+        for c in v:
+            if not (c is None or isinstance(c, (bool, int, float, str))):
+                raise ValueError(f"choices must be null, bool, int, float or str; got {c!r}")
+        return v
+
+
+Distribution = Annotated[Union[FloatDist, IntDist, CategoricalDist], Field(discriminator="type")]
+
+
+class Named(_Frozen):
+    """A sampler or pruner: a type name and its keyword arguments."""
+
+    type: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class LRRangeTestSpec(_Frozen):
+    enabled: bool = False
+    min_lr: float = 1e-7
+    max_lr: float = 10.0
+    num_steps: int = Field(default=100, ge=5)
+    mode: Literal["exp", "linear"] = "exp"
+    smoothing: float = Field(default=0.05, gt=0, lt=1)  # EMA weight of the newest loss
+    diverge_factor: float = Field(default=4.0, gt=1)  # stop once smoothed loss > this x its best
+
+    @model_validator(mode="after")
+    def _range(self) -> "LRRangeTestSpec":
+        if not 0 < self.min_lr < self.max_lr:
+            raise ValueError(f"need 0 < min_lr < max_lr, got min_lr={self.min_lr}, max_lr={self.max_lr}")
+        return self
+
+
+class StudySpec(_Frozen):
+    name: str
+    experiment: str
+    metric: str = "val_acc"
+    direction: Literal["maximize", "minimize"] = "maximize"
+    n_trials: int = Field(default=20, ge=1)  # total budget of finished trials, not "n more"
+    timeout: float | None = Field(default=None, gt=0)  # seconds for this driver's session
+    trial_timeout: float | None = Field(default=None, gt=0)  # seconds per trial, then FAIL
+    parallel: int = Field(default=1, ge=1)
+    max_retries: int = Field(default=1, ge=0)  # retries of a trial whose process died or went stale
+    seed: int = 0
+    sampler: Named = Named(type="tpe")
+    pruner: Named = Named(type="median")
+    trainer: TrainConfig = TrainConfig()
+    model: dict[str, Any] = Field(default_factory=dict)
+    data: dict[str, Any] = Field(default_factory=dict)
+    search_space: dict[str, Distribution] = Field(default_factory=dict)
+    lr_range_test: LRRangeTestSpec = LRRangeTestSpec()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not STUDY_NAME.match(v):
+            raise ValueError("use letters, digits, '.', '_' or '-' (it names the Optuna study and the MLflow experiment)")
+        return v
+
+    def resolved_config(self, experiment: ModuleType, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The full config a trial runs with: experiment defaults < spec < sampled params."""
+        cfg = {
+            "seed": self.seed,
+            "metric": self.metric,
+            "direction": self.direction,
+            "trainer": self.trainer_dict(),
+            "model": {**experiment.MODEL_DEFAULTS, **self.model},
+            "data": {**experiment.DATA_DEFAULTS, **self.data},
+        }
+        for path, value in (params or {}).items():
+            section, key = path.split(".", 1)
+            cfg[section][key] = value
+        return cfg
+
+    def trainer_dict(self) -> dict[str, Any]:
+        import dataclasses
+
+        return dataclasses.asdict(self.trainer)
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`a.b=value` strings -> {"a.b": yaml-typed value}."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or not re.match(r"^[A-Za-z_][\w]*(\.[\w]+)*$", key):
+            raise SpecError("command line", [f"override {item!r}: write key=value with a dotted key, e.g. trainer.lr=0.01"])
+        try:
+            out[key] = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as e:
+            raise SpecError("command line", [f"override {key}: value {raw!r} is not valid YAML ({e.problem})"]) from None
+    return out
+
+
+def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    data = copy.deepcopy(raw)
+    for key, value in overrides.items():
+        node = data
+        parts = key.split(".")
+        # search_space keys are themselves dotted ("trainer.lr"): search_space.trainer.lr.high=0.1
+        if parts[0] == "search_space" and len(parts) >= 3:
+            ss = node.setdefault("search_space", {})
+            sp_key = ".".join(parts[1:3])
+            if len(parts) == 3:
+                ss[sp_key] = value
+            else:
+                target = ss.setdefault(sp_key, {})
+                for p in parts[3:-1]:
+                    target = target.setdefault(p, {})
+                target[parts[-1]] = value
+            continue
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise SpecError("command line", [f"override {key}: {p} is not a section"])
+            node = nxt
+        node[parts[-1]] = value
+    return data
+
+
+def _pretty_loc(loc: tuple) -> str:
+    parts = []
+    for p in loc:
+        # pydantic puts union tags and function names in the location; keep only user-facing keys.
+        if isinstance(p, str) and (p in ("float", "int", "categorical") or p.startswith("function-")):
+            continue
+        parts.append(str(p))
+    return ".".join(parts) or "(top level)"
+
+
+def _messages(err: ValidationError) -> list[str]:
+    out = []
+    for e in err.errors():
+        msg = e["msg"]
+        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+            msg = "unknown key (check the spelling; see README 'Study spec')"
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        loc = _pretty_loc(e["loc"])
+        # TrainConfig's own checks say "batch_size must be ..."; put the field into the path.
+        first = msg.split(" ", 1)[0]
+        if loc == "trainer" and first in TrainConfig.__dataclass_fields__:
+            loc, msg = f"trainer.{first}", msg
+        out.append(f"{loc}: {msg}")
+    return out
+
+
+def _check_experiment(spec: StudySpec) -> list[str]:
+    try:
+        exp = load_experiment(spec.experiment)
+    except ModuleNotFoundError as e:
+        return [f"experiment: {e.args[0]}; put a module in experiments/ or give a dotted import path"]
+    except Exception as e:  # an experiment that fails to import is a spec problem the user must see
+        return [f"experiment: importing {spec.experiment!r} failed: {type(e).__name__}: {e}"]
+    problems = []
+    for attr in ("MODEL_DEFAULTS", "DATA_DEFAULTS", "load_data", "build_model"):
+        if not hasattr(exp, attr):
+            problems.append(f"experiment: {spec.experiment} has no {attr} (see experiments/README.md)")
+    if problems:
+        return problems
+    for section, defaults in (("model", exp.MODEL_DEFAULTS), ("data", exp.DATA_DEFAULTS)):
+        for key in getattr(spec, section):
+            if key not in defaults:
+                problems.append(f"{section}.{key}: unknown key for experiment {spec.experiment} (known: {', '.join(sorted(defaults)) or 'none'})")
+    trainer_keys = set(spec.trainer_dict())
+    for path, dist in spec.search_space.items():
+        section, _, key = path.partition(".")
+        known = {"trainer": trainer_keys, "model": set(exp.MODEL_DEFAULTS), "data": set(exp.DATA_DEFAULTS)}.get(section)
+        if known is None or not key:
+            problems.append(f"search_space.{path}: must be trainer.<key>, model.<key> or data.<key>")
+        elif key not in known:
+            problems.append(f"search_space.{path}: {section} has no key {key!r} (known: {', '.join(sorted(known))})")
+        if isinstance(dist, FloatDist) and dist.from_lr_range_test and not spec.lr_range_test.enabled:
+            problems.append(
+                f"search_space.{path}: from_lr_range_test needs the range test; set lr_range_test.enabled: true "
+                "(or give low/high)"
+            )
+    return problems
+
+
+METRICS = {"val_acc", "val_loss", "train_loss", "val_macro_f1"}
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> StudySpec:
+    source = str(path)
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(source, [f"file not found: {p} (study specs live in studies/, e.g. studies/digits_cnn.yaml)"])
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise SpecError(source, [f"not valid YAML: {e}"]) from None
+    if not isinstance(raw, dict):
+        raise SpecError(source, ["the top level must be a mapping of keys (name:, experiment:, ...)"])
+    raw = apply_overrides(raw, parse_overrides(overrides or []))
+    try:
+        spec = StudySpec.model_validate(raw)
+    except ValidationError as e:
+        raise SpecError(source, _messages(e)) from None
+    problems = _check_experiment(spec)
+    if spec.metric not in METRICS:
+        problems.append(f"metric: {spec.metric!r} is not logged per epoch; use one of {', '.join(sorted(METRICS))}")
+    elif (spec.metric == "val_acc" or spec.metric == "val_macro_f1") and spec.direction != "maximize":
+        problems.append(f"direction: {spec.metric} should be maximized; set direction: maximize")
+    elif spec.metric.endswith("loss") and spec.direction != "minimize":
+        problems.append(f"direction: {spec.metric} should be minimized; set direction: minimize")
+    from hpolab.study.optuna_factory import check_named
+
+    problems += check_named(spec)
+    if problems:
+        raise SpecError(source, problems)
+    return spec
+
+
+def spec_to_yaml(spec: StudySpec) -> str:
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,46 @@
+"""Where a study's data lives: the Optuna storage, the MLflow tracking store and local files.
+
+Default (the laptop case): everything under ./mlruns -- optuna.db, mlflow.db, artifacts/ and
+trials/ (per-trial checkpoints). `--storage` / OPTUNA_STORAGE and `--tracking-uri` /
+MLFLOW_TRACKING_URI point at servers instead (the multi-host case) without changing the spec.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Stores:
+    root: Path  # local folder: default stores, trial checkpoints, LR range test outputs
+    optuna_url: str
+    tracking_uri: str
+    artifact_location: str | None  # for experiments we create; None = the tracking server decides
+
+    @property
+    def trials_dir(self) -> Path:
+        return self.root / "trials"
+
+    def trial_dir(self, study: str, trial_number: int) -> Path:
+        return self.trials_dir / study / f"trial-{trial_number}"
+
+    def describe(self) -> str:
+        return f"optuna: {self.optuna_url}\nmlflow: {self.tracking_uri}"
+
+
+def resolve_stores(store: str | None = None, storage: str | None = None, tracking_uri: str | None = None) -> Stores:
+    root = Path(store or os.environ.get("HPOLAB_STORE") or "mlruns").resolve()
+    optuna_url = storage or os.environ.get("OPTUNA_STORAGE") or f"sqlite:///{root / 'optuna.db'}"
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
+    local_tracking = uri.startswith("sqlite:")
+    artifact_location = (root / "artifacts").as_uri() if local_tracking else None
+    return Stores(root=root, optuna_url=optuna_url, tracking_uri=uri, artifact_location=artifact_location)
+
+
+def ensure_local(stores: Stores) -> None:
+    """Create the local folders the default stores need (nothing else is created)."""
+    stores.root.mkdir(parents=True, exist_ok=True)
+    if stores.artifact_location:
+        (stores.root / "artifacts").mkdir(exist_ok=True)

@@ -1,0 +1,1 @@
+"""The study driver: Optuna ask/tell, trial processes, heartbeats, retries."""

@@ -1,0 +1,570 @@
+"""The study driver: Optuna ask/tell around trial processes, MLflow logging, heartbeats.
+
+One driver is one worker; several may join the same study (same spec, shared stores). The driver
+is the only writer to the Optuna storage and to MLflow. Each trial runs in its own process forked
+from a forkserver that preloaded torch, so a trial costs tens of milliseconds to start and a
+crash, OOM or segfault ends that trial only.
+
+Budget: `n_trials` is the study's total of finished trials (COMPLETE + PRUNED + FAIL, not counting
+failures that were retried). Re-running the same command continues the study up to that total.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import warnings
+import tempfile
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.trial import TrialState
+
+from hpolab.spec import CategoricalDist, FloatDist, IntDist, StudySpec, load_experiment, spec_to_yaml
+from hpolab.stores import Stores, ensure_local
+from hpolab.study.optuna_factory import make_pruner, make_sampler
+from hpolab.study.progress import Progress
+from hpolab.tracking import runs as tr
+from hpolab.tracking.environment import capture_environment
+
+HEARTBEAT_INTERVAL = int(os.environ.get("HPOLAB_HEARTBEAT_INTERVAL", "10"))  # seconds between heartbeats
+GRACE_PERIOD = int(os.environ.get("HPOLAB_GRACE_PERIOD", str(6 * HEARTBEAT_INTERVAL)))  # then a trial is stale
+# We call Optuna's heartbeat API from an ask/tell driver on purpose (its built-in heartbeat only
+# covers Study.optimize); its "experimental" and "use with optimize" warnings are noise here.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+STOP_GRACE_SECONDS = 10  # a trial told to stop gets this long before it is terminated
+
+
+@dataclass
+class Running:
+    trial: optuna.Trial
+    run_id: str
+    config: dict[str, Any]
+    trial_dir: Path
+    process: Any = None
+    conn: Any = None
+    lifeline: Any = None
+    started: float = field(default_factory=time.monotonic)
+    epoch: int = 0
+    last_value: float | None = None
+    pruned_at: int | None = None
+    oom_retried: bool = False
+    stop_sent_at: float | None = None
+    last_heartbeat: float = 0.0
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
+
+
+@dataclass
+class Outcome:
+    interrupted: bool = False
+    timed_out: bool = False
+    started: int = 0
+
+
+def optuna_distributions(spec: StudySpec, lr_bounds: tuple[float, float] | None = None) -> dict[str, Any]:
+    dists: dict[str, Any] = {}
+    for path, d in spec.search_space.items():
+        if isinstance(d, FloatDist):
+            low, high = (d.low, d.high) if not d.from_lr_range_test else (lr_bounds or (None, None))
+            if low is None:
+                raise RuntimeError(f"search_space.{path} needs the LR range test result, which is missing")
+            dists[path] = FloatDistribution(low, high, log=d.log, step=d.step)
+        elif isinstance(d, IntDist):
+            dists[path] = IntDistribution(d.low, d.high, log=d.log, step=d.step)
+        elif isinstance(d, CategoricalDist):
+            dists[path] = CategoricalDistribution(d.choices)
+    return dists
+
+
+def make_storage(url: str, max_retries: int = 1) -> optuna.storages.RDBStorage:
+    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    return optuna.storages.RDBStorage(
+        url,
+        engine_kwargs=engine_kwargs,
+        heartbeat_interval=HEARTBEAT_INTERVAL,
+        grace_period=GRACE_PERIOD,
+        # A stale trial (its driver died) comes back as a WAITING copy with the same params;
+        # start_trial() resumes it from the dead trial's last checkpoint.
+        heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retries),
+    )
+
+
+def trial_counts(study: optuna.Study) -> dict[str, int]:
+    trials = study.get_trials(deepcopy=False)
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    counts = {"complete": 0, "pruned": 0, "fail": 0, "running": 0, "waiting": 0, "retried": 0}
+    for t in trials:
+        if t.state == TrialState.FAIL and t.number in retried:
+            counts["retried"] += 1
+        elif t.state in FINISHED or t.state in (TrialState.RUNNING, TrialState.WAITING):
+            counts[t.state.name.lower()] += 1
+    counts["finished"] = counts["complete"] + counts["pruned"] + counts["fail"]
+    return counts
+
+
+class Driver:
+    def __init__(self, spec: StudySpec, stores: Stores, progress: Progress | None = None, project_dir: Path | None = None, worker_seed: int = 0):
+        self.spec = spec
+        self.worker_seed = worker_seed  # mixed into the sampler seed so concurrent workers draw differently
+        self.stores = stores
+        self.progress = progress or Progress(spec, quiet=True)
+        self.project_dir = (project_dir or Path.cwd()).resolve()
+        self.experiment = load_experiment(spec.experiment)
+        self.running: dict[int, Running] = {}
+        self.stopping = False  # first Ctrl-C: start nothing new, let running trials end cleanly
+        self.aborting = False  # second Ctrl-C: stop now
+        self.env_tags: dict[str, str] = {}
+        self._ctx = None
+        self._model_logger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-logger")
+
+    # ---------------------------------------------------------------- set-up
+
+    def _open(self) -> None:
+        import mlflow
+
+        ensure_local(self.stores)
+        # Start the forkserver (imports torch + the experiment, seconds) and warm the model exporter
+        # (torch.export, used by mlflow.pytorch.log_model) while we open the stores.
+        self._context()
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+        threading.Thread(target=_warm_exporter, daemon=True).start()
+        storage = make_storage(self.stores.optuna_url, self.spec.max_retries)
+        self.storage = storage
+        existing = _count_existing_trials(storage, self.spec.name)
+        self.study = optuna.create_study(
+            storage=storage,
+            study_name=self.spec.name,
+            sampler=make_sampler(self.spec, seed_offset=existing + self.worker_seed),
+            pruner=make_pruner(self.spec),
+            direction=self.spec.direction,
+            load_if_exists=True,
+        )
+        if self.study.direction.name.lower() != self.spec.direction:
+            raise RuntimeError(
+                f"study {self.spec.name!r} already exists with direction {self.study.direction.name.lower()}; "
+                f"the spec says {self.spec.direction}. Use another name, or delete the study."
+            )
+        mlflow.set_tracking_uri(self.stores.tracking_uri)  # mlflow.pytorch.log_model resolves its client from it
+        self.client = tr.client_for(self.stores)
+        self.experiment_id = tr.get_or_create_experiment(self.client, self.spec.name, self.stores)
+        self.env_tags = capture_environment(self.project_dir)
+        self.parent_run_id = self._parent_run()
+
+    def _parent_run(self) -> str:
+        run_id = self.study.user_attrs.get("mlflow_parent_run_id")
+        if run_id:
+            try:
+                self.client.get_run(run_id)
+                self.client.update_run(run_id, status="RUNNING")
+                return run_id
+            except Exception:
+                run_id = None  # the MLflow store was reset; start a new parent
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=self.spec.name,
+            tags={"optuna.study": self.spec.name, "hpolab.role": "study", **self.env_tags},
+        )
+        run_id = run.info.run_id
+        self.study.set_user_attr("mlflow_parent_run_id", run_id)
+        tr.log_params(self.client, run_id, tr.flatten(self.spec.model_dump(mode="json", exclude={"search_space"})))
+        with tempfile.TemporaryDirectory() as tmp:
+            p = Path(tmp) / "study.yaml"
+            p.write_text(spec_to_yaml(self.spec))
+            self.client.log_artifact(run_id, str(p))
+        return run_id
+
+    def _context(self):
+        if self._ctx is None:
+            ctx = mp.get_context("forkserver")
+            # The forkserver imports torch, the routine and the experiment once; every trial is a
+            # fork of that warm process (tens of ms) instead of a fresh interpreter (seconds).
+            ctx.set_forkserver_preload(["hpolab.study.trial_process", self.experiment.__name__])
+            self._ctx = ctx
+        return self._ctx
+
+    # ---------------------------------------------------------------- trials
+
+    def _threads_per_trial(self) -> int:
+        return max(1, (os.cpu_count() or 1) // self.spec.parallel)
+
+    def _cuda_device_for(self, slot: int) -> int | None:
+        try:
+            import torch
+
+            n = torch.cuda.device_count()
+        except Exception:
+            n = 0
+        return slot % n if n else None
+
+    def _start_trial(self) -> None:
+        trial = self.study.ask(fixed_distributions=optuna_distributions(self.spec, self._lr_bounds()))
+        self.storage.record_heartbeat(trial._trial_id)
+        config = self.spec.resolved_config(self.experiment, trial.params)
+        trial_dir = self.stores.trial_dir(self.spec.name, trial.number)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        retry_of = RetryHeartbeatStaleTrialCallback.retried_trial_number(self.study.get_trials(deepcopy=False)[trial.number])
+        tags = {**self.env_tags}
+        resume_from = None
+        if retry_of is not None:
+            tags["hpolab.retry_of_trial"] = str(retry_of)
+            dead = self.study.get_trials(deepcopy=False)[retry_of]
+            if dead.user_attrs.get("mlflow_run_id"):
+                tags["hpolab.retry_of_run"] = dead.user_attrs["mlflow_run_id"]
+            last = self.stores.trial_dir(self.spec.name, retry_of) / "last.pt"
+            if last.exists():
+                resume_from = str(last)
+                tags["hpolab.resumed_from"] = resume_from
+        run_id = tr.start_child_run(self.client, self.experiment_id, self.parent_run_id, self.spec.name, trial.number, tags)
+        trial.set_user_attr("mlflow_run_id", run_id)
+        tr.log_params(self.client, run_id, tr.flatten(config))
+        cfg_path = trial_dir / "config.yaml"
+        import yaml
+
+        cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.client.log_artifact(run_id, str(cfg_path))
+        r = Running(trial=trial, run_id=run_id, config=config, trial_dir=trial_dir)
+        self.running[trial.number] = r
+        self._spawn(r, resume_from)
+        self.progress.trial_started(trial.number, trial.params, retry_of)
+
+    def _spawn(self, r: Running, resume_from: str | None) -> None:
+        ctx = self._context()
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        life_keep, life_child = ctx.Pipe(duplex=False)
+        slot = len(self.running) - 1
+        job = {
+            "experiment": self.spec.experiment,
+            "config": r.config,
+            "checkpoint_dir": str(r.trial_dir),
+            "resume_from": resume_from,
+            "threads": self._threads_per_trial(),
+            "cuda_device": self._cuda_device_for(slot),
+            "project_dir": str(self.project_dir),
+        }
+        from hpolab.study import trial_process
+
+        proc = ctx.Process(target=trial_process.run, args=(child_conn, life_keep, job), name=f"trial-{r.number}", daemon=False)
+        proc.start()
+        child_conn.close()
+        life_keep.close()  # the child holds the read end; we keep the write end alive until the trial ends
+        r.process, r.conn, r.lifeline = proc, parent_conn, life_child
+        r.started = time.monotonic()
+
+    def _lr_bounds(self) -> tuple[float, float] | None:
+        b = self.study.user_attrs.get("lr_range_test")
+        return (b["low"], b["high"]) if b else None
+
+    # ---------------------------------------------------------------- events
+
+    def _on_epoch(self, r: Running, epoch: int, metrics: dict[str, float]) -> None:
+        r.epoch = epoch
+        tr.log_epoch(self.client, r.run_id, epoch, metrics)
+        value = metrics.get(self.spec.metric)
+        reply = "continue"
+        if value is not None and value == value:  # not NaN
+            r.last_value = value
+            r.trial.report(value, epoch)
+            if r.pruned_at is None and r.trial.should_prune():
+                r.pruned_at = epoch
+        if r.pruned_at is not None or self.stopping:
+            reply = "stop"
+        r.conn.send(reply)
+        self._heartbeat(r, force=True)
+        self.progress.epoch(r.number, epoch, metrics.get(self.spec.metric))
+
+    def _finish(self, r: Running, state: TrialState, tags: dict[str, str], value: float | None = None, model_info: dict | None = None) -> None:
+        """Tell Optuna now; close the MLflow run now, or after its model is logged (background)."""
+        number = r.number
+        self.running.pop(number, None)
+        try:
+            if state == TrialState.COMPLETE:
+                self.study.tell(r.trial, value)
+            else:
+                self.study.tell(r.trial, state=state)
+        except Exception as e:  # never lose the MLflow side because Optuna refused (e.g. already failed as stale)
+            tags["hpolab.tell_error"] = f"{type(e).__name__}: {e}"
+        for c in (r.conn, r.lifeline):
+            try:
+                c.close()
+            except OSError:
+                pass
+        if model_info is not None:
+            # Exporting + logging a model takes seconds; a single background thread does it so the
+            # running trials' epochs (and pruning decisions) never wait behind it.
+            self._model_logger.submit(self._log_model_then_close, r, model_info, tags, state)
+        else:
+            self._close_run(r.run_id, state, tags)
+        self.progress.trial_finished(number, state.name, value if value is not None else r.last_value, tags.get("hpolab.fail_reason"), trial_counts(self.study))
+
+    def _close_run(self, run_id: str, state: TrialState, tags: dict[str, str]) -> None:
+        mlflow_status = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}[state]
+        tr.set_tags(self.client, run_id, {"hpolab.state": state.name, **tags})
+        self.client.set_terminated(run_id, status=mlflow_status)
+
+    def _log_model_then_close(self, r: Running, info: dict[str, Any], tags: dict[str, str], state: TrialState) -> None:
+        try:
+            tags.update(self._log_model(r, info))
+        except Exception as e:  # the trial's result stands even if the model could not be logged
+            tags["hpolab.model_error"] = f"{type(e).__name__}: {e}"
+            self.progress.note(f"trial {r.number}: logging the model failed: {e}")
+        self._close_run(r.run_id, state, tags)
+
+    def _on_done(self, r: Running, info: dict[str, Any]) -> None:
+        tags = {
+            "hpolab.best_epoch": str(info["best_epoch"]),
+            "hpolab.epochs_run": str(info["epochs_run"]),
+            "hpolab.stop_reason": info["stop_reason"],
+            "hpolab.amp": info["amp"],
+            "hpolab.device": info["device"],
+        }
+        if info["best_checkpoint"]:
+            self.client.log_artifact(r.run_id, info["best_checkpoint"], "checkpoints")
+        if r.pruned_at is not None:
+            tags["hpolab.pruned_at_epoch"] = str(r.pruned_at)
+            self._finish(r, TrialState.PRUNED, tags)
+            return
+        if info["stop_reason"] == "stopped_by_caller":  # we asked it to stop: Ctrl-C
+            tags["hpolab.fail_reason"] = f"interrupted by the user (Ctrl-C) after epoch {info['epochs_run']}; re-run the study to continue"
+            self._finish(r, TrialState.FAIL, tags)
+            return
+        best = float(info["best_value"])
+        tags[f"hpolab.best_{self.spec.metric}"] = repr(best)
+        self._finish(r, TrialState.COMPLETE, tags, value=best, model_info=info)
+
+    def _log_model(self, r: Running, info: dict[str, Any]) -> dict[str, str]:
+        import mlflow.pytorch
+        from mlflow.models import infer_signature
+
+        from hpolab.train.checkpoint import load_checkpoint, load_model_state
+
+        model = self.experiment.build_model(r.config["model"], tuple(info["input_shape"]), info["num_classes"])
+        ckpt = load_checkpoint(info["best_checkpoint"] or info["last_checkpoint"], map_location="cpu")
+        load_model_state(model, ckpt["model"])
+        model.eval()
+        signature = infer_signature(info["input_example"], info["output_example"])
+        logged = mlflow.pytorch.log_model(
+            model,
+            name="model",
+            input_example=info["input_example"],
+            signature=signature,
+            run_id=r.run_id,
+            pip_requirements=_pip_requirements(self.env_tags),  # explicit: skips MLflow's slow inference
+        )
+        return {"hpolab.model_uri": logged.model_uri, "hpolab.model_id": logged.model_id or ""}
+
+    def _on_fail(self, r: Running, info: dict[str, Any]) -> None:
+        if info["kind"] == "oom" and not r.oom_retried:
+            self._retry_after_oom(r, info)
+            return
+        tags = {"hpolab.fail_reason": info["reason"], "hpolab.fail_kind": info["kind"]}
+        if info["kind"] == "nan" and r.config["trainer"].get("amp") in ("fp16", "auto"):
+            tags["hpolab.fail_hint"] = "non-finite loss; if this ran under fp16 AMP, try trainer.amp=off or bf16, or a lower lr"
+        self._log_text(r.run_id, "traceback.txt", info.get("traceback", "") + ("\n" + info["memory_summary"] if info.get("memory_summary") else ""))
+        self._finish(r, TrialState.FAIL, tags)
+
+    def _retry_after_oom(self, r: Running, info: dict[str, Any]) -> None:
+        t = r.config["trainer"]
+        if t["batch_size"] < 2:
+            self._on_fail(r, {**info, "reason": info["reason"] + " (micro-batch already 1: cannot halve)"} | {"kind": "oom_final"})
+            return
+        t["batch_size"] //= 2
+        t["grad_accum_steps"] *= 2
+        # The retry reproduces the same effective batch with half the memory; the fault injection
+        # that caused a test's OOM is cleared so the retry can succeed.
+        t["inject_oom_at_step"] = None
+        r.oom_retried = True
+        tr.set_tags(
+            self.client,
+            r.run_id,
+            {"hpolab.oom_retry": f"retried after CUDA OOM with batch_size={t['batch_size']} grad_accum_steps={t['grad_accum_steps']}"},
+        )
+        self._log_text(r.run_id, "oom_first_attempt.txt", info.get("traceback", "") + "\n" + info.get("memory_summary", ""))
+        for c in (r.conn, r.lifeline):
+            c.close()
+        r.process.join(timeout=10)
+        r.pruned_at, r.epoch = None, 0
+        self._spawn(r, resume_from=None)
+        self.progress.note(f"trial {r.number}: CUDA OOM, retrying with batch_size={t['batch_size']} x {t['grad_accum_steps']} accumulation")
+
+    def _on_exit_without_result(self, r: Running) -> None:
+        code = r.process.exitcode
+        if code is not None and code < 0:
+            name = signal.Signals(-code).name
+            reason = f"trial process killed by {name}"
+            if name == "SIGKILL":
+                reason += " (by a user, the per-trial timeout or the kernel's OOM killer: check `dmesg`)"
+            elif name == "SIGSEGV":
+                reason += " (segmentation fault in native code)"
+        else:
+            reason = f"trial process exited with code {code} before reporting a result"
+        self._finish(r, TrialState.FAIL, {"hpolab.fail_reason": reason, "hpolab.fail_kind": "process", "hpolab.epochs_run": str(r.epoch)})
+
+    def _log_text(self, run_id: str, name: str, text: str) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            p = Path(tmp) / name
+            p.write_text(text)
+            self.client.log_artifact(run_id, str(p))
+
+    def _heartbeat(self, r: Running, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - r.last_heartbeat >= HEARTBEAT_INTERVAL:
+            self.storage.record_heartbeat(r.trial._trial_id)
+            r.last_heartbeat = now
+
+    # ---------------------------------------------------------------- main loop
+
+    def _handle(self, r: Running) -> None:
+        """Drain everything the trial sent, then notice if its process ended."""
+        while r.number in self.running:
+            try:
+                if not r.conn.poll():
+                    break
+                msg = r.conn.recv()
+            except (EOFError, OSError):
+                break
+            kind = msg[0]
+            if kind == "epoch":
+                self._on_epoch(r, msg[1], msg[2])
+            elif kind == "done":
+                r.process.join(timeout=30)
+                self._on_done(r, msg[1])
+            elif kind == "fail":
+                r.process.join(timeout=30)
+                self._on_fail(r, msg[1])
+        if r.number in self.running and r.process is not None and not r.process.is_alive():
+            r.process.join()
+            self._on_exit_without_result(r)
+
+    def _check_timeouts(self) -> None:
+        now = time.monotonic()
+        for r in list(self.running.values()):
+            limit = self.spec.trial_timeout
+            if limit is not None and now - r.started > limit and r.process.is_alive():
+                r.process.kill()
+                r.process.join(timeout=10)
+                self._finish(r, TrialState.FAIL, {"hpolab.fail_reason": f"trial exceeded trial_timeout ({limit:g} s) and was stopped", "hpolab.fail_kind": "timeout", "hpolab.epochs_run": str(r.epoch)})
+            elif self.aborting and r.process.is_alive():
+                r.process.kill()
+            self._heartbeat(r)
+
+    def _install_sigint(self):
+        def handler(signum, frame):
+            if not self.stopping:
+                self.stopping = True
+                self.progress.note("Ctrl-C: starting no new trials; running trials stop after their current epoch (Ctrl-C again to stop now)")
+            else:
+                self.aborting = True
+                self.progress.note("Ctrl-C again: stopping now")
+
+        return signal.signal(signal.SIGINT, handler)
+
+    def run(self) -> Outcome:
+        self._open()
+        outcome = Outcome()
+        previous = self._install_sigint()
+        deadline = time.monotonic() + self.spec.timeout if self.spec.timeout else None
+        try:
+            counts = trial_counts(self.study)
+            self.progress.begin(counts, self.stores)
+            while True:
+                if deadline and time.monotonic() > deadline and not self.stopping:
+                    outcome.timed_out = True
+                    self.stopping = True
+                    self.progress.note(f"timeout ({self.spec.timeout:g} s) reached: no new trials")
+                while not self.stopping and len(self.running) < self.spec.parallel:
+                    optuna.storages.fail_stale_trials(self.study)  # dead drivers' trials -> FAIL (+ retry copy)
+                    counts = trial_counts(self.study)
+                    if counts["finished"] + counts["running"] + counts["waiting"] >= self.spec.n_trials and counts["waiting"] == 0:
+                        break
+                    if counts["finished"] >= self.spec.n_trials:
+                        break
+                    self._start_trial()
+                    outcome.started += 1
+                if not self.running:
+                    break
+                handles = [r.conn for r in self.running.values()] + [r.process.sentinel for r in self.running.values()]
+                wait(handles, timeout=1.0)
+                for r in list(self.running.values()):
+                    self._handle(r)
+                self._check_timeouts()
+        except BaseException:
+            self._abort_all(traceback.format_exc())
+            self._model_logger.shutdown(wait=True)
+            raise
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        outcome.interrupted = self.stopping and not outcome.timed_out
+        self._close(outcome)
+        return outcome
+
+    def _abort_all(self, why: str) -> None:
+        for r in list(self.running.values()):
+            if r.process is not None and r.process.is_alive():
+                r.process.kill()
+                r.process.join(timeout=10)
+            try:
+                self._finish(r, TrialState.FAIL, {"hpolab.fail_reason": "the driver stopped with an error", "hpolab.fail_kind": "driver"})
+            except Exception:
+                pass
+
+    def _close(self, outcome: Outcome) -> None:
+        self._model_logger.shutdown(wait=True)  # every trial's model is logged before the study closes
+        counts = trial_counts(self.study)
+        tags = {f"hpolab.trials_{k}": str(v) for k, v in counts.items()}
+        try:
+            best = self.study.best_trial
+            tags.update(
+                {
+                    "hpolab.best_trial": str(best.number),
+                    f"hpolab.best_{self.spec.metric}": repr(best.value),
+                    "hpolab.best_run_id": best.user_attrs.get("mlflow_run_id", ""),
+                }
+            )
+            self.client.log_metric(self.parent_run_id, f"best_{self.spec.metric}", float(best.value))
+        except ValueError:
+            pass  # no COMPLETE trial yet
+        tr.set_tags(self.client, self.parent_run_id, tags)
+        done = counts["finished"] >= self.spec.n_trials
+        self.client.set_terminated(self.parent_run_id, status="FINISHED" if done else "KILLED")
+        self.progress.end(self.study, counts, self.spec)
+
+
+def _count_existing_trials(storage: optuna.storages.RDBStorage, name: str) -> int:
+    try:
+        study_id = storage.get_study_id_from_name(name)
+    except KeyError:
+        return 0
+    return len(storage.get_all_trials(study_id, deepcopy=False))
+
+
+def _warm_exporter() -> None:
+    try:
+        import mlflow.pytorch  # noqa: F401
+        import torch.export  # noqa: F401
+    except Exception:
+        pass  # only a warm-up: a real problem shows when the model is logged
+
+
+def _pip_requirements(env: dict[str, str]) -> list[str]:
+    reqs = [f"torch=={env['env.torch'].split('+')[0]}", f"mlflow=={env['env.mlflow']}"]
+    if env.get("env.torchvision", "not installed") != "not installed":
+        reqs.append(f"torchvision=={env['env.torchvision'].split('+')[0]}")
+    return reqs

@@ -1,0 +1,90 @@
+"""Samplers and pruners by name, seeded from the study seed, built identically by every driver.
+
+Optuna stores neither in the database, so each driver that joins a study builds them from the
+spec; that is what makes every worker prune the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import optuna
+
+
+SAMPLERS: dict[str, Callable[..., optuna.samplers.BaseSampler]] = {
+    "tpe": optuna.samplers.TPESampler,
+    "random": optuna.samplers.RandomSampler,
+    "cmaes": optuna.samplers.CmaEsSampler,
+    "gp": optuna.samplers.GPSampler,
+    "qmc": optuna.samplers.QMCSampler,
+    "grid": optuna.samplers.GridSampler,
+}
+
+PRUNERS: dict[str, Callable[..., optuna.pruners.BasePruner]] = {
+    "none": optuna.pruners.NopPruner,
+    "median": optuna.pruners.MedianPruner,
+    "percentile": optuna.pruners.PercentilePruner,
+    "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+    "hyperband": optuna.pruners.HyperbandPruner,
+    "threshold": optuna.pruners.ThresholdPruner,
+    "patient": optuna.pruners.PatientPruner,
+    "wilcoxon": optuna.pruners.WilcoxonPruner,
+}
+
+
+def make_sampler(spec, seed_offset: int = 0) -> optuna.samplers.BaseSampler:
+    """`seed_offset` keeps a resumed study (or a second worker) from replaying the same draws:
+    a sampler seeded identically in a new process would propose the very same parameters again."""
+    kind = spec.sampler.type
+    kwargs: dict[str, Any] = dict(spec.sampler.kwargs)
+    if kind == "grid":
+        kwargs.setdefault("search_space", _grid_space(spec))
+    kwargs.setdefault("seed", spec.seed + seed_offset)
+    return SAMPLERS[kind](**kwargs)
+
+
+def _grid_space(spec) -> dict[str, list]:
+    from hpolab.spec import CategoricalDist
+
+    space = {}
+    for path, dist in spec.search_space.items():
+        if not isinstance(dist, CategoricalDist):
+            raise ValueError(f"search_space.{path}: the grid sampler needs categorical entries (or sampler.kwargs.search_space)")
+        space[path] = list(dist.choices)
+    return space
+
+
+def make_pruner(spec) -> optuna.pruners.BasePruner:
+    kind = spec.pruner.type
+    kwargs: dict[str, Any] = dict(spec.pruner.kwargs)
+    if kind == "patient":
+        # patient wraps another pruner: {type: patient, kwargs: {patience: 2, wrapped: {type: median, kwargs: {...}}}}
+        wrapped = kwargs.pop("wrapped", None) or {"type": "none"}
+        inner_kind = wrapped.get("type", "none")
+        inner = PRUNERS[inner_kind](**wrapped.get("kwargs", {})) if inner_kind != "none" else None
+        return optuna.pruners.PatientPruner(inner, **kwargs)
+    return PRUNERS[kind](**kwargs)
+
+
+def check_named(spec) -> list[str]:
+    """Build the sampler and pruner once, turning any constructor error into a spec problem."""
+    problems = []
+    if spec.sampler.type not in SAMPLERS:
+        problems.append(f"sampler.type: unknown sampler {spec.sampler.type!r}; use one of {', '.join(SAMPLERS)}")
+    else:
+        try:
+            make_sampler(spec)
+        except (TypeError, ValueError) as e:
+            problems.append(f"sampler.kwargs: {spec.sampler.type} rejects them: {e}")
+    if spec.pruner.type not in PRUNERS:
+        problems.append(f"pruner.type: unknown pruner {spec.pruner.type!r}; use one of {', '.join(PRUNERS)}")
+    else:
+        wrapped = spec.pruner.kwargs.get("wrapped") if spec.pruner.type == "patient" else None
+        if wrapped is not None and (not isinstance(wrapped, dict) or wrapped.get("type", "none") not in PRUNERS):
+            problems.append(f"pruner.kwargs.wrapped: needs {{type: <one of {', '.join(PRUNERS)}>, kwargs: {{...}}}}")
+        else:
+            try:
+                make_pruner(spec)
+            except (TypeError, ValueError) as e:
+                problems.append(f"pruner.kwargs: {spec.pruner.type} rejects them: {e}")
+    return problems

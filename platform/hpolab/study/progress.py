@@ -1,0 +1,107 @@
+"""Terminal progress of a study: one line per trial event, a live status line, a summary table."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+class Progress:
+    def __init__(self, spec, console: Console | None = None, quiet: bool = False):
+        self.spec = spec
+        self.console = console or _console()
+        self.quiet = quiet
+        self.best: float | None = None
+        self.epochs: dict[int, int] = {}
+        self.t0 = time.monotonic()
+
+    def _print(self, text: str) -> None:
+        if not self.quiet:
+            self.console.print(text)
+
+    def begin(self, counts: dict[str, int], stores) -> None:
+        self._print(
+            f"[bold]study {self.spec.name}[/]: {counts['finished']}/{self.spec.n_trials} trials finished so far; "
+            f"metric {self.spec.metric} ({self.spec.direction}); {self.spec.parallel} at a time\n"
+            f"  {stores.describe().replace(chr(10), chr(10) + '  ')}"
+        )
+
+    def note(self, text: str) -> None:
+        self._print(f"[yellow]{text}[/]")
+
+    def trial_started(self, number: int, params: dict[str, Any], retry_of: int | None) -> None:
+        self.epochs[number] = 0
+        shown = ", ".join(f"{k.split('.')[-1]}={_fmt(v)}" for k, v in params.items())
+        extra = f" (retry of trial {retry_of}, resuming from its checkpoint)" if retry_of is not None else ""
+        self._print(f"[dim]{self._clock()}[/] trial {number} started{extra}: {shown}")
+
+    def epoch(self, number: int, epoch: int, value: float | None) -> None:
+        self.epochs[number] = epoch
+
+    def trial_finished(self, number: int, state: str, value: float | None, reason: str | None, counts: dict[str, int]) -> None:
+        self.epochs.pop(number, None)
+        if state == "COMPLETE" and value is not None:
+            better = self.best is None or (value > self.best if self.spec.direction == "maximize" else value < self.best)
+            if better:
+                self.best = value
+        colour = {"COMPLETE": "green", "PRUNED": "yellow", "FAIL": "red"}[state]
+        val = f" {self.spec.metric}={_fmt(value)}" if value is not None else ""
+        why = f" -- {reason}" if reason else ""
+        running = ", ".join(f"#{n}@ep{e}" for n, e in sorted(self.epochs.items())) or "none"
+        self._print(
+            f"[dim]{self._clock()}[/] trial {number} [{colour}]{state}[/]{val}{why}\n"
+            f"        [{counts['finished']}/{self.spec.n_trials} finished: {counts['complete']} complete, "
+            f"{counts['pruned']} pruned, {counts['fail']} failed | best {_fmt(self.best)} | running: {running}]"
+        )
+
+    def end(self, study, counts: dict[str, int], spec) -> None:
+        if self.quiet:
+            return
+        from optuna.trial import TrialState
+
+        table = Table(title=f"study {spec.name}: {counts['finished']}/{spec.n_trials} finished", show_lines=False)
+        table.add_column("trial", justify="right")
+        table.add_column("state")
+        table.add_column(spec.metric, justify="right")
+        for p in spec.search_space:
+            table.add_column(p.split(".")[-1], justify="right")
+        table.add_column("epochs", justify="right")
+        table.add_column("seconds", justify="right")
+        trials = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
+        reverse = spec.direction == "maximize"
+        complete = sorted((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.value, reverse=reverse)
+        others = [t for t in trials if t.state != TrialState.COMPLETE]
+        for t in complete + others:
+            secs = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
+            value = t.value if t.state == TrialState.COMPLETE else (max(t.intermediate_values.values(), default=None) if reverse else min(t.intermediate_values.values(), default=None))
+            table.add_row(
+                str(t.number),
+                t.state.name,
+                _fmt(value),
+                *[_fmt(t.params.get(p)) for p in spec.search_space],
+                str(len(t.intermediate_values)),
+                f"{secs:.1f}" if secs is not None else "-",
+            )
+        self.console.print(table)
+        self.console.print(f"elapsed {time.monotonic() - self.t0:.1f} s. Browse the runs: [bold]hpolab ui[/]   (or: hpolab study status {spec.name})")
+
+    def _clock(self) -> str:
+        s = int(time.monotonic() - self.t0)
+        return f"{s // 60:02d}:{s % 60:02d}"
+
+
+def _console() -> Console:
+    c = Console(highlight=False)
+    # Piped output (CI logs, tests) defaults to 80 columns and truncates the table; give it room.
+    return c if c.is_terminal else Console(highlight=False, width=160)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)

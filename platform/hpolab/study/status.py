@@ -1,0 +1,59 @@
+"""`hpolab study status NAME`: the trial table of a study, read from the Optuna storage."""
+
+from __future__ import annotations
+
+import optuna
+from rich.console import Console
+from rich.table import Table
+
+from hpolab.stores import Stores
+
+
+def load_study(name: str, stores: Stores) -> optuna.Study:
+    from hpolab.cli import UserError
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if stores.optuna_url.startswith("sqlite:///") and not (stores.root / "optuna.db").exists() and "optuna.db" in stores.optuna_url:
+        raise UserError(f"no Optuna storage at {stores.root / 'optuna.db'}; run a study first, or pass --store DIR / --storage URL")
+    storage = optuna.storages.RDBStorage(stores.optuna_url)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage=storage)]
+    if name not in names:
+        known = ", ".join(names) or "none"
+        raise UserError(f"no study named {name!r} in {stores.optuna_url} (studies there: {known})")
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def print_status(name: str, stores: Stores) -> int:
+    study = load_study(name, stores)
+    trials = study.get_trials(deepcopy=False)
+    params = sorted({p for t in trials for p in t.params})
+    table = Table(title=f"study {name} ({study.direction.name.lower()})")
+    for col in ["trial", "state", "value", *[p.split(".")[-1] for p in params], "epochs", "mlflow run"]:
+        table.add_column(col, justify="right" if col not in ("state", "mlflow run") else "left")
+    for t in trials:
+        table.add_row(
+            str(t.number),
+            t.state.name,
+            f"{t.value:.4g}" if t.value is not None else "-",
+            *[_fmt(t.params.get(p)) for p in params],
+            str(len(t.intermediate_values)),
+            t.user_attrs.get("mlflow_run_id", "-"),
+        )
+    console = Console(highlight=False, width=200 if not Console().is_terminal else None)
+    console.print(table)
+    states = {}
+    for t in trials:
+        states[t.state.name] = states.get(t.state.name, 0) + 1
+    summary = ", ".join(f"{v} {k.lower()}" for k, v in sorted(states.items())) or "no trials"
+    try:
+        best = f"best: trial {study.best_trial.number} value {study.best_value:.4g}"
+    except ValueError:
+        best = "best: none yet"
+    console.print(f"{summary}; {best}")
+    return 0
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

@@ -1,0 +1,129 @@
+"""The child side of a trial: one OS process, forked from a pre-warmed forkserver.
+
+It builds the experiment's data and model from the resolved config, runs the shared training
+routine, and talks to the driver only through its pipe:
+
+    child -> driver                          driver -> child
+    ("epoch", epoch, metrics)                "continue" | "stop"   (after every epoch)
+    ("done", summary) | ("fail", details)
+
+It never touches Optuna or MLflow: the driver is the only writer to both stores. A lifeline pipe
+(whose other end only the driver holds) ends the process within a second of the driver dying,
+so no orphan keeps a GPU busy.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch  # imported here so the forkserver that preloads this module has torch warm
+import torch._dynamo  # noqa: F401  -- torch.optim's constructors import it lazily (~3 s); pay it once, in the forkserver
+
+from hpolab.train import NonFiniteLossError, TrainConfig, fit
+
+ORPHAN_EXIT_CODE = 70
+
+
+def _watch_lifeline(lifeline) -> None:
+    try:
+        lifeline.recv()  # the driver never sends; this returns only by EOF when the driver is gone
+    except (EOFError, OSError):
+        pass
+    os._exit(ORPHAN_EXIT_CODE)
+
+
+def trainer_config(section: dict[str, Any]) -> TrainConfig:
+    values = dict(section)
+    if isinstance(values.get("betas"), list):
+        values["betas"] = tuple(values["betas"])
+    return TrainConfig(**values)
+
+
+def _input_example(data, n: int = 2):
+    """A couple of real validation inputs: the logged model's input example and signature."""
+    xs = [data.val[i][0] for i in range(min(n, len(data.val)))]
+    return torch.stack([torch.as_tensor(x) for x in xs]).float()
+
+
+def run(conn, lifeline, job: dict[str, Any]) -> None:
+    """Process entry point. `job` is plain data (picklable): see driver.TrialJob.as_job()."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle (graceful stop)
+    threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
+    if job.get("cuda_device") is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(job["cuda_device"])  # before CUDA initializes
+    torch.set_num_threads(int(job["threads"]))
+    project_dir = job["project_dir"]
+    if project_dir not in sys.path:
+        sys.path.insert(0, project_dir)
+
+    def on_epoch(epoch: int, metrics: dict[str, float]) -> bool:
+        conn.send(("epoch", epoch, metrics))
+        try:
+            return conn.recv() == "stop"
+        except EOFError:
+            os._exit(ORPHAN_EXIT_CODE)
+
+    try:
+        from hpolab.experiment import load_experiment
+
+        cfg = job["config"]
+        exp = load_experiment(job["experiment"])
+        data = exp.load_data(cfg["data"], cfg["seed"])
+        model = exp.build_model(cfg["model"], data.input_shape, data.num_classes)
+        tcfg = trainer_config(cfg["trainer"])
+        notes: list[str] = []
+        result = fit(
+            tcfg,
+            model,
+            data,
+            metric=cfg["metric"],
+            direction=cfg["direction"],
+            seed=cfg["seed"],
+            on_epoch=on_epoch,
+            checkpoint_dir=job["checkpoint_dir"],
+            resume_from=job.get("resume_from"),
+            log=notes.append,
+        )
+        example = _input_example(data)
+        model_cpu = model.to("cpu").eval()
+        with torch.inference_mode():
+            out = model_cpu(example)
+        conn.send(
+            (
+                "done",
+                {
+                    "best_value": result.best_value,
+                    "best_epoch": result.best_epoch,
+                    "epochs_run": result.epochs_run,
+                    "stop_reason": result.stop_reason,
+                    "best_checkpoint": str(result.best_checkpoint) if result.best_checkpoint else None,
+                    "last_checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
+                    "amp": result.amp,
+                    "device": result.device,
+                    "input_shape": list(data.input_shape),
+                    "num_classes": data.num_classes,
+                    "input_example": example.numpy(),
+                    "output_example": out.float().numpy(),
+                    "notes": notes,
+                },
+            )
+        )
+    except NonFiniteLossError as e:
+        conn.send(("fail", {"kind": "nan", "reason": str(e), "traceback": traceback.format_exc()}))
+    except torch.cuda.OutOfMemoryError as e:
+        summary = torch.cuda.memory_summary() if torch.cuda.is_available() else ""
+        conn.send(("fail", {"kind": "oom", "reason": f"CUDA out of memory: {e}", "traceback": traceback.format_exc(), "memory_summary": summary}))
+    except Exception as e:  # any error in the experiment or routine fails this trial only
+        conn.send(("fail", {"kind": "exception", "reason": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}))
+    finally:
+        conn.close()
+
+
+def checkpoint_paths(trial_dir: Path) -> tuple[Path, Path]:
+    return trial_dir / "last.pt", trial_dir / "best.pt"

@@ -1,0 +1,106 @@
+"""MLflow side of a study: the experiment, the parent run, one child run per trial.
+
+Explicit state: an MlflowClient and run ids, never the fluent active-run stack. The driver is
+the only process that calls into here (SQLite is safe with one writer, and logging is batched).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Iterable
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+
+from hpolab.stores import Stores
+
+PARAM_BATCH = 100  # MLflow's log_batch limit for params
+MAX_PARAM_LEN = 6000
+
+
+def quiet_mlflow() -> None:
+    # MLflow logs INFO lines about DB migrations and artifact downloads; our terminal shows our own progress.
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+def client_for(stores: Stores) -> MlflowClient:
+    quiet_mlflow()
+    return MlflowClient(tracking_uri=stores.tracking_uri)
+
+
+def get_or_create_experiment(client: MlflowClient, name: str, stores: Stores) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            client.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=stores.artifact_location)
+    except Exception:
+        # Another worker created it between our lookup and our create.
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, path + "."))
+        else:
+            out[path] = str(value)[:MAX_PARAM_LEN]
+    return out
+
+
+def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
+    existing = client.get_run(run_id).data.params
+    items = [Param(k, v) for k, v in params.items() if k not in existing]  # params are write-once
+    for i in range(0, len(items), PARAM_BATCH):
+        client.log_batch(run_id, params=items[i : i + PARAM_BATCH])
+
+
+def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
+    client.log_batch(run_id, tags=[RunTag(k, str(v)[:MAX_PARAM_LEN]) for k, v in tags.items()])
+
+
+def log_epoch(client: MlflowClient, run_id: str, epoch: int, metrics: dict[str, float]) -> None:
+    """One batched write per epoch: every metric of that epoch, with step = epoch."""
+    ts = int(time.time() * 1000)
+    batch = [Metric(k, float(v), ts, epoch) for k, v in metrics.items() if isinstance(v, (int, float))]
+    client.log_batch(run_id, metrics=batch)
+
+
+def start_child_run(
+    client: MlflowClient, experiment_id: str, parent_run_id: str, study: str, trial_number: int, tags: dict[str, str]
+) -> str:
+    run = client.create_run(
+        experiment_id,
+        run_name=f"trial-{trial_number}",
+        tags={
+            MLFLOW_PARENT_RUN_ID: parent_run_id,
+            MLFLOW_RUN_NAME: f"trial-{trial_number}",
+            "optuna.study": study,
+            "optuna.trial_number": str(trial_number),
+            "hpolab.state": "RUNNING",
+            **tags,
+        },
+    )
+    return run.info.run_id
+
+
+def find_runs(client: MlflowClient, experiment_id: str, filter_string: str) -> Iterable:
+    page_token = None
+    while True:
+        page = client.search_runs([experiment_id], filter_string=filter_string, max_results=1000, page_token=page_token)
+        yield from page
+        page_token = page.token
+        if not page_token:
+            return

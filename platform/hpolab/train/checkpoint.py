@@ -1,0 +1,132 @@
+"""Checkpoints: atomic writes, weights-only loads, strict model-state loading.
+
+A checkpoint is a dict of plain data and tensors (state_dicts, never pickled objects), so
+`torch.load(weights_only=True)` reads it: loading one runs no code. `fit` writes `last.pt` after
+every epoch and `best.pt` when the study metric improves; both hold the full training state, so
+either can be resumed from. Keys written by `fit`:
+
+    format_version   int, CHECKPOINT_FORMAT
+    epoch            last completed epoch (1-based; resume continues at epoch + 1)
+    global_step      optimizer steps so far;  micro_step: micro-batches (forward passes) so far
+    model            state_dict of the uncompiled module (no "_orig_mod." prefix)
+    optimizer        optimizer.state_dict()
+    scheduler        LRSchedule.state_dict()
+    scaler           GradScaler.state_dict() under fp16, else None
+    metric, direction      what best/early stopping track
+    best_value, best_epoch the best metric so far and its epoch (best.pt holds that epoch's state)
+    early_stopping   {"best": value early stopping compares against, "bad_epochs": epochs without
+                     an improvement larger than min_delta}
+    rng              seeding.capture_rng_state(): python, numpy, torch, cuda (list), generator
+    config           dataclasses.asdict(TrainConfig)
+    history          list of per-epoch metric dicts (incl. "epoch")
+    amp, device, torch_version   facts about the run that wrote it
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+CHECKPOINT_FORMAT = 1
+COMPILED_PREFIX = "_orig_mod."  # what torch.compile's OptimizedModule puts in front of every key
+
+
+class StateDictMismatchError(RuntimeError):
+    """A state_dict that does not fit the model; `missing` and `unexpected` name the keys."""
+
+    def __init__(self, message: str, missing: Sequence[str] = (), unexpected: Sequence[str] = ()):
+        super().__init__(message)
+        self.missing = list(missing)
+        self.unexpected = list(unexpected)
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The module under a torch.compile wrapper (its state_dict has the plain key names)."""
+    return getattr(model, "_orig_mod", model)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Make the rename itself durable. Not possible on every platform/filesystem (e.g. Windows).
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(data: bytes, path: str | Path) -> Path:
+    """Write `data` to `path` so that a crash at any point leaves either the old file or the new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The temporary file is in the same directory: os.replace is atomic only within one filesystem.
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def serialize_checkpoint(state: Mapping[str, Any]) -> bytes:
+    """torch.save into memory: one serialization can then be written to last.pt and best.pt."""
+    buffer = io.BytesIO()
+    torch.save(dict(state), buffer)
+    return buffer.getvalue()
+
+
+def save_checkpoint(state: Mapping[str, Any], path: str | Path) -> Path:
+    """Serialize `state` and write it to `path` atomically (see `atomic_write_bytes`)."""
+    return atomic_write_bytes(serialize_checkpoint(state), path)
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint as data only (weights_only=True: no code runs on load)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
+    """load_state_dict(strict=True), with a readable report of missing/unexpected keys.
+
+    Accepts state_dicts written from a torch.compile'd module ("_orig_mod." prefix) and loads into
+    compiled or plain modules alike.
+    """
+    target = unwrap_model(model)
+    if any(k.startswith(COMPILED_PREFIX) for k in state_dict):
+        state_dict = {k.removeprefix(COMPILED_PREFIX): v for k, v in state_dict.items()}
+    expected = set(target.state_dict().keys())
+    given = set(state_dict.keys())
+    missing, unexpected = sorted(expected - given), sorted(given - expected)
+    if missing or unexpected:
+        lines = ["the state_dict does not match the model (was the model built with the same settings?)"]
+        if missing:
+            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing)}")
+        if unexpected:
+            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
+        raise StateDictMismatchError("\n".join(lines), missing, unexpected)
+    try:
+        target.load_state_dict(state_dict, strict=True)
+    except RuntimeError as e:  # same keys, different shapes
+        raise StateDictMismatchError(f"the state_dict does not fit the model: {e}") from e
