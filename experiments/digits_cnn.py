@@ -64,11 +64,15 @@ def _stratified_split(y: np.ndarray, fractions: tuple[float, float], seed: int):
     return (np.sort(np.array(a)) for a in (train, val, test))
 
 
-def load_data(data: dict, seed: int) -> DataSplits:
+def _raw_and_split(data: dict, seed: int):
     bunch = load_digits()
-    x_raw = bunch.images.astype(np.float32)  # (1797, 8, 8), 0..16
+    x_raw = bunch.images.astype(np.float32)  # (1797, 8, 8), 0..16 (integers: exact in float32)
     y = bunch.target.astype(np.int64)
-    train_idx, val_idx, test_idx = _stratified_split(y, (data["val_fraction"], data["test_fraction"]), seed)
+    return x_raw, y, _stratified_split(y, (data["val_fraction"], data["test_fraction"]), seed)
+
+
+def load_data(data: dict, seed: int) -> DataSplits:
+    x_raw, y, (train_idx, val_idx, test_idx) = _raw_and_split(data, seed)
     x = preprocess(torch.from_numpy(x_raw))
     labels = torch.from_numpy(y)
 
@@ -86,6 +90,13 @@ def load_data(data: dict, seed: int) -> DataSplits:
         preprocess=preprocess,
         info={"source": "sklearn.datasets.load_digits", "n_train": len(train_idx), "n_val": len(val_idx), "n_test": len(test_idx)},
     )
+
+
+def raw_test(data: dict, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The test split as the user has it: (inputs float32 (N, 8, 8), values 0..16; labels int64 (N,)),
+    in the order of load_data(data, seed).test. preprocess(inputs) are that split's model inputs."""
+    x_raw, y, (_, _, test_idx) = _raw_and_split(data, seed)
+    return x_raw[test_idx], y[test_idx]
 
 
 def build_model(model: dict, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:

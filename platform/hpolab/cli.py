@@ -57,6 +57,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=5000)
 
     command(sub, "env", "check the install: versions, CUDA, a matmul on the device")
+
+    p = command(sub, "lr-find", "LR range test (Leslie Smith) on the spec's experiment")
+    p.add_argument("spec")
+    p.add_argument("overrides", nargs="*")
+    p.add_argument("--out", metavar="DIR", help="where to write the plot and CSV (default: STORE/lr-find/NAME)")
+
+    p = command(sub, "promote", "register the best trial's model under an alias, behind a held-out test gate")
+    p.add_argument("name", help="study name")
+    p.add_argument("--metric", help="pick the best trial by this logged metric instead of the study's")
+    p.add_argument("--model-name", help="registered model name (default: the study name)")
+    p.add_argument("--alias", default="champion")
+    p.add_argument("--force", action="store_true", help="move the alias even if the challenger is not better")
+    p.add_argument("--dry-run", action="store_true", help="print what would happen; write nothing")
+
+    p = command(sub, "predict", "predict with a registered model, using its experiment's preprocessing")
+    p.add_argument("model_uri", help="e.g. models:/digits-cnn@champion")
+    p.add_argument("input", help="a .npy of raw inputs, or a folder of images")
+    p.add_argument("--out", help="write predictions to this .csv/.npy instead of printing")
+
+    p = command(sub, "compare", "compare the trials of a study, or any runs by id")
+    p.add_argument("targets", nargs="+", metavar="NAME|RUN_ID", help="a study name, or two or more MLflow run ids")
+    p.add_argument("--top", type=int, help="only the K best rows")
+    p.add_argument("--sort", metavar="METRIC", help="sort by this column (default: the study metric)")
+    p.add_argument("--state", default="all", choices=["complete", "pruned", "fail", "all"])
+    p.add_argument("--format", default="table", choices=["table", "csv", "json", "markdown"])
+
+    p = command(sub, "report", "a self-contained HTML report of a study")
+    p.add_argument("name")
+    p.add_argument("--out", metavar="FILE", help="default: STORE/reports/NAME.html")
     return parser
 
 
@@ -107,6 +136,36 @@ def cmd_env(args) -> int:
     return run_env_check()
 
 
+def cmd_lr_find(args) -> int:
+    from hpolab.lr_find import lr_find_cmd
+
+    return lr_find_cmd(args, _stores(args))
+
+
+def cmd_promote(args) -> int:
+    from hpolab.promote import promote_cmd
+
+    return promote_cmd(args, _stores(args))
+
+
+def cmd_predict(args) -> int:
+    from hpolab.predict import predict_cmd
+
+    return predict_cmd(args, _stores(args))
+
+
+def cmd_compare(args) -> int:
+    from hpolab.compare import compare_cmd
+
+    return compare_cmd(args, _stores(args))
+
+
+def cmd_report(args) -> int:
+    from hpolab.report import report_cmd
+
+    return report_cmd(args, _stores(args))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {
@@ -116,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         ("worker", None): cmd_study_run,
         ("ui", None): cmd_ui,
         ("env", None): cmd_env,
+        ("lr-find", None): cmd_lr_find,
+        ("promote", None): cmd_promote,
+        ("predict", None): cmd_predict,
+        ("compare", None): cmd_compare,
+        ("report", None): cmd_report,
     }[(args.command, getattr(args, "study_command", None))]
     from hpolab.spec import SpecError
 

@@ -132,6 +132,7 @@ class Driver:
         self.env_tags: dict[str, str] = {}
         self._ctx = None
         self._model_logger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-logger")
+        self._hb_stop = threading.Event()
 
     # ---------------------------------------------------------------- set-up
 
@@ -147,6 +148,7 @@ class Driver:
         forkserver.ensure_running()
         threading.Thread(target=_warm_exporter, daemon=True).start()
         storage = make_storage(self.stores.optuna_url, self.spec.max_retries)
+        self._retry_callback = RetryHeartbeatStaleTrialCallback(max_retry=self.spec.max_retries)
         self.storage = storage
         existing = _count_existing_trials(storage, self.spec.name)
         self.study = optuna.create_study(
@@ -220,7 +222,9 @@ class Driver:
         config = self.spec.resolved_config(self.experiment, trial.params)
         trial_dir = self.stores.trial_dir(self.spec.name, trial.number)
         trial_dir.mkdir(parents=True, exist_ok=True)
-        retry_of = RetryHeartbeatStaleTrialCallback.retried_trial_number(self.study.get_trials(deepcopy=False)[trial.number])
+        # A retry copy (of a stale or interrupted trial) resumes from the latest dead attempt.
+        history = self.study.get_trials(deepcopy=False)[trial.number].system_attrs.get("retry_history") or []
+        retry_of = history[-1] if history else None
         tags = {**self.env_tags}
         resume_from = None
         if retry_of is not None:
@@ -342,8 +346,13 @@ class Driver:
             self._finish(r, TrialState.PRUNED, tags)
             return
         if info["stop_reason"] == "stopped_by_caller":  # we asked it to stop: Ctrl-C
-            tags["hpolab.fail_reason"] = f"interrupted by the user (Ctrl-C) after epoch {info['epochs_run']}; re-run the study to continue"
+            tags["hpolab.fail_reason"] = (
+                f"interrupted by the user (Ctrl-C) after epoch {info['epochs_run']}; "
+                "re-running the study resumes it from its last checkpoint"
+            )
             self._finish(r, TrialState.FAIL, tags)
+            # Queue a copy with the same params; the next `study run` resumes it from last.pt.
+            self._retry_callback(self.study, self.study.get_trials(deepcopy=False)[r.number])
             return
         best = float(info["best_value"])
         tags[f"hpolab.best_{self.spec.metric}"] = repr(best)
@@ -429,6 +438,16 @@ class Driver:
             self.storage.record_heartbeat(r.trial._trial_id)
             r.last_heartbeat = now
 
+    def _heartbeat_loop(self) -> None:
+        """Heartbeats from a thread of their own: the main loop can block for seconds (the
+        forkserver's first start, a slow store), and a missed beat would make a live trial stale."""
+        while not self._hb_stop.wait(HEARTBEAT_INTERVAL):
+            for r in list(self.running.values()):
+                try:
+                    self._heartbeat(r)
+                except Exception:
+                    pass  # a transient store error; the next beat retries
+
     # ---------------------------------------------------------------- main loop
 
     def _handle(self, r: Running) -> None:
@@ -463,7 +482,27 @@ class Driver:
                 self._finish(r, TrialState.FAIL, {"hpolab.fail_reason": f"trial exceeded trial_timeout ({limit:g} s) and was stopped", "hpolab.fail_kind": "timeout", "hpolab.epochs_run": str(r.epoch)})
             elif self.aborting and r.process.is_alive():
                 r.process.kill()
-            self._heartbeat(r)
+
+    def _reap_stale_trials(self) -> None:
+        """Trials whose driver stopped heartbeating (killed, machine lost) -> FAIL, a WAITING retry
+        copy (Optuna's callback), and their MLflow runs closed with the reason, so none stays RUNNING."""
+        before = {t.number for t in self.study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING}
+        optuna.storages.fail_stale_trials(self.study)
+        trials = self.study.get_trials(deepcopy=False)
+        for n in before:
+            t = trials[n]
+            if t.state != TrialState.FAIL or n in self.running:
+                continue
+            retried_by = [w.number for w in trials if n in w.system_attrs.get("retry_history", []) and w.number != n]
+            reason = f"its driver stopped sending heartbeats for {GRACE_PERIOD} s (killed or lost)"
+            reason += f"; retried as trial {retried_by[0]}" if retried_by else f"; not retried (max_retries={self.spec.max_retries} reached)"
+            run_id = t.user_attrs.get("mlflow_run_id")
+            if run_id:
+                try:
+                    self._close_run(run_id, TrialState.FAIL, {"hpolab.fail_reason": reason, "hpolab.fail_kind": "stale"})
+                except Exception as e:
+                    self.progress.note(f"could not close the MLflow run of stale trial {n}: {e}")
+            self.progress.note(f"trial {n} was stale: {reason}")
 
     def _install_sigint(self):
         def handler(signum, frame):
@@ -480,6 +519,7 @@ class Driver:
         self._open()
         outcome = Outcome()
         previous = self._install_sigint()
+        threading.Thread(target=self._heartbeat_loop, name="heartbeats", daemon=True).start()
         deadline = time.monotonic() + self.spec.timeout if self.spec.timeout else None
         try:
             counts = trial_counts(self.study)
@@ -490,7 +530,7 @@ class Driver:
                     self.stopping = True
                     self.progress.note(f"timeout ({self.spec.timeout:g} s) reached: no new trials")
                 while not self.stopping and len(self.running) < self.spec.parallel:
-                    optuna.storages.fail_stale_trials(self.study)  # dead drivers' trials -> FAIL (+ retry copy)
+                    self._reap_stale_trials()
                     counts = trial_counts(self.study)
                     if counts["finished"] + counts["running"] + counts["waiting"] >= self.spec.n_trials and counts["waiting"] == 0:
                         break
@@ -510,6 +550,7 @@ class Driver:
             self._model_logger.shutdown(wait=True)
             raise
         finally:
+            self._hb_stop.set()
             signal.signal(signal.SIGINT, previous)
         outcome.interrupted = self.stopping and not outcome.timed_out
         self._close(outcome)

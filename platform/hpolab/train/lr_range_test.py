@@ -388,11 +388,14 @@ def suggest(lrs: list[float], losses: list[float], smoothed: list[float], *, div
     out: dict[str, Any] = {"suggestion": None, "steepest_lr": None, "valley_lr": None, "min_loss_lr": None, "warning": None}
     n = len(lrs)
     if n < MIN_POINTS:
-        where = f" (lr={lrs[-1]:.3g})" if n else ""
-        out["warning"] = (
-            f"only {n} point(s) recorded before the loss diverged{where}: nothing to suggest. "
-            "Lower min_lr, or check that the model trains at all at a small LR."
-        )
+        if diverged:
+            where = f" (last recorded lr={lrs[-1]:.3g})" if n else ""
+            out["warning"] = (
+                f"only {n} point(s) recorded before the loss diverged{where}: nothing to suggest. "
+                "Lower min_lr, or check that the model trains at all at a small LR."
+            )
+        else:
+            out["warning"] = f"only {n} steps: too few to suggest an LR; use num_steps >= {MIN_POINTS} (100 is typical)"
         return out
     lr = np.asarray(lrs, dtype=np.float64)
     raw = np.asarray(losses, dtype=np.float64)
