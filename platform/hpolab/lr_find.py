@@ -4,6 +4,7 @@ The sweep itself is `hpolab.train.lr_range_test` (pure torch); this module is th
 
 - `run_lr_find(spec, stores, out_dir)`: fresh data + model from the spec's experiment, the sweep with
   `spec.lr_range_test` settings and `spec.trainer`, then the plot and CSV written into out_dir.
+- `lr_find_cmd(args, stores)`: the `hpolab lr-find` command (runs in-process, then logs).
 - `run_in_process(conn, job)`: the same in a child process (the driver forks it before the first
   trial, like a trial process); sends back ("done", plain data) or ("fail", {"reason", "traceback"}).
   No MLflow/Optuna in the child: the driver is the only writer to both stores and calls
@@ -281,8 +282,8 @@ def log_to_mlflow(
 
 
 def default_out_dir(stores, spec) -> Path:
-    """<store>/lr_range_test/<study>: next to the trial checkpoints."""
-    return Path(stores.root) / "lr_range_test" / spec.name
+    """<store>/lr-find/<study>: next to the trial checkpoints."""
+    return Path(stores.root) / "lr-find" / spec.name
 
 
 def run_lr_find(spec, stores=None, out_dir: str | Path | None = None, threads: int | None = None) -> tuple[LRRangeResult, dict[str, Path]]:
@@ -297,16 +298,19 @@ def run_lr_find(spec, stores=None, out_dir: str | Path | None = None, threads: i
     import torch
 
     from hpolab.spec import load_experiment
+    from hpolab.train.seeding import seed_everything
 
     if out_dir is None:
         if stores is None:
-            raise ValueError("run_lr_find needs out_dir, or stores to put the outputs under <store>/lr_range_test/<study>")
+            raise ValueError("run_lr_find needs out_dir, or stores to put the outputs under <store>/lr-find/<study>")
         out_dir = default_out_dir(stores, spec)
     if threads is not None:
         torch.set_num_threads(max(1, int(threads)))
     exp = load_experiment(spec.experiment)
     resolved = spec.resolved_config(exp)
     data = exp.load_data(resolved["data"], spec.seed)
+    # Seeded before the model is built: its initial weights (and so the curve) follow from the spec.
+    seed_everything(spec.seed, deterministic=spec.trainer.deterministic)
     model = exp.build_model(resolved["model"], data.input_shape, data.num_classes)
     t = spec.lr_range_test
     result = lr_range_test(
@@ -368,6 +372,24 @@ def lr_find_and_log(spec, stores, out_dir: str | Path | None = None, threads: in
     experiment_id, parent = find_study_run(client, stores, spec)
     run_id = log_to_mlflow(client, experiment_id, parent, result, paths["plot"].parent, {"optuna.study": spec.name})
     return result, paths, run_id
+
+
+def lr_find_cmd(args, stores) -> int:
+    """`hpolab lr-find SPEC [key=value ...] [--out DIR]` (args from the CLI's parser).
+
+    Prints the summary, where the plot/CSV went and the MLflow run. Exit code 0 with a suggestion,
+    1 when the curve gave none (the warning says why). Spec errors propagate (the CLI reports them).
+    """
+    from hpolab.spec import load_spec
+
+    spec = load_spec(args.spec, list(getattr(args, "overrides", None) or []))
+    out = Path(args.out) if getattr(args, "out", None) else None
+    result, paths, run_id = lr_find_and_log(spec, stores, out)
+    print(summary_text(result))
+    print(f"plot: {paths['plot']}")
+    print(f"csv:  {paths['csv']}")
+    print(f"mlflow run: {run_id} ({RUN_NAME}, experiment {spec.name!r})")
+    return 0 if result.suggestion is not None else 1
 
 
 # ---------------------------------------------------------------- child process

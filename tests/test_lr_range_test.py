@@ -1,0 +1,518 @@
+"""LR range test: the sweep (hpolab.train.lr_range_test) and its outside (hpolab.lr_find).
+
+Layers, cheapest first: the sweep on a logistic regression with a known good LR range; the
+robustness cases (divergence, NaN, flat curve, too-early divergence); outputs (CSV, PNG, summary);
+MLflow logging on a real SQLite store; the child-process entry; and the real digits spec, whose
+suggestion must then train the digits CNN to val_acc >= 0.95.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import multiprocessing as mp
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from hpolab.train.config import TrainConfig
+from hpolab.train.data import DataSplits
+from hpolab.train.lr_range_test import LRRangeResult, bounds_from_lr_range_test, lr_range_test, lr_schedule
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS_SPEC = ROOT / "studies" / "digits_cnn.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny models: one intra-op thread is fastest, and keeps timings sane on a shared 2-core box.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------- a logistic regression with a known good LR range
+
+
+def logistic_data(n: int = 1024, d: int = 10, label_noise: float = 0.05, seed: int = 0) -> DataSplits:
+    """Two classes split by a random hyperplane (margin 0.3), 5% of the labels flipped.
+
+    The flips matter: on perfectly separable data any huge LR "works" (the weights just grow and
+    the loss goes to 0), so nothing would diverge. With flips the best achievable loss is ~0.24.
+    """
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(d, generator=g)
+    w /= w.norm()
+    x = torch.randn(n, d, generator=g)
+    margin = x @ w
+    keep = margin.abs() > 0.3
+    x, margin = x[keep], margin[keep]
+    y = (margin > 0).long()
+    flip = torch.rand(len(y), generator=g) < label_noise
+    y[flip] = 1 - y[flip]
+    ds = TensorDataset(x, y)
+    return DataSplits(train=ds, val=ds, test=ds, num_classes=2, input_shape=(d,))
+
+
+SGD = TrainConfig(optimizer="sgd", momentum=0.0, weight_decay=0.0, batch_size=32, amp="off", device="cpu", scheduler="none")
+
+# The good range for SGD (no momentum, batch 32) on logistic_data, measured by training at constant
+# LRs for 2 epochs (48 steps, 3 seeds) and comparing the full-data loss with the best one (0.235):
+#   lr    0.03  0.05  0.07  0.1   0.2   0.5   1     2     3     5
+#   loss  +80%  +51%  +35%  +23%  +7%   +0%   +1%   +7%   +18%  +49%
+# [0.1, 2] is where that loss is within ~25% of the best. It also matches theory: the loss is
+# smooth with curvature <= ~0.5 * lambda_max(E[x x^T]) ~ 0.6 here, so plain gradient descent is
+# stable below ~2 / 0.6 ~ 3, and LRs far below 0.1 barely move in 50 steps.
+GOOD_LR_RANGE = (0.1, 2.0)
+
+
+def logistic_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Linear(10, 2)
+
+
+def test_suggestion_lands_in_the_known_good_range():
+    r = lr_range_test(SGD, logistic_model(), logistic_data(), min_lr=1e-4, max_lr=1e4, num_steps=100, seed=0)
+    assert r.suggestion is not None, r.warning
+    assert GOOD_LR_RANGE[0] <= r.suggestion <= GOOD_LR_RANGE[1], (r.suggestion, r.steepest_lr, r.valley_lr)
+    assert r.suggestion == r.valley_lr and r.suggestion_rule == "valley"
+    assert r.warning is None
+    # The other rules are reported too, all inside the sweep.
+    for v in (r.steepest_lr, r.valley_lr, r.min_loss_lr):
+        assert 1e-4 <= v <= 1e4
+    # Curve bookkeeping: one entry per recorded step, the bias-corrected EMA starts at the first loss.
+    assert len(r.lrs) == len(r.losses) == len(r.smoothed)
+    assert r.smoothed[0] == pytest.approx(r.losses[0])
+    assert all(math.isfinite(v) for v in r.losses + r.smoothed)
+    assert r.lrs == lr_schedule(1e-4, 1e4, 100, "exp")[: len(r.lrs)]
+    assert r.settings["optimizer"] == "sgd" and r.settings["effective_batch"] == 32
+
+
+def test_divergence_stops_the_sweep_early():
+    r = lr_range_test(SGD, logistic_model(), logistic_data(), min_lr=1e-2, max_lr=1e8, num_steps=100)
+    assert r.stopped_early and len(r.lrs) < 100
+    assert r.diverged_at_lr == r.lrs[-1]  # the point that crossed diverge_factor x best is kept
+    assert r.smoothed[-1] > 4.0 * min(r.smoothed[:-1])
+    assert "exceeded" in r.reason
+    assert r.suggestion is not None and r.suggestion < r.diverged_at_lr
+    low, high = bounds_from_lr_range_test(r)
+    assert high <= r.diverged_at_lr
+
+
+class NaNOnceLarge(nn.Module):
+    """A linear model whose output turns NaN once a weight exceeds 100 (like an fp16 overflow would)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(10, 2)
+
+    def forward(self, x):
+        guard = torch.sqrt(100.0 - self.lin.weight.abs().max())  # NaN once the weights blow up
+        return self.lin(x) + 0.0 * guard
+
+
+def test_nan_loss_stops_the_sweep_and_is_not_recorded():
+    r = lr_range_test(SGD, NaNOnceLarge(), logistic_data(), min_lr=1e-3, max_lr=1e6, num_steps=100, diverge_factor=1e300)
+    assert r.stopped_early and len(r.lrs) < 100
+    assert "nan" in r.reason
+    assert r.diverged_at_lr is not None and r.diverged_at_lr > r.lrs[-1]  # the NaN step's LR, not recorded
+    assert all(math.isfinite(v) for v in r.losses)
+
+
+def test_divergence_right_away_gives_no_suggestion():
+    r = lr_range_test(SGD, logistic_model(), logistic_data(), min_lr=1e3, max_lr=1e8, num_steps=100)
+    assert r.stopped_early and len(r.lrs) < 10
+    assert r.suggestion is None
+    assert "lower min_lr" in r.warning.lower()
+    with pytest.raises(ValueError, match="low/high"):
+        bounds_from_lr_range_test(r)
+
+
+class ZeroGradient(nn.Module):
+    """Logits from a frozen random projection (+ 0 x a parameter): the loss cannot depend on the LR.
+
+    noisy=True: the per-batch loss still varies (different batches), with no trend -- a pure-noise
+    curve. noisy=False: constant logits, exactly the same loss every step.
+    """
+
+    def __init__(self, noisy: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.register_buffer("proj", torch.randn(10, 2) if noisy else torch.zeros(10, 2))
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return x @ self.proj + 0.0 * self.w
+
+
+@pytest.mark.parametrize("noisy", [True, False])
+def test_flat_curve_gives_a_warning_not_a_suggestion(noisy):
+    for seed in (0, 1, 2):
+        r = lr_range_test(SGD, ZeroGradient(noisy), logistic_data(), num_steps=100, seed=seed)
+        assert not r.stopped_early and len(r.lrs) == 100
+        assert r.suggestion is None, (seed, r.suggestion)
+        assert r.warning and "flat" in r.warning
+
+
+def test_linear_mode():
+    cfg = dataclasses.replace(SGD, batch_size=64)
+    r = lr_range_test(cfg, logistic_model(), logistic_data(), min_lr=1e-2, max_lr=5.0, num_steps=50, mode="linear")
+    lrs = np.array(r.lrs)
+    assert len(lrs) == 50 and lrs[0] == 1e-2 and lrs[-1] == 5.0
+    np.testing.assert_allclose(np.diff(lrs), (5.0 - 1e-2) / 49)
+    assert r.suggestion is not None and 1e-2 <= r.suggestion <= 5.0
+    assert r.settings["mode"] == "linear"
+
+
+def test_bf16_autocast_on_cpu():
+    cfg = dataclasses.replace(SGD, amp="bf16")
+    r = lr_range_test(cfg, logistic_model(), logistic_data(), min_lr=1e-4, max_lr=1e4, num_steps=60)
+    assert r.settings["amp"] == "bf16"
+    assert r.suggestion is not None and 1e-4 <= r.suggestion <= 1e4
+
+
+def test_train_package_stays_free_of_platform_imports():
+    """train/ runs on a bare torch box: no optuna, mlflow, pydantic or matplotlib in the sweep module."""
+    import ast
+
+    import hpolab.train.lr_range_test as mod
+
+    tree = ast.parse(Path(mod.__file__).read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            imported.add(node.module.split(".")[0])
+    assert not imported & {"optuna", "mlflow", "pydantic", "matplotlib", "hpolab"}, imported
+
+
+def test_bad_arguments_are_rejected_together():
+    with pytest.raises(ValueError) as e:
+        lr_range_test(SGD, logistic_model(), logistic_data(), min_lr=1.0, max_lr=0.1, num_steps=2, mode="cos", smoothing=1.5)
+    msg = str(e.value)
+    for needle in ("min_lr < max_lr", "num_steps", "mode", "smoothing"):
+        assert needle in msg
+
+
+# ---------------------------------------------------------------- the caller's model, the trainer's settings
+
+
+class Counted(nn.Module):
+    """An MLP with BatchNorm (buffers), dropout and a frozen parameter."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(10, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 2))
+        self.net[0].bias.requires_grad_(False)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_callers_model_is_untouched_and_trainer_settings_are_used():
+    model = Counted().eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    ids = {n: id(p) for n, p in model.named_parameters()}
+    batch_sizes: list[int] = []
+    # Hooks travel with the deep copy: they count the micro-batches the sweep runs.
+    model.register_forward_hook(lambda mod, inp, out: batch_sizes.append(len(inp[0])))
+
+    cfg = TrainConfig(optimizer="adamw", weight_decay=0.1, batch_size=16, grad_accum_steps=3, grad_clip_norm=1.0,
+                      label_smoothing=0.1, amp="off", device="cpu")
+    r = lr_range_test(cfg, model, logistic_data(n=200), min_lr=1e-5, max_lr=1e-1, num_steps=20)
+
+    assert len(r.lrs) == 20  # 20 optimizer steps ...
+    assert batch_sizes == [16] * 60  # ... of 3 micro-batches of 16; 140 samples -> 8 batches/epoch: cycled
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    for k in before:
+        assert torch.equal(before[k], after[k]), k  # parameters and BatchNorm buffers, bit for bit
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == flags
+    assert {n: id(p) for n, p in model.named_parameters()} == ids
+    assert not model.training  # its mode is not changed either
+    assert r.settings["effective_batch"] == 48 and r.settings["grad_accum_steps"] == 3
+
+
+class PlainDataset(Dataset):
+    """Not a TensorDataset: goes through a DataLoader."""
+
+    def __init__(self, ds: TensorDataset):
+        self.x, self.y = ds.tensors
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], int(self.y[i])
+
+
+def test_dataloader_datasets_are_cycled():
+    data = logistic_data(n=120)  # ~90 samples: 2 batches of 32 per pass (drop_last)
+    data = dataclasses.replace(data, train=PlainDataset(data.train))
+    model = logistic_model()
+    seen: list[int] = []
+    model.register_forward_hook(lambda mod, inp, out: seen.append(len(inp[0])))
+    r = lr_range_test(SGD, model, data, min_lr=1e-3, max_lr=1.0, num_steps=12)
+    assert len(r.lrs) == 12 and seen == [32] * 12
+
+
+# ---------------------------------------------------------------- bounds rule
+
+
+def _result(suggestion, diverged=None) -> LRRangeResult:
+    return LRRangeResult(
+        lrs=[1e-3, 1e-2], losses=[1.0, 0.5], smoothed=[1.0, 0.7], suggestion=suggestion, steepest_lr=suggestion,
+        valley_lr=suggestion, min_loss_lr=suggestion, diverged_at_lr=diverged, stopped_early=diverged is not None,
+        reason="test",
+    )
+
+
+def test_bounds_rule():
+    assert bounds_from_lr_range_test(_result(1e-2)) == pytest.approx((1e-3, 1e-1))  # no divergence: s/10, s*10
+    assert bounds_from_lr_range_test(_result(1e-2, diverged=5e-2)) == pytest.approx((1e-3, 5e-2))  # capped
+    assert bounds_from_lr_range_test(_result(1e-2, diverged=1.0)) == pytest.approx((1e-3, 1e-1))  # cap not binding
+    low, high = bounds_from_lr_range_test(_result(1e-2, diverged=5e-4))  # pathological: keep low < high
+    assert high == pytest.approx(5e-4) and low == pytest.approx(5e-5) and low < high
+    with pytest.raises(ValueError, match="from_lr_range_test"):
+        bounds_from_lr_range_test(_result(None))
+
+
+# ---------------------------------------------------------------- outputs: CSV, PNG, summary
+
+
+@pytest.fixture(scope="module")
+def logistic_result() -> LRRangeResult:
+    torch.set_num_threads(1)
+    return lr_range_test(SGD, logistic_model(), logistic_data(), min_lr=1e-4, max_lr=1e4, num_steps=100)
+
+
+def test_csv(tmp_path, logistic_result):
+    from hpolab.lr_find import write_csv
+
+    path = write_csv(logistic_result, tmp_path / "curve.csv")
+    with path.open() as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["step", "lr", "loss", "smoothed_loss"]
+    body = rows[1:]
+    assert len(body) == len(logistic_result.lrs)
+    assert [int(r[0]) for r in body] == list(range(len(body)))
+    assert [float(r[1]) for r in body] == logistic_result.lrs  # full precision round trip
+    assert [float(r[2]) for r in body] == logistic_result.losses
+    assert [float(r[3]) for r in body] == logistic_result.smoothed
+
+
+def test_png_and_summary(tmp_path, logistic_result):
+    from hpolab.lr_find import plot_lr_range_test, summary_text
+
+    for name, result in (
+        ("ok", logistic_result),
+        ("flat", lr_range_test(SGD, ZeroGradient(True), logistic_data(), num_steps=30)),
+        ("empty", dataclasses.replace(_result(None), lrs=[], losses=[], smoothed=[], warning="nothing")),
+    ):
+        path = plot_lr_range_test(result, tmp_path / f"{name}.png", title=name)
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000, name
+
+    text = summary_text(logistic_result)
+    assert f"{logistic_result.suggestion:.3g}" in text and "valley" in text
+    assert f"{logistic_result.diverged_at_lr:.3g}" in text
+    low, high = bounds_from_lr_range_test(logistic_result)
+    assert f"{low:.3g}" in text and f"{high:.3g}" in text
+
+
+# ---------------------------------------------------------------- MLflow
+
+
+def test_log_to_mlflow_nested_run(store, tmp_path, logistic_result):
+    from mlflow import MlflowClient
+
+    from hpolab.lr_find import log_to_mlflow
+    from hpolab.tracking.runs import quiet_mlflow
+
+    quiet_mlflow()
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    exp_id = client.create_experiment("lrt-study", artifact_location=(store / "artifacts").as_uri())
+    parent = client.create_run(exp_id, run_name="lrt-study").info.run_id
+
+    out = tmp_path / "out"  # empty: log_to_mlflow writes the plot and CSV itself
+    run_id = log_to_mlflow(client, exp_id, parent, logistic_result, out, {"optuna.study": "lrt-study"})
+
+    run = client.get_run(run_id)
+    assert run.info.run_name == "lr-range-test" and run.info.status == "FINISHED"
+    assert run.info.experiment_id == exp_id
+    assert run.data.tags["mlflow.parentRunId"] == parent
+    p = run.data.params
+    assert float(p["suggestion"]) == logistic_result.suggestion
+    assert p["suggestion_rule"] == "valley"
+    assert float(p["steepest_lr"]) == logistic_result.steepest_lr
+    assert float(p["diverged_at_lr"]) == logistic_result.diverged_at_lr
+    assert (float(p["search_low"]), float(p["search_high"])) == bounds_from_lr_range_test(logistic_result)
+    assert p["optuna.study"] == "lrt-study" and p["lr_test.num_steps"] == "100"
+    n = len(logistic_result.lrs)
+    for key, values in (
+        ("lr_test_loss", logistic_result.losses),
+        ("lr_test_smoothed_loss", logistic_result.smoothed),
+        ("lr_test_lr", logistic_result.lrs),
+    ):
+        hist = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
+        assert len(hist) == n, key
+        assert [m.step for m in hist] == list(range(n))
+        np.testing.assert_allclose([m.value for m in hist], values, rtol=1e-12)
+    names = sorted(Path(a.path).name for a in client.list_artifacts(run_id, "lr_range_test"))
+    assert names == ["lr_range_test.csv", "lr_range_test.png"]
+    local = Path(client.download_artifacts(run_id, "lr_range_test", str(tmp_path / "dl")))
+    assert (local / "lr_range_test.png").stat().st_size > 5_000
+    assert (local / "lr_range_test.csv").read_text().splitlines()[0] == "step,lr,loss,smoothed_loss"
+
+    # Without a study parent run: a top-level run; a flat curve logs "None" and its warning.
+    flat = lr_range_test(SGD, ZeroGradient(True), logistic_data(), num_steps=20)
+    run2 = client.get_run(log_to_mlflow(client, exp_id, None, flat, tmp_path / "out2", {}))
+    assert "mlflow.parentRunId" not in run2.data.tags
+    assert run2.data.params["suggestion"] == "None"
+    assert "flat" in run2.data.tags["hpolab.lr_test.warning"]
+
+
+def test_lr_find_cmd_nests_under_the_study_parent(store, capsys):
+    """`hpolab lr-find SPEC`: runs, prints the summary, logs under the Optuna study's parent run."""
+    import argparse
+
+    import optuna
+
+    from hpolab.lr_find import lr_find_cmd
+    from hpolab.stores import resolve_stores
+    from hpolab.tracking import runs as tr
+
+    stores = resolve_stores(store=str(store), storage=f"sqlite:///{store / 'optuna.db'}",
+                            tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    client = tr.client_for(stores)
+    exp_id = tr.get_or_create_experiment(client, "digits-cnn", stores)
+    parent = client.create_run(exp_id, run_name="digits-cnn").info.run_id
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="digits-cnn", storage=stores.optuna_url)
+    study.set_user_attr("mlflow_parent_run_id", parent)
+
+    torch.set_num_threads(1)
+    args = argparse.Namespace(spec=str(DIGITS_SPEC), overrides=["lr_range_test.num_steps=20"], out=None)
+    code = lr_find_cmd(args, stores)
+    out = capsys.readouterr().out
+    assert "LR range test: " in out and "mlflow run: " in out
+    assert (store.resolve() / "lr-find" / "digits-cnn" / "lr_range_test.png").is_file()
+    run_id = out.split("mlflow run: ")[1].split()[0]
+    run = client.get_run(run_id)
+    assert run.info.experiment_id == exp_id and run.data.tags["mlflow.parentRunId"] == parent
+    steps = int(run.data.params["steps_run"])
+    assert len(client.get_metric_history(run_id, "lr_test_loss")) == steps <= 20
+    assert code == (0 if run.data.params["suggestion"] != "None" else 1)
+
+
+# ---------------------------------------------------------------- the real digits spec
+
+
+@pytest.fixture(scope="module")
+def digits_spec():
+    from hpolab.spec import load_spec
+
+    return load_spec(DIGITS_SPEC)
+
+
+@pytest.fixture(scope="module")
+def digits_lr_find(digits_spec, tmp_path_factory):
+    from hpolab.lr_find import run_lr_find
+
+    out = tmp_path_factory.mktemp("digits-lr-find")
+    t0 = time.perf_counter()
+    result, paths = run_lr_find(digits_spec, None, out, threads=1)
+    return result, paths, time.perf_counter() - t0
+
+
+def test_digits_lr_find(digits_spec, digits_lr_find):
+    result, paths, seconds = digits_lr_find
+    t = digits_spec.lr_range_test
+    assert seconds < 15, f"lr-find on digits took {seconds:.1f}s"  # ~1-3 s; generous for a loaded CI box
+    assert result.suggestion is not None, result.warning
+    assert math.isfinite(result.suggestion) and t.min_lr <= result.suggestion <= t.max_lr
+    assert len(result.lrs) >= t.num_steps // 2
+    assert result.settings["optimizer"] == digits_spec.trainer.optimizer
+    assert result.settings["batch_size"] == digits_spec.trainer.batch_size
+    assert paths["plot"].stat().st_size > 5_000 and paths["csv"].is_file()
+
+
+def _fit():
+    try:
+        from hpolab.train import fit
+    except ImportError:
+        try:
+            from hpolab.train.loop import fit
+        except ImportError:
+            pytest.skip("hpolab.train.fit is not available yet")
+    return fit
+
+
+def test_digits_suggestion_trains_the_model(digits_spec, digits_lr_find):
+    """The point of the suggestion: the spec's trainer at lr = suggestion reaches val_acc >= 0.95."""
+    fit = _fit()
+    from hpolab.spec import load_experiment
+
+    result = digits_lr_find[0]
+    exp = load_experiment(digits_spec.experiment)
+    resolved = digits_spec.resolved_config(exp)
+    data = exp.load_data(resolved["data"], digits_spec.seed)
+    model = exp.build_model(resolved["model"], data.input_shape, data.num_classes)
+    cfg = dataclasses.replace(digits_spec.trainer, lr=result.suggestion)
+    out = fit(cfg, model, data, metric="val_acc", direction="maximize", seed=digits_spec.seed)
+    assert out.best_value >= 0.95, (result.suggestion, out.history)
+
+
+# ---------------------------------------------------------------- the child-process entry
+
+
+def _run_child(job: dict, timeout: float = 60.0):
+    from hpolab.lr_find import run_in_process
+
+    if "fork" not in mp.get_all_start_methods():
+        pytest.skip("needs the fork start method")
+    ctx = mp.get_context("fork")  # the driver forks it (from its forkserver); fork is instant here
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=run_in_process, args=(child, job))
+    proc.start()
+    child.close()
+    try:
+        if not parent.poll(timeout):
+            raise AssertionError(f"no message from the lr-find child within {timeout}s")
+        message = parent.recv()
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+    assert proc.exitcode == 0
+    return message
+
+
+def test_run_in_process(tmp_path):
+    from hpolab.lr_find import make_job
+    from hpolab.spec import load_spec
+
+    spec = load_spec(DIGITS_SPEC, ["lr_range_test.num_steps=30"])
+    kind, info = _run_child(make_job(spec, tmp_path / "lrt", project_dir=ROOT, threads=1))
+    assert kind == "done", info
+    result = LRRangeResult.from_dict(info["result"])
+    assert len(result.lrs) == 30 or result.stopped_early
+    assert Path(info["paths"]["plot"]).is_file() and Path(info["paths"]["csv"]).is_file()
+    assert "LR range test" in info["summary"]
+    if result.suggestion is not None:
+        assert (info["bounds"]["low"], info["bounds"]["high"]) == bounds_from_lr_range_test(result)
+
+    kind, info = _run_child({"spec": {"name": "broken"}, "out_dir": str(tmp_path / "x"), "project_dir": str(ROOT)})
+    assert kind == "fail"
+    assert "ValidationError" in info["reason"] and "Traceback" in info["traceback"]
