@@ -191,6 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"hpolab: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Exception as e:
+        from hpolab.study.driver import StudyError
+
+        if isinstance(e, StudyError):
+            print(f"hpolab: {e}", file=sys.stderr)
+            return EXIT_FAILED
+        raise
     except KeyboardInterrupt:
         print("hpolab: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

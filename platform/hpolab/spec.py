@@ -45,7 +45,7 @@ class FloatDist(_Frozen):
     high: float | None = None
     log: bool = False
     step: float | None = None
-    # Bounds from the study's LR range test (rule in hpolab.lr_bounds); low/high must then be omitted.
+    # Bounds from the study's LR range test (rule: hpolab.train.lr_range_test.bounds_from_lr_range_test); omit low/high.
     from_lr_range_test: bool = False
 
     @model_validator(mode="after")

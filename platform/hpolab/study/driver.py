@@ -48,6 +48,10 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 STOP_GRACE_SECONDS = 10  # a trial told to stop gets this long before it is terminated
 
 
+class StudyError(Exception):
+    """The study cannot go on (a message for the user, no traceback)."""
+
+
 @dataclass
 class Running:
     trial: optuna.Trial
@@ -515,8 +519,62 @@ class Driver:
 
         return signal.signal(signal.SIGINT, handler)
 
+    def _ensure_lr_range_test(self) -> None:
+        """Run the study's LR range test once (in its own process, like a trial) and record it in
+        the study, so a resumed study reuses it instead of re-running it."""
+        if not self.spec.lr_range_test.enabled or self.study.user_attrs.get("lr_range_test"):
+            return
+        from hpolab import lr_find
+
+        out_dir = lr_find.default_out_dir(self.stores, self.spec)
+        ctx = self._context()
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        life_keep, life_child = ctx.Pipe(duplex=False)
+        job = lr_find.make_job(self.spec, out_dir, project_dir=self.project_dir, threads=os.cpu_count() or 1,
+                               cuda_device=self._cuda_device_for(0))
+        self.progress.note("running the LR range test before the first trial ...")
+        proc = ctx.Process(target=lr_find.run_in_process, args=(child_conn, job, life_keep), name="lr-range-test")
+        proc.start()
+        child_conn.close()
+        life_keep.close()
+        msg = None
+        while msg is None:
+            if parent_conn.poll(1.0):
+                msg = parent_conn.recv()
+            elif not proc.is_alive():
+                msg = ("fail", {"reason": f"the LR range test process died (exit code {proc.exitcode})", "traceback": ""})
+            elif self.aborting:
+                proc.kill()
+                raise StudyError("interrupted during the LR range test")
+        proc.join(timeout=30)
+        life_child.close()
+        kind, info = msg
+        if kind == "fail":
+            raise StudyError(f"the LR range test failed: {info['reason']}")
+        result = lr_find.LRRangeResult.from_dict(info["result"])
+        run_id = lr_find.log_to_mlflow(self.client, self.experiment_id, self.parent_run_id, result, out_dir, {"optuna.study": self.spec.name})
+        self.progress.note(info["summary"])
+        attr = lr_find.study_user_attr(result, run_id)
+        if attr is None:
+            raise StudyError(
+                f"the LR range test gave no usable suggestion ({result.warning}); see its plot in {out_dir}. "
+                "Give explicit low/high for the search-space entries that use from_lr_range_test."
+            )
+        self.study.set_user_attr("lr_range_test", attr)
+        low, high = attr["low"], attr["high"]
+        used = [p for p, d in self.spec.search_space.items() if isinstance(d, FloatDist) and d.from_lr_range_test]
+        params = {}
+        for p in used:
+            params[f"search_space.{p}.low"] = repr(low)
+            params[f"search_space.{p}.high"] = repr(high)
+        params["lr_range_test.run_id"] = run_id
+        params["lr_range_test.bounds_rule"] = "low = suggestion/10, high = min(suggestion*10, divergence LR)"
+        tr.log_params(self.client, self.parent_run_id, params)
+        self.progress.note(f"search bounds from the LR range test: [{low:.3g}, {high:.3g}] for {', '.join(used) or 'no entry'}")
+
     def run(self) -> Outcome:
         self._open()
+        self._ensure_lr_range_test()
         outcome = Outcome()
         previous = self._install_sigint()
         threading.Thread(target=self._heartbeat_loop, name="heartbeats", daemon=True).start()
