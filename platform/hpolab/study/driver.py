@@ -419,6 +419,12 @@ class Driver:
 
     def _on_exit_without_result(self, r: Running) -> None:
         code = r.process.exitcode
+        if self.aborting:  # we killed it on the second Ctrl-C: resumable, like the first Ctrl-C
+            self._finish(r, TrialState.FAIL, {
+                "hpolab.fail_reason": f"stopped by a second Ctrl-C during epoch {r.epoch + 1}; re-running the study resumes it from its last checkpoint",
+                "hpolab.fail_kind": "interrupted", "hpolab.epochs_run": str(r.epoch)})
+            self._retry_callback(self.study, self.study.get_trials(deepcopy=False)[r.number])
+            return
         if code is not None and code < 0:
             name = signal.Signals(-code).name
             reason = f"trial process killed by {name}"

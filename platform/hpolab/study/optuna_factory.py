@@ -6,9 +6,14 @@ spec; that is what makes every worker prune the same way.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import optuna
+
+# Several samplers/pruners we expose by name (qmc, patient, wilcoxon, ...) are marked experimental
+# by Optuna; users chose them by name in a spec, so the warning is noise on every run.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 SAMPLERS: dict[str, Callable[..., optuna.samplers.BaseSampler]] = {

@@ -1,0 +1,83 @@
+"""Study spec: YAML + overrides -> frozen, validated StudySpec; every problem named at once."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from conftest import run_cli
+from hpolab.spec import SpecError, load_spec, parse_overrides
+
+DEFAULT = "studies/digits_cnn.yaml"
+
+
+def test_default_spec_loads_and_overrides_are_yaml_typed():
+    spec = load_spec(DEFAULT, ["n_trials=4", "trainer.max_epochs=3", "trainer.lr=0.01", "model.channels=8", "timeout=null"])
+    assert spec.n_trials == 4 and spec.trainer.max_epochs == 3 and spec.trainer.lr == 0.01
+    assert spec.model["channels"] == 8 and spec.timeout is None
+    with pytest.raises(ValidationError):
+        spec.n_trials = 5  # frozen
+
+
+def test_search_space_override_by_dotted_path():
+    spec = load_spec(DEFAULT, ["search_space.trainer.lr.high=0.1"])
+    assert spec.search_space["trainer.lr"].high == 0.1
+
+
+def test_every_problem_is_reported_with_its_path():
+    with pytest.raises(SpecError) as e:
+        load_spec(DEFAULT, ["model.widht=3", "metric=val_loss", "pruner={type: bogus}", "sampler.kwargs.nope=1",
+                            "search_space.trainer.nonsense={type: int, low: 1, high: 2}"])
+    text = "\n".join(e.value.problems)
+    assert "model.widht: unknown key for experiment digits_cnn" in text
+    assert "direction: val_loss should be minimized" in text
+    assert "pruner.type: unknown pruner 'bogus'" in text
+    assert "sampler.kwargs: tpe rejects them" in text
+    assert "search_space.trainer.nonsense: trainer has no key 'nonsense'" in text
+    assert len(e.value.problems) == 5
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("trainer.lrr=1", "trainer.lrr: unknown key"),
+        ("trainer.batch_size=0", "trainer.batch_size: batch_size must be >= 1"),
+        ("trainer.optimizer=lamb", "trainer.optimizer"),
+        ("n_trials=0", "n_trials"),
+        ("search_space.trainer.lr.low=-1", "log: true needs low > 0"),
+        ("name=has space", "name: "),
+        ("experiment=nothere", "experiment: experiment 'nothere' not found"),
+        ("bogus_top_level=1", "bogus_top_level: unknown key"),
+    ],
+)
+def test_bad_values_name_the_field(override, expected):
+    with pytest.raises(SpecError) as e:
+        load_spec(DEFAULT, [override])
+    assert expected in "\n".join(e.value.problems)
+
+
+def test_bad_override_syntax():
+    with pytest.raises(SpecError, match="write key=value"):
+        parse_overrides(["trainer.lr"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(SpecError, match="file not found"):
+        load_spec(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(bad)
+
+
+def test_cli_reports_spec_errors_without_traceback(store):
+    out = run_cli("--store", str(store), "study", "run", DEFAULT, "trainer.lrr=1", "model.widht=2", check=False)
+    assert out.returncode == 2
+    assert "invalid study spec" in out.stderr and "trainer.lrr" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (store / "trials").exists()  # nothing half-written
+
+
+def test_cli_validate_prints_resolved_spec():
+    out = run_cli("study", "validate", DEFAULT, "n_trials=7")
+    assert "valid" in out.stdout and "n_trials: 7" in out.stdout
