@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PRUNERS = {
     "hyperband": "{type: hyperband, kwargs: {min_resource: 1, max_resource: 12, reduction_factor: 3}}",
-    "successive_halving": "{type: successive_halving, kwargs: {min_resource: 1, reduction_factor: 3}}",
+    "successive_halving": "{type: successive_halving, kwargs: {min_resource: 1, reduction_factor: 4}}",
     "median": "{type: median, kwargs: {n_startup_trials: 4, n_warmup_steps: 2}}",
     "none": "{type: none}",
 }
@@ -60,7 +60,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=24)
     ap.add_argument("--parallel", type=int, default=2)
-    ap.add_argument("--pruner", default="hyperband", choices=[p for p in PRUNERS if p != "none"])
+    ap.add_argument("--pruner", default="successive_halving", choices=[p for p in PRUNERS if p != "none"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args()

@@ -209,6 +209,17 @@ def load_data(data: dict, seed: int) -> DataSplits:
     )
 
 
+def raw_test(data: dict, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The official test set as the user has it: (uint8 images (N, 28, 28), int64 labels (N,)), in the
+    order of load_data(data, seed).test (the seed does not change the test split)."""
+    from torchvision.datasets import FashionMNIST
+
+    root = os.fspath(data["root"])
+    _ensure_files(root, bool(data["download"]))
+    test = FashionMNIST(root, train=False, download=False)
+    return test.data.numpy().astype(np.uint8), test.targets.numpy().astype(np.int64)
+
+
 # ---------------------------------------------------------------------------------------------- models
 
 

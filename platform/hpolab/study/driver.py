@@ -68,6 +68,7 @@ class Running:
     oom_retried: bool = False
     stop_sent_at: float | None = None
     last_heartbeat: float = 0.0
+    gpu: int | None = None
 
     @property
     def number(self) -> int:
@@ -211,14 +212,29 @@ class Driver:
     def _threads_per_trial(self) -> int:
         return max(1, (os.cpu_count() or 1) // self.spec.parallel)
 
-    def _cuda_device_for(self, slot: int) -> int | None:
-        try:
-            import torch
+    def _gpu_count(self) -> int:
+        if not hasattr(self, "_n_gpus"):
+            try:
+                import torch
 
-            n = torch.cuda.device_count()
-        except Exception:
-            n = 0
-        return slot % n if n else None
+                # device_count() reads NVML/driver info without creating a CUDA context in the driver.
+                self._n_gpus = torch.cuda.device_count()
+            except Exception:
+                self._n_gpus = 0
+        return self._n_gpus
+
+    def _cuda_device_for(self, slot: int | None = None) -> int | None:
+        """The least-used GPU: each running trial gets its own while there are enough."""
+        n = self._gpu_count()
+        if not n:
+            return None
+        if slot is not None:
+            return slot % n
+        load = [0] * n
+        for other in self.running.values():
+            if other.gpu is not None:
+                load[other.gpu] += 1
+        return min(range(n), key=lambda i: load[i])
 
     def _start_trial(self) -> None:
         trial = self.study.ask(fixed_distributions=optuna_distributions(self.spec, self._lr_bounds()))
@@ -257,14 +273,15 @@ class Driver:
         ctx = self._context()
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         life_keep, life_child = ctx.Pipe(duplex=False)
-        slot = len(self.running) - 1
+        r.gpu = None  # (a retry re-picks: do not count its own previous slot)
+        r.gpu = self._cuda_device_for()
         job = {
             "experiment": self.spec.experiment,
             "config": r.config,
             "checkpoint_dir": str(r.trial_dir),
             "resume_from": resume_from,
             "threads": self._threads_per_trial(),
-            "cuda_device": self._cuda_device_for(slot),
+            "cuda_device": r.gpu,
             "project_dir": str(self.project_dir),
         }
         from hpolab.study import trial_process

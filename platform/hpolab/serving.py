@@ -1,0 +1,115 @@
+"""The serving model: raw inputs in, logits out, with the experiment's own preprocessing inside.
+
+A trial's logged model takes *model inputs* (already preprocessed). What we deploy takes what the
+user has (digits: float32 (N, 8, 8) in 0..16; Fashion-MNIST: uint8 (N, 28, 28)), so promote wraps
+the trained network as `ServingModel(experiment preprocess, model)`. The MLflow model (torch.export
+"pt2"), the ONNX file and the TorchScript file are all exported from that one module, so every
+way of loading the champion applies exactly the preprocessing that training used.
+
+Also here: the raw test split and its fingerprint, batched CPU inference and the classification
+metrics promote reports. Everything runs on the CPU on purpose: the accuracy promote reports is
+then the one `mlflow.pyfunc.load_model(...)` reproduces (pyfunc loads onto the CPU by default).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from types import ModuleType
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PREDICT_BATCH = 512  # samples per forward pass when predicting a whole split
+
+# Tags on the logged serving model and on its registered version: what `hpolab predict` needs to
+# turn a user's file into the model's raw input, and to name the predicted classes.
+TAG_EXPERIMENT = "hpolab.experiment"
+TAG_RAW_SHAPE = "hpolab.raw_input_shape"  # JSON list, one sample (no batch axis)
+TAG_RAW_DTYPE = "hpolab.raw_input_dtype"  # numpy dtype name, e.g. float32 / uint8
+TAG_CLASS_NAMES = "hpolab.class_names"  # JSON list
+TAG_NUM_CLASSES = "hpolab.num_classes"
+TAG_TEST_FINGERPRINT = "hpolab.test_fingerprint"  # sha256 of the raw test inputs and labels
+
+
+class ServingModel(nn.Module):
+    """raw batch -> logits: `preprocess` (the experiment's, as in training), then the trained model."""
+
+    def __init__(self, preprocess: Callable[[torch.Tensor], torch.Tensor] | None, model: nn.Module):
+        super().__init__()
+        self.preprocess = preprocess  # a plain function, not a module: it has no state
+        self.model = model
+
+    def forward(self, raw: torch.Tensor) -> torch.Tensor:
+        x = self.preprocess(raw) if self.preprocess is not None else raw
+        return self.model(x)
+
+
+def raw_test_split(experiment: ModuleType, config: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The experiment's test split as raw inputs (what predict accepts) and labels."""
+    from hpolab.cli import UserError
+
+    fn = getattr(experiment, "raw_test", None)
+    if fn is None:
+        raise UserError(
+            f"experiment {experiment.__name__} has no raw_test(data, seed): promote evaluates the raw test "
+            "split through the experiment's preprocessing (see experiments/README.md)"
+        )
+    x, y = fn(config["data"], config["seed"])
+    return np.ascontiguousarray(x), np.asarray(y, dtype=np.int64)
+
+
+def fingerprint(x: np.ndarray, y: np.ndarray) -> str:
+    """Identifies a test split: two models are compared only on the very same inputs and labels."""
+    h = hashlib.sha256()
+    h.update(json.dumps([str(x.dtype), list(x.shape)]).encode())
+    h.update(np.ascontiguousarray(x).tobytes())
+    h.update(np.ascontiguousarray(y, dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def predict_logits(model: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray, batch_size: int = PREDICT_BATCH) -> torch.Tensor:
+    """Logits (float32, CPU) for raw inputs `x`, batch by batch. Works for eager modules and for
+    torch.export'ed ones (which cannot be switched to eval mode: they were exported in it)."""
+    if isinstance(model, nn.Module):
+        try:
+            model.eval()
+        except NotImplementedError:  # torch.export'ed: already in eval mode, and cannot be switched
+            pass
+    outs = []
+    with torch.inference_mode():
+        for lo in range(0, len(x), batch_size):
+            outs.append(model(torch.from_numpy(np.ascontiguousarray(x[lo : lo + batch_size]))).float().cpu())
+    if not outs:
+        raise ValueError("no inputs to predict")
+    return torch.cat(outs)
+
+
+def classification_metrics(logits: torch.Tensor, y: np.ndarray, num_classes: int) -> dict[str, float]:
+    """acc, loss (mean cross-entropy), macro_f1 (over classes present in labels or predictions), n."""
+    labels = torch.as_tensor(y, dtype=torch.long)
+    preds = logits.argmax(dim=1)
+    conf = torch.bincount(labels * num_classes + preds, minlength=num_classes * num_classes).reshape(num_classes, num_classes).double()
+    tp, support, predicted = conf.diag(), conf.sum(1), conf.sum(0)
+    seen = (support + predicted) > 0
+    f1 = 2 * tp[seen] / (support[seen] + predicted[seen])
+    return {
+        "acc": float((preds == labels).double().mean()),
+        "loss": float(F.cross_entropy(logits.double(), labels)),
+        "macro_f1": float(f1.mean()),
+        "n": int(labels.numel()),
+    }
+
+
+def serving_tags(experiment_name: str, x_raw: np.ndarray, y: np.ndarray, num_classes: int, class_names: tuple[str, ...]) -> dict[str, str]:
+    return {
+        TAG_EXPERIMENT: experiment_name,
+        TAG_RAW_SHAPE: json.dumps(list(x_raw.shape[1:])),
+        TAG_RAW_DTYPE: str(x_raw.dtype),
+        TAG_NUM_CLASSES: str(num_classes),
+        TAG_CLASS_NAMES: json.dumps(list(class_names)),
+        TAG_TEST_FINGERPRINT: fingerprint(x_raw, y),
+    }
