@@ -15,6 +15,7 @@ from torch.utils.data import TensorDataset
 from sklearn.datasets import load_digits  # bundled with scikit-learn, no download
 
 from hpolab.train.data import DataSplits
+from hpolab.train.layers import GlobalAvgPool
 
 # Imports live at module level on purpose: the study driver's forkserver preloads experiment
 # modules, so what is imported here is paid once per study, not once per trial.
@@ -118,5 +119,5 @@ def build_model(model: dict, input_shape: tuple[int, ...], num_classes: int) -> 
         if block < 2:  # 8x8 -> 4x4 -> 2x2
             layers.append(nn.MaxPool2d(2))
         in_ch = out_ch
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(float(model["dropout"])), nn.Linear(in_ch, num_classes)]
+    layers += [GlobalAvgPool(), nn.Dropout(float(model["dropout"])), nn.Linear(in_ch, num_classes)]
     return nn.Sequential(*layers)

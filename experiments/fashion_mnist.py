@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 
 from hpolab.train.data import DataSplits
+from hpolab.train.layers import GlobalAvgPool
 
 try:  # torchvision >= 0.16
     from torchvision.transforms import v2 as T
@@ -239,6 +240,7 @@ def _resnet18(in_ch: int, num_classes: int, width: int, dropout: float) -> nn.Mo
     net.conv1 = nn.Conv2d(in_ch, width, kernel_size=3, stride=1, padding=1, bias=False)
     net.maxpool = nn.Identity()
     net.fc = nn.Sequential(nn.Dropout(dropout), nn.Linear(width * 8, num_classes))
+    net.avgpool = GlobalAvgPool(keepdim=True)  # deterministic CUDA backward (see hpolab.train.layers)
     for m in net.modules():  # torchvision's own initialization, for the replaced modules too
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -257,7 +259,7 @@ def _small_cnn(in_ch: int, num_classes: int, channels: int, dropout: float) -> n
         *conv(in_ch, c), *conv(c, c), nn.MaxPool2d(2),  # 28 -> 14
         *conv(c, 2 * c), *conv(2 * c, 2 * c), nn.MaxPool2d(2),  # 14 -> 7
         *conv(2 * c, 4 * c),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout), nn.Linear(4 * c, num_classes),
+        GlobalAvgPool(), nn.Dropout(dropout), nn.Linear(4 * c, num_classes),
     )
 
 

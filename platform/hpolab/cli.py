@@ -1,6 +1,7 @@
 """`hpolab` command line: parse, validate, call one function, return an exit code.
 
 Exit codes: 0 success; 1 the work failed; 2 bad input (spec, arguments, missing study);
+3 promotion refused (the challenger is not better than the alias holder);
 130 interrupted by Ctrl-C (the stores are consistent; re-run to continue).
 """
 
