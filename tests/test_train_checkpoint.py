@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import os
 import random
 
 import numpy as np

@@ -25,12 +25,12 @@ import os
 import signal
 import sys
 import textwrap
-import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
+from hpolab.study.lifeline import watch_lifeline
 from hpolab.train.lr_range_test import LRRangeResult, bounds_from_lr_range_test, lr_range_test
 
 RUN_NAME = "lr-range-test"
@@ -39,7 +39,6 @@ CSV_NAME = "lr_range_test.csv"
 ARTIFACT_DIR = "lr_range_test"  # folder of the run's artifacts
 CSV_COLUMNS = ("step", "lr", "loss", "smoothed_loss")
 METRIC_BATCH = 1000  # MLflow's log_batch limit for metrics
-ORPHAN_EXIT_CODE = 70  # as study/trial_process.py: the driver is gone
 
 
 # ---------------------------------------------------------------- outputs
@@ -407,14 +406,6 @@ def make_job(spec, out_dir: str | Path, *, project_dir: str | Path | None = None
     }
 
 
-def _watch_lifeline(lifeline) -> None:
-    try:
-        lifeline.recv()  # the driver never sends; this returns only by EOF when the driver is gone
-    except (EOFError, OSError):
-        pass
-    os._exit(ORPHAN_EXIT_CODE)
-
-
 def run_in_process(conn, job: dict[str, Any], lifeline=None) -> None:
     """Child-process entry (target of a forked/forkserver Process), in the style of trial_process.run.
 
@@ -424,7 +415,7 @@ def run_in_process(conn, job: dict[str, Any], lifeline=None) -> None:
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     if lifeline is not None:
-        threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
+        watch_lifeline(lifeline)
     try:
         if job.get("cuda_device") is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = str(job["cuda_device"])  # before CUDA initializes

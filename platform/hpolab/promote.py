@@ -294,7 +294,6 @@ class Promotion:
     def run(self) -> int:
         import mlflow
 
-        from hpolab.cli import UserError
         from hpolab.serving import classification_metrics, fingerprint, predict_logits, raw_test_split
 
         mlflow.set_tracking_uri(self.stores.tracking_uri)  # the fluent model APIs resolve their client from it

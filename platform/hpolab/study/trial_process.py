@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import traceback
 from pathlib import Path
 from typing import Any
@@ -25,17 +24,9 @@ from typing import Any
 import torch  # imported here so the forkserver that preloads this module has torch warm
 import torch._dynamo  # noqa: F401  -- torch.optim's constructors import it lazily (~3 s); pay it once, in the forkserver
 
+from hpolab.study.lifeline import ORPHAN_EXIT_CODE, watch_lifeline
 from hpolab.train import NonFiniteLossError, TrainConfig, fit
 
-ORPHAN_EXIT_CODE = 70
-
-
-def _watch_lifeline(lifeline) -> None:
-    try:
-        lifeline.recv()  # the driver never sends; this returns only by EOF when the driver is gone
-    except (EOFError, OSError):
-        pass
-    os._exit(ORPHAN_EXIT_CODE)
 
 
 def trainer_config(section: dict[str, Any]) -> TrainConfig:
@@ -54,7 +45,7 @@ def _input_example(data, n: int = 2):
 def run(conn, lifeline, job: dict[str, Any]) -> None:
     """Process entry point. `job` is plain data (picklable): see driver.TrialJob.as_job()."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle (graceful stop)
-    threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
+    watch_lifeline(lifeline)
     if job.get("cuda_device") is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(job["cuda_device"])  # before CUDA initializes
     torch.set_num_threads(int(job["threads"]))

@@ -36,8 +36,8 @@ from .checkpoint import (
 from .config import TrainConfig
 from .data import DataSplits, is_in_memory, labels_of
 from .device import autocast, make_grad_scaler, resolve_amp, resolve_device, synchronize
-from .losses import build_train_loss
-from .optim import LRSchedule, build_optimizer, check_optimizer_covers, check_trainable_parameters, param_groups
+from .losses import criterion_from_config
+from .optim import LRSchedule, check_optimizer_covers, check_trainable_parameters, optimizer_from_config
 from .seeding import capture_rng_state, make_generator, restore_rng_state, seed_everything, seed_worker
 
 BASE_METRICS = (
@@ -423,21 +423,8 @@ def fit(
     steps_per_epoch = math.ceil(micro_per_epoch / accum)  # optimizer steps
 
     # ---- loss, optimizer, schedule, scaler
-    criterion = build_train_loss(
-        class_weighting=cfg.class_weighting,
-        focal_gamma=cfg.focal_gamma,
-        label_smoothing=cfg.label_smoothing,
-        train_labels=labels_of(data.train) if cfg.class_weighting != "none" else None,
-        num_classes=data.num_classes,
-    ).to(device)
-    optimizer = build_optimizer(
-        cfg.optimizer,
-        param_groups(raw_model, cfg.weight_decay),
-        lr=cfg.lr,
-        momentum=cfg.momentum,
-        nesterov=cfg.nesterov,
-        betas=cfg.betas,
-    )
+    criterion = criterion_from_config(cfg, data, device)
+    optimizer = optimizer_from_config(cfg, raw_model, lr=cfg.lr)
     check_optimizer_covers(raw_model, optimizer)
     if cfg.scheduler == "onecycle" and cfg.warmup_epochs > 0:
         note("warmup_epochs ignored with scheduler=onecycle (OneCycle has its own warm-up)")

@@ -73,3 +73,16 @@ def build_train_loss(
     if focal_gamma > 0:
         return FocalLoss(focal_gamma, weight=weight, label_smoothing=label_smoothing)
     return nn.CrossEntropyLoss(weight=weight, label_smoothing=label_smoothing)
+
+
+def criterion_from_config(cfg, data, device) -> nn.Module:
+    """The trainer's training loss for `data` (class weights from the train labels when asked)."""
+    from .data import labels_of
+
+    return build_train_loss(
+        class_weighting=cfg.class_weighting,
+        focal_gamma=cfg.focal_gamma,
+        label_smoothing=cfg.label_smoothing,
+        train_labels=labels_of(data.train) if cfg.class_weighting != "none" else None,
+        num_classes=data.num_classes,
+    ).to(device)

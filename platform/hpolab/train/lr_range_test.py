@@ -79,8 +79,8 @@ from .checkpoint import unwrap_model
 from .config import TrainConfig
 from .data import DataSplits, is_in_memory, labels_of
 from .device import autocast, make_grad_scaler, resolve_amp, resolve_device
-from .losses import build_train_loss
-from .optim import build_optimizer, check_optimizer_covers, check_trainable_parameters, param_groups
+from .losses import criterion_from_config
+from .optim import check_optimizer_covers, check_trainable_parameters, optimizer_from_config
 from .seeding import make_generator, seed_everything, seed_worker
 
 SUGGESTION_RULE = "valley"
@@ -248,21 +248,8 @@ def lr_range_test(
 
     # ---- loss, optimizer, scaler: the trainer's (no scheduler: the sweep sets the LR itself)
     lrs_planned = lr_schedule(min_lr, max_lr, num_steps, mode)
-    criterion = build_train_loss(
-        class_weighting=cfg.class_weighting,
-        focal_gamma=cfg.focal_gamma,
-        label_smoothing=cfg.label_smoothing,
-        train_labels=labels_of(data.train) if cfg.class_weighting != "none" else None,
-        num_classes=data.num_classes,
-    ).to(device)
-    optimizer = build_optimizer(
-        cfg.optimizer,
-        param_groups(net, cfg.weight_decay),
-        lr=lrs_planned[0],
-        momentum=cfg.momentum,
-        nesterov=cfg.nesterov,
-        betas=cfg.betas,
-    )
+    criterion = criterion_from_config(cfg, data, device)
+    optimizer = optimizer_from_config(cfg, net, lr=lrs_planned[0])
     check_optimizer_covers(net, optimizer)
     scaler = make_grad_scaler(amp)
     params = [p for group in optimizer.param_groups for p in group["params"]]

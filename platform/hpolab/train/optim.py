@@ -235,3 +235,15 @@ class LRSchedule:
             self.per_step.load_state_dict(state["per_step"])
         if self.plateau is not None and state.get("plateau") is not None:
             self.plateau.load_state_dict(state["plateau"])
+
+
+def optimizer_from_config(cfg, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
+    """The trainer's optimizer for `model` (weight-decay groups included); `lr` overrides cfg.lr."""
+    return build_optimizer(
+        cfg.optimizer,
+        param_groups(model, cfg.weight_decay),
+        lr=cfg.lr if lr is None else lr,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov,
+        betas=cfg.betas,
+    )

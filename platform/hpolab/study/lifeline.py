@@ -1,0 +1,24 @@
+"""The child's end of the lifeline: a pipe whose other end only the driver holds.
+
+When the driver dies (even by SIGKILL) the OS closes its end, `recv()` sees EOF, and the child
+exits at once -- no orphan keeps a CPU or GPU busy.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+ORPHAN_EXIT_CODE = 70
+
+
+def _watch(lifeline) -> None:
+    try:
+        lifeline.recv()  # the driver never sends; this returns only by EOF when the driver is gone
+    except (EOFError, OSError):
+        pass
+    os._exit(ORPHAN_EXIT_CODE)
+
+
+def watch_lifeline(lifeline) -> None:
+    threading.Thread(target=_watch, args=(lifeline,), name="lifeline", daemon=True).start()
