@@ -1,12 +1,24 @@
-"""`hpolab ui`: MLflow's own UI over the store in use, bound to localhost by default."""
+"""`hpolab ui`: MLflow's own UI over the store in use, bound to localhost by default.
+
+The MLflow server runs as a child process in its own process group (it starts uvicorn and
+helpers of its own): Ctrl-C (SIGINT) or SIGTERM on `hpolab ui` stops that whole group, waits for
+it, prints "MLflow UI stopped" and exits 0, so no server is left holding the port.
+"""
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 
 from hpolab.stores import Stores
+
+STOP_GRACE_SECONDS = 10  # after SIGTERM, then SIGKILL
+READY_TIMEOUT_SECONDS = 120  # the server imports a lot; a loaded laptop can take a minute
 
 
 def mlflow_server_command(stores: Stores, host: str, port: int) -> list[str]:
@@ -17,22 +29,93 @@ def mlflow_server_command(stores: Stores, host: str, port: int) -> list[str]:
     return cmd
 
 
+def server_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # MLflow's background job runner (GenAI scorers, trace rollups) starts eight more processes;
+    # nothing hpolab logs needs it. A user can still turn it on by setting the variable.
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    return env
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        # Like the server itself: connections of a previous server in TIME_WAIT do not count.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the server's process group, then SIGKILL whatever is left after the grace period."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=STOP_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # helpers that outlive the server, if any
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+class _Stop(Exception):
+    pass
+
+
 def serve(stores: Stores, host: str = "127.0.0.1", port: int = 5000) -> int:
+    from hpolab.cli import UserError
+
     if stores.tracking_uri.startswith(("http://", "https://")):
         print(f"the tracking store is already a server: open {stores.tracking_uri}")
         return 0
     if stores.tracking_uri.startswith("sqlite:///"):
         stores.root.mkdir(parents=True, exist_ok=True)
-    cmd = mlflow_server_command(stores, host, port)
-    print(f"MLflow UI for {stores.tracking_uri}\n  open http://{host}:{port}   (Ctrl-C to stop)", flush=True)
-    proc = subprocess.Popen(cmd)
+    if not _port_free(host, port):
+        raise UserError(f"port {port} on {host} is in use (another `hpolab ui`?); pick another with --port")
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    print(f"MLflow UI for {stores.tracking_uri}\n  open {url}   (Ctrl-C to stop)", flush=True)
+
+    def on_signal(signum, frame):
+        raise _Stop()
+
+    # Explicit handlers: a process started in the background by a shell inherits SIGINT ignored.
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    proc = None
     try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        print("MLflow UI stopped")
+        proc = subprocess.Popen(mlflow_server_command(stores, host, port), env=server_env(), start_new_session=True)
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        announced = False
+        while True:
+            code = proc.poll()
+            if code is not None:
+                print(f"MLflow server exited with code {code}", file=sys.stderr)
+                return code or 1
+            if not announced and time.monotonic() < deadline and _ready(url):
+                print(f"MLflow UI ready at {url}", flush=True)
+                announced = True
+            time.sleep(0.5)
+    except (_Stop, KeyboardInterrupt):
+        if proc is not None:
+            _stop_group(proc)
+        print("MLflow UI stopped", flush=True)
         return 0
+    finally:
+        if proc is not None and proc.poll() is None:  # any other exit path: never leave the server behind
+            _stop_group(proc)
+        for s, h in previous.items():
+            signal.signal(s, h)
