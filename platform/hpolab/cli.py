@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(sub, "compare", "compare the trials of a study, or any runs by id")
     p.add_argument("targets", nargs="+", metavar="NAME|RUN_ID", help="a study name, or two or more MLflow run ids")
     p.add_argument("--top", type=int, help="only the K best rows")
-    p.add_argument("--sort", metavar="METRIC", help="sort by this column (default: the study metric)")
+    p.add_argument("--sort", metavar="METRIC", help="sort by this column, metric or param; METRIC:asc|desc forces the order (default: the study metric)")
     p.add_argument("--state", default="all", choices=["complete", "pruned", "fail", "all"])
     p.add_argument("--format", default="table", choices=["table", "csv", "json", "markdown"])
 
@@ -201,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hpolab: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `hpolab compare NAME | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":

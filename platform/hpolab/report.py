@@ -376,7 +376,8 @@ def _summary(data: ReportData) -> str:
     budget = None
     if data.parent_run is not None:
         try:
-            budget = int(data.parent_run.data.params.get("n_trials", ""))
+            # The driver tags the budget of its latest run (params are write-once: the first spec's).
+            budget = int(data.parent_run.data.tags.get("hpolab.n_trials") or data.parent_run.data.params.get("n_trials", ""))
         except ValueError:
             budget = None
     finished = data.finished

@@ -107,6 +107,7 @@ def serve(stores: Stores, host: str = "127.0.0.1", port: int = 5000) -> int:
                 return code or 1
             if not announced and time.monotonic() < deadline and _ready(url):
                 print(f"MLflow UI ready at {url}", flush=True)
+                print(f"  (runs of an experiment as tables and charts: {url}/#/experiments/<id>/runs?workflowType=machine_learning)", flush=True)
                 announced = True
             time.sleep(0.5)
     except (_Stop, KeyboardInterrupt):

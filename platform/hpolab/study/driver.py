@@ -651,6 +651,7 @@ class Driver:
         self._model_logger.shutdown(wait=True)  # every trial's model is logged before the study closes
         counts = trial_counts(self.study)
         tags = {f"hpolab.trials_{k}": str(v) for k, v in counts.items()}
+        tags["hpolab.n_trials"] = str(self.spec.n_trials)  # the budget now (a re-run may raise it)
         try:
             best = self.study.best_trial
             tags.update(
