@@ -69,7 +69,10 @@ def test_study_run_end_to_end(store):
 
     mlflow.set_tracking_uri(f"sqlite:///{store / 'mlflow.db'}")
     best_run = client.get_run(study.best_trial.user_attrs["mlflow_run_id"])
-    model = mlflow.pytorch.load_model(best_run.data.tags["hpolab.model_uri"])
+    try:
+        model = mlflow.pytorch.load_model(best_run.data.tags["hpolab.model_uri"])
+    finally:
+        mlflow.set_tracking_uri(None)  # it is process-global (and exported as MLFLOW_TRACKING_URI)
     out = model(__import__("torch").zeros(2, 1, 8, 8))
     assert tuple(out.shape) == (2, 10) and np.isfinite(out.detach().numpy()).all()
 
