@@ -161,9 +161,11 @@ def test_driver_killed_then_resumed(store, tmp_path):
         assert run.data.tags["hpolab.retry_of_trial"] == str(old)
         assert run.data.tags["hpolab.retry_of_run"] == study.trials[old].user_attrs["mlflow_run_id"]
         if old in dead_epochs:  # it resumed from the dead trial's checkpoint: its epochs continue
-            assert "resumed_from" in " ".join(run.data.tags)
-            steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_acc")]
-            assert steps and min(steps) > 1 and max(steps) == 8
+            assert "hpolab.resumed_from" in run.data.tags
+            steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "val_acc"))
+            assert steps == list(range(1, 9))  # epochs 1..k carried over from the checkpoint, then k+1..8 trained
+            assert sorted(t.intermediate_values) == list(range(1, 9))
+            assert run.data.tags["hpolab.epochs_run"] == "8"
         # the dead trial's run is closed with the reason, not left RUNNING
         dead_run = _run(study.trials[old], client)
         assert dead_run.info.status == "FAILED"

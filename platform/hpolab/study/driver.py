@@ -265,9 +265,31 @@ class Driver:
         cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
         self.client.log_artifact(run_id, str(cfg_path))
         r = Running(trial=trial, run_id=run_id, config=config, trial_dir=trial_dir)
+        if resume_from:
+            self._carry_over_history(r, resume_from)
         self.running[trial.number] = r
         self._spawn(r, resume_from)
         self.progress.trial_started(trial.number, trial.params, retry_of)
+
+    def _carry_over_history(self, r: Running, checkpoint: str) -> None:
+        """A retry resumes at epoch k+1; give its trial and run epochs 1..k from the checkpoint, so the
+        pruner compares whole learning curves and the run page shows one continuous history."""
+        from hpolab.train.checkpoint import load_checkpoint
+
+        try:
+            history = load_checkpoint(checkpoint, map_location="cpu").get("history") or []
+        except Exception as e:  # the child will report the same problem when it loads it
+            self.progress.note(f"trial {r.number}: could not read {checkpoint}: {e}")
+            return
+        for h in history:
+            epoch = int(h["epoch"])
+            metrics = {k: v for k, v in h.items() if k != "epoch"}
+            tr.log_epoch(self.client, r.run_id, epoch, metrics)
+            value = metrics.get(self.spec.metric)
+            if value is not None and value == value:
+                r.trial.report(value, epoch)
+                r.last_value = value
+            r.epoch = epoch
 
     def _spawn(self, r: Running, resume_from: str | None) -> None:
         ctx = self._context()
