@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,50 @@ def run_cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, tim
     if check and proc.returncode != 0:
         raise AssertionError(f"hpolab {' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
+
+
+# ---- a shared study with COMPLETE, FAIL and PRUNED trials (compare, report, UI tests)
+
+STUDY = "cmp-tiny"
+SPEC = ["studies/digits_cnn.yaml", f"name={STUDY}", "parallel=2", "trainer.max_epochs=3", "sampler.kwargs={n_startup_trials: 2}"]
+_TEMPLATE: dict[str, Path] = {}
+
+
+def mixed_study_template(tmp_path_factory, migrated_store: Path) -> Path:
+    """A store holding study `cmp-tiny`: trials 0-1 COMPLETE, 2 FAIL (NaN injected), 3 PRUNED.
+
+    Built once per session (about a minute on 2 cores) and shared: treat it as read-only.
+    """
+    if "store" not in _TEMPLATE:
+        store = tmp_path_factory.mktemp("mixed-study") / "store"
+        store.mkdir()
+        for name in ("mlflow.db", "optuna.db"):
+            shutil.copy(migrated_store / name, store / name)
+        (store / "artifacts").mkdir()
+        s = ["--store", str(store), "study", "run", *SPEC]
+        run_cli(*s, "n_trials=2", "pruner={type: none}")
+        # NaN loss at micro-step 2 -> the trial fails with a reason, before any epoch ends.
+        run_cli(*s, "n_trials=3", "trainer.inject_nan_at_step=2", "pruner={type: none}")
+        # ThresholdPruner: val_acc below 0.99 after epoch 1 (a 3-epoch digits CNN never reaches it) -> pruned.
+        run_cli(*s, "n_trials=4", "pruner={type: threshold, kwargs: {lower: 0.99}}")
+        _TEMPLATE["store"] = store
+    return _TEMPLATE["store"]
+
+
+def copy_store(src: Path, dst: Path) -> Path:
+    """Copy a store and re-point MLflow's absolute artifact paths at the copy.
+
+    mlflow.db records each experiment's artifact_location and each run's artifact_uri as absolute
+    paths; a plain copy would keep writing artifacts into the original.
+    """
+    shutil.copytree(src, dst)
+    con = sqlite3.connect(dst / "mlflow.db")
+    with con:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        for t in tables:
+            for _, col, typ, *_ in con.execute(f'PRAGMA table_info("{t}")').fetchall():
+                if any(k in (typ or "").upper() for k in ("CHAR", "TEXT", "CLOB")) or not typ:
+                    con.execute(f'UPDATE "{t}" SET "{col}" = replace("{col}", ?, ?) WHERE "{col}" LIKE ?',
+                                (str(src), str(dst), f"%{src}%"))
+    con.close()
+    return dst

@@ -1,17 +1,14 @@
 """`hpolab compare`: the table of a real tiny study (COMPLETE, PRUNED and FAIL trials) checked
 against both stores, its formats, and runs side by side.
 
-The study is built once per session by the real CLI (three `study run` invocations on one
-study: the budget is the total, so each adds trials) and shared read-only with test_report.py
-and test_ui_browser.py through `mixed_study_template`; tests that write get a copy.
+The study is built once per session by the real CLI (conftest.mixed_study_template) and shared
+read-only with test_report.py and test_ui_browser.py; tests that write get a copy.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import shutil
-import sqlite3
 from pathlib import Path
 
 import optuna
@@ -19,54 +16,9 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from conftest import hpolab_env, run_cli
+from conftest import STUDY, copy_store, hpolab_env, mixed_study_template, run_cli
 
 pytestmark = pytest.mark.slow  # every test here reads the study the real CLI builds (about a minute, once)
-
-STUDY = "cmp-tiny"
-SPEC = ["studies/digits_cnn.yaml", f"name={STUDY}", "parallel=2", "trainer.max_epochs=3", "sampler.kwargs={n_startup_trials: 2}"]
-_TEMPLATE: dict[str, Path] = {}
-
-
-def mixed_study_template(tmp_path_factory, migrated_store: Path) -> Path:
-    """A store holding study `cmp-tiny`: trials 0-1 COMPLETE, 2 FAIL (NaN injected), 3 PRUNED.
-
-    Built once per session (about a minute on 2 cores) and shared: treat it as read-only.
-    """
-    if "store" not in _TEMPLATE:
-        store = tmp_path_factory.mktemp("mixed-study") / "store"
-        store.mkdir()
-        for name in ("mlflow.db", "optuna.db"):
-            shutil.copy(migrated_store / name, store / name)
-        (store / "artifacts").mkdir()
-        s = ["--store", str(store), "study", "run", *SPEC]
-        run_cli(*s, "n_trials=2", "pruner={type: none}")
-        # NaN loss at micro-step 2 -> the trial fails with a reason, before any epoch ends.
-        run_cli(*s, "n_trials=3", "trainer.inject_nan_at_step=2", "pruner={type: none}")
-        # ThresholdPruner: val_acc below 0.99 after epoch 1 (a 3-epoch digits CNN never reaches it) -> pruned.
-        run_cli(*s, "n_trials=4", "pruner={type: threshold, kwargs: {lower: 0.99}}")
-        _TEMPLATE["store"] = store
-    return _TEMPLATE["store"]
-
-
-def copy_store(src: Path, dst: Path) -> Path:
-    """Copy a store and re-point MLflow's absolute artifact paths at the copy.
-
-    mlflow.db records each experiment's artifact_location and each run's artifact_uri as absolute
-    paths; a plain copy would keep writing artifacts into the original.
-    """
-    shutil.copytree(src, dst)
-    con = sqlite3.connect(dst / "mlflow.db")
-    with con:
-        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        for t in tables:
-            for _, col, typ, *_ in con.execute(f'PRAGMA table_info("{t}")').fetchall():
-                if any(k in (typ or "").upper() for k in ("CHAR", "TEXT", "CLOB")) or not typ:
-                    con.execute(f'UPDATE "{t}" SET "{col}" = replace("{col}", ?, ?) WHERE "{col}" LIKE ?',
-                                (str(src), str(dst), f"%{src}%"))
-    con.close()
-    return dst
-
 
 @pytest.fixture(autouse=True)
 def _no_store_env(monkeypatch):

@@ -12,8 +12,7 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 
-from conftest import run_cli
-from test_compare import STUDY, copy_store, mixed_study_template
+from conftest import STUDY, copy_store, mixed_study_template, run_cli
 
 PLOTS = ["optimization-history", "learning-curves", "param-importances", "parallel-coordinates", "slice", "timeline", "lr-range-test"]
 SECTIONS = PLOTS + ["top-trials", "promotion"]

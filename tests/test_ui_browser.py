@@ -22,8 +22,7 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 
-from conftest import ROOT, hpolab_env
-from test_compare import STUDY, copy_store, mixed_study_template
+from conftest import ROOT, STUDY, copy_store, hpolab_env, mixed_study_template
 
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = ROOT / "test-output" / "ui"
