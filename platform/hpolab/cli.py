@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     command(sub, "env", "check the install: versions, CUDA, a matmul on the device")
 
+    p = command(sub, "doctor", "sanity checks before a costly study: data, model, can it overfit a tiny batch?")
+    p.add_argument("spec")
+    p.add_argument("overrides", nargs="*")
+
     p = command(sub, "lr-find", "LR range test (Leslie Smith) on the spec's experiment")
     p.add_argument("spec")
     p.add_argument("overrides", nargs="*")
@@ -136,6 +140,12 @@ def cmd_env(args) -> int:
     return run_env_check()
 
 
+def cmd_doctor(args) -> int:
+    from hpolab.doctor import doctor_cmd
+
+    return doctor_cmd(args, _stores(args))
+
+
 def cmd_lr_find(args) -> int:
     from hpolab.lr_find import lr_find_cmd
 
@@ -175,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         ("worker", None): cmd_study_run,
         ("ui", None): cmd_ui,
         ("env", None): cmd_env,
+        ("doctor", None): cmd_doctor,
         ("lr-find", None): cmd_lr_find,
         ("promote", None): cmd_promote,
         ("predict", None): cmd_predict,
