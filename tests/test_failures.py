@@ -201,3 +201,22 @@ def test_ctrl_c_stops_cleanly_and_the_study_resumes(store):
     assert len([t for t in trials if t.state == TrialState.COMPLETE]) == 2
     resumed = [t for t in trials if t.system_attrs.get("retry_history")]
     assert resumed and all("hpolab.resumed_from" in _run(t, client).data.tags for t in resumed)
+
+
+@pytest.mark.slow
+def test_study_timeout_stops_starting_trials(store):
+    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=10", "parallel=1", "timeout=1", cwd=PROJECT)
+    assert "timeout (1 s) reached" in out.stdout
+    client, study = _open(store)
+    trials = study.get_trials()
+    assert len(trials) == 1 and trials[0].state == TrialState.COMPLETE  # the running trial finished normally
+    parent = client.get_run(study.user_attrs["mlflow_parent_run_id"])
+    assert parent.info.status == "KILLED"  # the budget is not done; re-running continues
+
+
+def test_direction_change_of_an_existing_study_is_refused(store):
+    run_cli("--store", str(store), "study", "run", SPEC, "n_trials=1", "trainer.max_epochs=1", cwd=PROJECT)
+    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=2", "metric=val_loss", "direction=minimize",
+                  cwd=PROJECT, check=False)
+    assert out.returncode == 1
+    assert "already exists with direction maximize" in out.stderr and "Traceback" not in out.stderr

@@ -132,7 +132,8 @@ class Driver:
         self.project_dir = (project_dir or Path.cwd()).resolve()
         self.experiment = load_experiment(spec.experiment)
         self.running: dict[int, Running] = {}
-        self.stopping = False  # first Ctrl-C: start nothing new, let running trials end cleanly
+        self.stopping = False  # first Ctrl-C: start nothing new; running trials stop after their epoch
+        self.draining = False  # study timeout: start nothing new; running trials finish normally
         self.aborting = False  # second Ctrl-C: stop now
         self.env_tags: dict[str, str] = {}
         self._ctx = None
@@ -165,7 +166,7 @@ class Driver:
             load_if_exists=True,
         )
         if self.study.direction.name.lower() != self.spec.direction:
-            raise RuntimeError(
+            raise StudyError(
                 f"study {self.spec.name!r} already exists with direction {self.study.direction.name.lower()}; "
                 f"the spec says {self.spec.direction}. Use another name, or delete the study."
             )
@@ -628,11 +629,11 @@ class Driver:
             counts = trial_counts(self.study)
             self.progress.begin(counts, self.stores)
             while True:
-                if deadline and time.monotonic() > deadline and not self.stopping:
+                if deadline and time.monotonic() > deadline and not self.draining:
                     outcome.timed_out = True
-                    self.stopping = True
-                    self.progress.note(f"timeout ({self.spec.timeout:g} s) reached: no new trials")
-                while not self.stopping and len(self.running) < self.spec.parallel:
+                    self.draining = True
+                    self.progress.note(f"timeout ({self.spec.timeout:g} s) reached: no new trials; running ones finish")
+                while not (self.stopping or self.draining) and len(self.running) < self.spec.parallel:
                     self._reap_stale_trials()
                     counts = trial_counts(self.study)
                     if counts["finished"] + counts["running"] + counts["waiting"] >= self.spec.n_trials and counts["waiting"] == 0:
@@ -655,7 +656,7 @@ class Driver:
         finally:
             self._hb_stop.set()
             signal.signal(signal.SIGINT, previous)
-        outcome.interrupted = self.stopping and not outcome.timed_out
+        outcome.interrupted = self.stopping
         self._close(outcome)
         return outcome
 
