@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec")
     p.add_argument("overrides", nargs="*")
 
+    p = command(sub, "reproduce", "train a trial again from its MLflow run and compare the metrics")
+    p.add_argument("run_id", help="an MLflow run id of a trial (hpolab compare NAME shows them)")
+    p.add_argument("--tolerance", type=float, default=0.0, help="largest accepted abs difference per metric (default 0: identical)")
+
     p = command(sub, "lr-find", "LR range test (Leslie Smith) on the spec's experiment")
     p.add_argument("spec")
     p.add_argument("overrides", nargs="*")
@@ -146,6 +150,12 @@ def cmd_doctor(args) -> int:
     return doctor_cmd(args, _stores(args))
 
 
+def cmd_reproduce(args) -> int:
+    from hpolab.reproduce import reproduce_cmd
+
+    return reproduce_cmd(args, _stores(args))
+
+
 def cmd_lr_find(args) -> int:
     from hpolab.lr_find import lr_find_cmd
 
@@ -186,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         ("ui", None): cmd_ui,
         ("env", None): cmd_env,
         ("doctor", None): cmd_doctor,
+        ("reproduce", None): cmd_reproduce,
         ("lr-find", None): cmd_lr_find,
         ("promote", None): cmd_promote,
         ("predict", None): cmd_predict,

@@ -33,7 +33,7 @@ def run_doctor(spec, threads: int | None = None) -> tuple[list[tuple[str, bool, 
     from torch.utils.data import Subset, TensorDataset
 
     from hpolab.experiment import load_experiment
-    from hpolab.train import fit
+    from hpolab.train import fit, seed_everything
     from hpolab.train.data import DataSplits, is_in_memory, labels_of
     from hpolab.train.optim import find_unregistered_parameters
 
@@ -86,6 +86,7 @@ def run_doctor(spec, threads: int | None = None) -> tuple[list[tuple[str, bool, 
         warmup_epochs=0.0, early_stopping_patience=None, num_workers=0, balanced_sampler=False,
         inject_nan_at_step=None, inject_oom_at_step=None,
     )
+    seed_everything(spec.seed)  # a seeded initialization: the same check gives the same answer
     fresh = exp.build_model(cfg["model"], data.input_shape, data.num_classes)
     try:
         result = fit(tcfg, fresh, tiny_splits, metric="val_acc", direction="maximize", seed=spec.seed)

@@ -246,7 +246,8 @@ class Driver:
         # A retry copy (of a stale or interrupted trial) resumes from the latest dead attempt.
         history = self.study.get_trials(deepcopy=False)[trial.number].system_attrs.get("retry_history") or []
         retry_of = history[-1] if history else None
-        tags = {**self.env_tags}
+        # torch's thread count changes float reduction order: recorded so `hpolab reproduce` matches it
+        tags = {**self.env_tags, "hpolab.torch_threads": str(self._threads_per_trial()), "hpolab.experiment": self.spec.experiment}
         resume_from = None
         if retry_of is not None:
             tags["hpolab.retry_of_trial"] = str(retry_of)

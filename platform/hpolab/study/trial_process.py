@@ -25,7 +25,7 @@ import torch  # imported here so the forkserver that preloads this module has to
 import torch._dynamo  # noqa: F401  -- torch.optim's constructors import it lazily (~3 s); pay it once, in the forkserver
 
 from hpolab.study.lifeline import ORPHAN_EXIT_CODE, watch_lifeline
-from hpolab.train import NonFiniteLossError, TrainConfig, fit
+from hpolab.train import NonFiniteLossError, TrainConfig, fit, seed_everything
 
 
 
@@ -65,6 +65,9 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
 
         cfg = job["config"]
         exp = load_experiment(job["experiment"])
+        # Seed before the model is built: its initial weights come from the global RNG, which a
+        # forked process would otherwise inherit unseeded (then no trial could be reproduced).
+        seed_everything(cfg["seed"], bool(cfg["trainer"].get("deterministic", False)))
         data = exp.load_data(cfg["data"], cfg["seed"])
         model = exp.build_model(cfg["model"], data.input_shape, data.num_classes)
         tcfg = trainer_config(cfg["trainer"])
