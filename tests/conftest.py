@@ -17,6 +17,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _no_store_env(monkeypatch):
+    # In-process calls: --store / the test's store must decide, not a developer's exported server URLs.
+    for name in ("OPTUNA_STORAGE", "MLFLOW_TRACKING_URI", "HPOLAB_STORE"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(scope="session")
 def migrated_store(tmp_path_factory) -> Path:
     template = tmp_path_factory.mktemp("template-store")
@@ -105,3 +112,9 @@ def copy_store(src: Path, dst: Path) -> Path:
                                 (str(src), str(dst), f"%{src}%"))
     con.close()
     return dst
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory, migrated_store) -> Path:
+    """The shared mixed-state study (read-only; copy_store it before writing)."""
+    return mixed_study_template(tmp_path_factory, migrated_store)

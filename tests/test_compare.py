@@ -16,21 +16,9 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from conftest import STUDY, copy_store, hpolab_env, mixed_study_template, run_cli
+from conftest import STUDY, copy_store, hpolab_env, run_cli
 
 pytestmark = pytest.mark.slow  # every test here reads the study the real CLI builds (about a minute, once)
-
-@pytest.fixture(autouse=True)
-def _no_store_env(monkeypatch):
-    # In-process CLI calls: --store must decide, not a developer's exported server URLs.
-    for name in ("OPTUNA_STORAGE", "MLFLOW_TRACKING_URI", "HPOLAB_STORE"):
-        monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory, migrated_store) -> Path:
-    return mixed_study_template(tmp_path_factory, migrated_store)
-
 
 def _stores(store: Path):
     client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")

@@ -12,7 +12,7 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 
-from conftest import STUDY, copy_store, mixed_study_template, run_cli
+from conftest import STUDY, copy_store, run_cli
 
 PLOTS = ["optimization-history", "learning-curves", "param-importances", "parallel-coordinates", "slice", "timeline", "lr-range-test"]
 SECTIONS = PLOTS + ["top-trials", "promotion"]
@@ -74,17 +74,6 @@ def check_self_contained(html: str) -> Page:
     assert html.count("Plotly.newPlot(") == sum(page.plots.values())
     assert page.sections == SECTIONS
     return page
-
-
-@pytest.fixture(autouse=True)
-def _no_store_env(monkeypatch):
-    for name in ("OPTUNA_STORAGE", "MLFLOW_TRACKING_URI", "HPOLAB_STORE"):
-        monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory, migrated_store) -> Path:
-    return mixed_study_template(tmp_path_factory, migrated_store)
 
 
 def _add_champion(client: MlflowClient, study: optuna.Study) -> str:

@@ -411,13 +411,20 @@ def _re_words(header: str) -> list[str]:
     return [w for w in re.split(r"[ _.]", header) if w] or [header]
 
 
-def print_study(table: StudyTable, df: pd.DataFrame, fmt: str, state: str, out=None) -> None:
-    out = out or sys.stdout
+def _write_machine_readable(df: pd.DataFrame, fmt: str, out) -> bool:
+    """csv/json: every column, full precision. False for the human formats."""
     if fmt == "csv":
         df.to_csv(out, index=False)
-        return
-    if fmt == "json":
+    elif fmt == "json":
         out.write(json.dumps(to_records(df), indent=1) + "\n")
+    else:
+        return False
+    return True
+
+
+def print_study(table: StudyTable, df: pd.DataFrame, fmt: str, state: str, out=None) -> None:
+    out = out or sys.stdout
+    if _write_machine_readable(df, fmt, out):
         return
     cols = display_columns(table, df)
     numeric = {c for c, _ in cols if c not in ("state", "fail_reason", "run_id")}
@@ -498,11 +505,7 @@ def runs_frame(client, run_ids: list[str]) -> tuple[pd.DataFrame, list[str]]:
 
 def print_runs(df: pd.DataFrame, labels: list[str], fmt: str, out=None) -> None:
     out = out or sys.stdout
-    if fmt == "csv":
-        df.to_csv(out, index=False)
-        return
-    if fmt == "json":
-        out.write(json.dumps(to_records(df), indent=1) + "\n")
+    if _write_machine_readable(df, fmt, out):
         return
     # Human formats: the run facts, then the params that differ (highlighted), then the ones that
     # are the same, then the final metrics (not highlighted: metrics of different runs always differ).
