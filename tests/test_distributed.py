@@ -121,11 +121,14 @@ def test_two_workers_share_one_study_on_postgres_and_an_mlflow_server(postgres, 
 
     client = MlflowClient(tracking_uri=mlflow_server)
     exp = client.get_experiment_by_name("digits-cnn")
+    parents = client.search_runs([exp.experiment_id], filter_string="tags.`hpolab.role` = 'study'")
+    assert [p.info.run_id for p in parents] == [study.user_attrs["mlflow_parent_run_id"]]  # one parent, both workers
     runs = client.search_runs([exp.experiment_id], filter_string="attributes.run_name LIKE 'trial-%'")
     assert sorted(r.info.run_name for r in runs) == sorted(f"trial-{t.number}" for t in trials)
     for t in complete:
         run = client.get_run(t.user_attrs["mlflow_run_id"])
         assert run.data.tags["hpolab.state"] == "COMPLETE"
+        assert run.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
         assert [m.step for m in client.get_metric_history(run.info.run_id, "val_acc")] == [1, 2]
         assert "config.yaml" in [a.path for a in client.list_artifacts(run.info.run_id)]
         assert run.data.tags.get("hpolab.model_uri", "").startswith("models:/"), run.data.tags.get("hpolab.model_error")

@@ -98,16 +98,29 @@ def optuna_distributions(spec: StudySpec, lr_bounds: tuple[float, float] | None 
 
 
 def make_storage(url: str, max_retries: int = 1) -> optuna.storages.RDBStorage:
+    import random
+
+    from sqlalchemy.exc import SQLAlchemyError
+
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    return optuna.storages.RDBStorage(
-        url,
-        engine_kwargs=engine_kwargs,
-        heartbeat_interval=HEARTBEAT_INTERVAL,
-        grace_period=GRACE_PERIOD,
-        # A stale trial (its driver died) comes back as a WAITING copy with the same params;
-        # start_trial() resumes it from the dead trial's last checkpoint.
-        heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retries),
-    )
+    for attempt in range(6):
+        try:
+            return optuna.storages.RDBStorage(
+                url,
+                engine_kwargs=engine_kwargs,
+                heartbeat_interval=HEARTBEAT_INTERVAL,
+                grace_period=GRACE_PERIOD,
+                # A stale trial (its driver died) comes back as a WAITING copy with the same params;
+                # start_trial() resumes it from the dead trial's last checkpoint.
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retries),
+            )
+        except SQLAlchemyError:
+            # Workers started together on an empty database race to create Optuna's tables; the
+            # loser sees a duplicate-key error. Once the winner is done the schema is simply there.
+            if attempt == 5:
+                raise
+            time.sleep(0.5 + random.random())
+    raise AssertionError("unreachable")
 
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
@@ -190,14 +203,26 @@ class Driver:
             run_name=self.spec.name,
             tags={"optuna.study": self.spec.name, "hpolab.role": "study", **self.env_tags},
         )
-        run_id = run.info.run_id
-        self.study.set_user_attr("mlflow_parent_run_id", run_id)
-        tr.log_params(self.client, run_id, tr.flatten(self.spec.model_dump(mode="json", exclude={"search_space"})))
+        mine = run.info.run_id
+        # Workers started together may each have created a parent. All of them pick the same one
+        # (the earliest; run id breaks ties) and drop their own empty duplicate.
+        live = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`hpolab.role` = 'study' and tags.`optuna.study` = '{self.spec.name}'",
+        )
+        current = self.study.user_attrs.get("mlflow_parent_run_id")
+        chosen = current if current in {r.info.run_id for r in live} else min(
+            live, key=lambda r: (r.info.start_time, r.info.run_id)).info.run_id
+        if chosen != mine:
+            self.client.delete_run(mine)
+            return chosen
+        self.study.set_user_attr("mlflow_parent_run_id", mine)
+        tr.log_params(self.client, mine, tr.flatten(self.spec.model_dump(mode="json", exclude={"search_space"})))
         with tempfile.TemporaryDirectory() as tmp:
             p = Path(tmp) / "study.yaml"
             p.write_text(spec_to_yaml(self.spec))
-            self.client.log_artifact(run_id, str(p))
-        return run_id
+            self.client.log_artifact(mine, str(p))
+        return mine
 
     def _context(self):
         if self._ctx is None:
