@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import TensorDataset
 
 from hpolab.train.config import TrainConfig
 from hpolab.train.data import DataSplits
 from hpolab.train.lr_range_test import LRRangeResult, bounds_from_lr_range_test, lr_range_test, lr_schedule
+from test_train_loop import MapDataset  # a Dataset that is not a TensorDataset: the DataLoader path
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS_SPEC = ROOT / "studies" / "digits_cnn.yaml"
@@ -244,22 +245,9 @@ def test_callers_model_is_untouched_and_trainer_settings_are_used():
     assert r.settings["effective_batch"] == 48 and r.settings["grad_accum_steps"] == 3
 
 
-class PlainDataset(Dataset):
-    """Not a TensorDataset: goes through a DataLoader."""
-
-    def __init__(self, ds: TensorDataset):
-        self.x, self.y = ds.tensors
-
-    def __len__(self):
-        return len(self.y)
-
-    def __getitem__(self, i):
-        return self.x[i], int(self.y[i])
-
-
 def test_dataloader_datasets_are_cycled():
     data = logistic_data(n=120)  # ~90 samples: 2 batches of 32 per pass (drop_last)
-    data = dataclasses.replace(data, train=PlainDataset(data.train))
+    data = dataclasses.replace(data, train=MapDataset(data.train))
     model = logistic_model()
     seen: list[int] = []
     model.register_forward_hook(lambda mod, inp, out: seen.append(len(inp[0])))

@@ -18,7 +18,6 @@ import threading
 import warnings
 import tempfile
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -45,7 +44,6 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-STOP_GRACE_SECONDS = 10  # a trial told to stop gets this long before it is terminated
 
 
 class StudyError(Exception):
@@ -66,7 +64,6 @@ class Running:
     last_value: float | None = None
     pruned_at: int | None = None
     oom_retried: bool = False
-    stop_sent_at: float | None = None
     last_heartbeat: float = 0.0
     gpu: int | None = None
 
@@ -79,7 +76,6 @@ class Running:
 class Outcome:
     interrupted: bool = False
     timed_out: bool = False
-    started: int = 0
 
 
 def optuna_distributions(spec: StudySpec, lr_bounds: tuple[float, float] | None = None) -> dict[str, Any]:
@@ -249,13 +245,11 @@ class Driver:
                 self._n_gpus = 0
         return self._n_gpus
 
-    def _cuda_device_for(self, slot: int | None = None) -> int | None:
+    def _cuda_device_for(self) -> int | None:
         """The least-used GPU: each running trial gets its own while there are enough."""
         n = self._gpu_count()
         if not n:
             return None
-        if slot is not None:
-            return slot % n
         load = [0] * n
         for other in self.running.values():
             if other.gpu is not None:
@@ -362,7 +356,7 @@ class Driver:
             reply = "stop"
         r.conn.send(reply)
         self._heartbeat(r, force=True)
-        self.progress.epoch(r.number, epoch, metrics.get(self.spec.metric))
+        self.progress.epoch(r.number, epoch)
 
     def _finish(self, r: Running, state: TrialState, tags: dict[str, str], value: float | None = None, model_info: dict | None = None) -> None:
         """Tell Optuna now; close the MLflow run now, or after its model is logged (background)."""
@@ -603,7 +597,7 @@ class Driver:
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         life_keep, life_child = ctx.Pipe(duplex=False)
         job = lr_find.make_job(self.spec, out_dir, project_dir=self.project_dir, threads=os.cpu_count() or 1,
-                               cuda_device=self._cuda_device_for(0))
+                               cuda_device=self._cuda_device_for())
         self.progress.note("running the LR range test before the first trial ...")
         proc = ctx.Process(target=lr_find.run_in_process, args=(child_conn, job, life_keep), name="lr-range-test")
         proc.start()
@@ -667,7 +661,6 @@ class Driver:
                     if counts["finished"] >= self.spec.n_trials:
                         break
                     self._start_trial()
-                    outcome.started += 1
                 if not self.running:
                     break
                 handles = [r.conn for r in self.running.values()] + [r.process.sentinel for r in self.running.values()]
@@ -676,7 +669,7 @@ class Driver:
                     self._handle(r)
                 self._check_timeouts()
         except BaseException:
-            self._abort_all(traceback.format_exc())
+            self._abort_all()
             self._model_logger.shutdown(wait=True)
             raise
         finally:
@@ -686,7 +679,7 @@ class Driver:
         self._close(outcome)
         return outcome
 
-    def _abort_all(self, why: str) -> None:
+    def _abort_all(self) -> None:
         for r in list(self.running.values()):
             if r.process is not None and r.process.is_alive():
                 r.process.kill()

@@ -38,7 +38,7 @@ class Progress:
         extra = f" (retry of trial {retry_of}, resuming from its checkpoint)" if retry_of is not None else ""
         self._print(f"[dim]{self._clock()}[/] trial {number} started{extra}: {shown}")
 
-    def epoch(self, number: int, epoch: int, value: float | None) -> None:
+    def epoch(self, number: int, epoch: int) -> None:
         self.epochs[number] = epoch
 
     def trial_finished(self, number: int, state: str, value: float | None, reason: str | None, counts: dict[str, int]) -> None:

@@ -18,7 +18,6 @@ import os
 import signal
 import sys
 import traceback
-from pathlib import Path
 from typing import Any
 
 import torch  # imported here so the forkserver that preloads this module has torch warm
@@ -118,6 +117,3 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
     finally:
         conn.close()
 
-
-def checkpoint_paths(trial_dir: Path) -> tuple[Path, Path]:
-    return trial_dir / "last.pt", trial_dir / "best.pt"
