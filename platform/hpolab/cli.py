@@ -18,6 +18,10 @@ class UserError(Exception):
     """A problem the user can fix; printed as one clear message, no traceback."""
 
 
+class StudyError(Exception):
+    """The study cannot go on (e.g. its LR range test failed); one message, exit code 1."""
+
+
 def _add_store_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     d = argparse.SUPPRESS if suppress else None
     p.add_argument("--store", default=d, metavar="DIR", help="local store folder (default ./mlruns): optuna.db, mlflow.db, artifacts/")
@@ -144,46 +148,28 @@ def cmd_env(args) -> int:
     return run_env_check()
 
 
-def cmd_doctor(args) -> int:
-    from hpolab.doctor import doctor_cmd
-
-    return doctor_cmd(args, _stores(args))
-
-
-def cmd_reproduce(args) -> int:
-    from hpolab.reproduce import reproduce_cmd
-
-    return reproduce_cmd(args, _stores(args))
-
-
-def cmd_lr_find(args) -> int:
-    from hpolab.lr_find import lr_find_cmd
-
-    return lr_find_cmd(args, _stores(args))
+# Commands whose module exposes `<name>(args, stores) -> exit code`; imported only when used, so
+# `hpolab --help` and light commands do not pay for torch/mlflow imports.
+STORE_COMMANDS = {
+    "doctor": "hpolab.doctor:doctor_cmd",
+    "reproduce": "hpolab.reproduce:reproduce_cmd",
+    "lr-find": "hpolab.lr_find:lr_find_cmd",
+    "promote": "hpolab.promote:promote_cmd",
+    "predict": "hpolab.predict:predict_cmd",
+    "compare": "hpolab.compare:compare_cmd",
+    "report": "hpolab.report:report_cmd",
+}
 
 
-def cmd_promote(args) -> int:
-    from hpolab.promote import promote_cmd
+def _store_command(target: str):
+    import importlib
 
-    return promote_cmd(args, _stores(args))
+    module, func = target.split(":")
 
+    def handler(args) -> int:
+        return getattr(importlib.import_module(module), func)(args, _stores(args))
 
-def cmd_predict(args) -> int:
-    from hpolab.predict import predict_cmd
-
-    return predict_cmd(args, _stores(args))
-
-
-def cmd_compare(args) -> int:
-    from hpolab.compare import compare_cmd
-
-    return compare_cmd(args, _stores(args))
-
-
-def cmd_report(args) -> int:
-    from hpolab.report import report_cmd
-
-    return report_cmd(args, _stores(args))
+    return handler
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,13 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         ("worker", None): cmd_study_run,
         ("ui", None): cmd_ui,
         ("env", None): cmd_env,
-        ("doctor", None): cmd_doctor,
-        ("reproduce", None): cmd_reproduce,
-        ("lr-find", None): cmd_lr_find,
-        ("promote", None): cmd_promote,
-        ("predict", None): cmd_predict,
-        ("compare", None): cmd_compare,
-        ("report", None): cmd_report,
+        **{(name, None): _store_command(target) for name, target in STORE_COMMANDS.items()},
     }[(args.command, getattr(args, "study_command", None))]
     from hpolab.spec import SpecError
 
@@ -213,13 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"hpolab: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except Exception as e:
-        from hpolab.study.driver import StudyError
-
-        if isinstance(e, StudyError):
-            print(f"hpolab: {e}", file=sys.stderr)
-            return EXIT_FAILED
-        raise
+    except StudyError as e:
+        print(f"hpolab: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("hpolab: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

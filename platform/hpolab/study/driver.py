@@ -29,12 +29,14 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
+from hpolab.cli import StudyError
 from hpolab.spec import CategoricalDist, FloatDist, IntDist, StudySpec, load_experiment, spec_to_yaml
 from hpolab.stores import Stores, ensure_local
 from hpolab.study.optuna_factory import make_pruner, make_sampler
 from hpolab.study.progress import Progress
 from hpolab.tracking import runs as tr
 from hpolab.tracking.environment import capture_environment
+from hpolab.tracking.models import log_trial_model, warm_exporter
 
 HEARTBEAT_INTERVAL = int(os.environ.get("HPOLAB_HEARTBEAT_INTERVAL", "10"))  # seconds between heartbeats
 GRACE_PERIOD = int(os.environ.get("HPOLAB_GRACE_PERIOD", str(6 * HEARTBEAT_INTERVAL)))  # then a trial is stale
@@ -44,10 +46,6 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-
-
-class StudyError(Exception):
-    """The study cannot go on (a message for the user, no traceback)."""
 
 
 @dataclass
@@ -161,7 +159,7 @@ class Driver:
         from multiprocessing import forkserver
 
         forkserver.ensure_running()
-        threading.Thread(target=_warm_exporter, daemon=True).start()
+        threading.Thread(target=warm_exporter, daemon=True).start()
         storage = make_storage(self.stores.optuna_url, self.spec.max_retries)
         self._retry_callback = RetryHeartbeatStaleTrialCallback(max_retry=self.spec.max_retries)
         self.storage = storage
@@ -389,7 +387,7 @@ class Driver:
 
     def _log_model_then_close(self, r: Running, info: dict[str, Any], tags: dict[str, str], state: TrialState) -> None:
         try:
-            tags.update(self._log_model(r, info))
+            tags.update(log_trial_model(self.experiment, r.config, info, r.run_id, self.env_tags))
         except Exception as e:  # the trial's result stands even if the model could not be logged
             tags["hpolab.model_error"] = f"{type(e).__name__}: {e}"
             self.progress.note(f"trial {r.number}: logging the model failed: {e}")
@@ -421,27 +419,6 @@ class Driver:
         best = float(info["best_value"])
         tags[f"hpolab.best_{self.spec.metric}"] = repr(best)
         self._finish(r, TrialState.COMPLETE, tags, value=best, model_info=info)
-
-    def _log_model(self, r: Running, info: dict[str, Any]) -> dict[str, str]:
-        import mlflow.pytorch
-        from mlflow.models import infer_signature
-
-        from hpolab.train.checkpoint import load_checkpoint, load_model_state
-
-        model = self.experiment.build_model(r.config["model"], tuple(info["input_shape"]), info["num_classes"])
-        ckpt = load_checkpoint(info["best_checkpoint"] or info["last_checkpoint"], map_location="cpu")
-        load_model_state(model, ckpt["model"])
-        model.eval()
-        signature = infer_signature(info["input_example"], info["output_example"])
-        logged = mlflow.pytorch.log_model(
-            model,
-            name="model",
-            input_example=info["input_example"],
-            signature=signature,
-            run_id=r.run_id,
-            pip_requirements=_pip_requirements(self.env_tags),  # explicit: skips MLflow's slow inference
-        )
-        return {"hpolab.model_uri": logged.model_uri, "hpolab.model_id": logged.model_id or ""}
 
     def _on_fail(self, r: Running, info: dict[str, Any]) -> None:
         if info["kind"] == "oom" and not r.oom_retried:
@@ -719,17 +696,3 @@ def _count_existing_trials(storage: optuna.storages.RDBStorage, name: str) -> in
         return 0
     return len(storage.get_all_trials(study_id, deepcopy=False))
 
-
-def _warm_exporter() -> None:
-    try:
-        import mlflow.pytorch  # noqa: F401
-        import torch.export  # noqa: F401
-    except Exception:
-        pass  # only a warm-up: a real problem shows when the model is logged
-
-
-def _pip_requirements(env: dict[str, str]) -> list[str]:
-    reqs = [f"torch=={env['env.torch'].split('+')[0]}", f"mlflow=={env['env.mlflow']}"]
-    if env.get("env.torchvision", "not installed") != "not installed":
-        reqs.append(f"torchvision=={env['env.torchvision'].split('+')[0]}")
-    return reqs
