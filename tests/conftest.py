@@ -30,7 +30,7 @@ def migrated_store(tmp_path_factory) -> Path:
     from mlflow import MlflowClient
     import optuna
 
-    from hpolab.tracking.runs import quiet_mlflow
+    from hpolab.stores.mlflow_runs import quiet_mlflow
 
     quiet_mlflow()
     MlflowClient(tracking_uri=f"sqlite:///{template / 'mlflow.db'}").search_experiments()

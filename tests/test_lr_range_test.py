@@ -1,4 +1,4 @@
-"""LR range test: the sweep (hpolab.train.lr_range_test) and its outside (hpolab.lr_find).
+"""LR range test: the sweep (hpolab.train.lr_range_test) and its outside (hpolab.tools.lr_find).
 
 Layers, cheapest first: the sweep on a logistic regression with a known good LR range; the
 robustness cases (divergence, NaN, flat curve, too-early divergence); outputs (CSV, PNG, summary);
@@ -286,7 +286,7 @@ def logistic_result() -> LRRangeResult:
 
 
 def test_csv(tmp_path, logistic_result):
-    from hpolab.lr_find import write_csv
+    from hpolab.study.lr_range import write_csv
 
     path = write_csv(logistic_result, tmp_path / "curve.csv")
     with path.open() as f:
@@ -301,7 +301,7 @@ def test_csv(tmp_path, logistic_result):
 
 
 def test_png_and_summary(tmp_path, logistic_result):
-    from hpolab.lr_find import plot_lr_range_test, summary_text
+    from hpolab.study.lr_range import plot_lr_range_test, summary_text
 
     for name, result in (
         ("ok", logistic_result),
@@ -325,8 +325,8 @@ def test_png_and_summary(tmp_path, logistic_result):
 def test_log_to_mlflow_nested_run(store, tmp_path, logistic_result):
     from mlflow import MlflowClient
 
-    from hpolab.lr_find import log_to_mlflow
-    from hpolab.tracking.runs import quiet_mlflow
+    from hpolab.study.lr_range import log_to_mlflow
+    from hpolab.stores.mlflow_runs import quiet_mlflow
 
     quiet_mlflow()
     client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
@@ -377,9 +377,9 @@ def test_lr_find_cmd_nests_under_the_study_parent(store, capsys):
 
     import optuna
 
-    from hpolab.lr_find import lr_find_cmd
-    from hpolab.stores import resolve_stores
-    from hpolab.tracking import runs as tr
+    from hpolab.tools.lr_find import lr_find_cmd
+    from hpolab.stores.paths import resolve_stores
+    from hpolab.stores import mlflow_runs as tr
 
     stores = resolve_stores(store=str(store), storage=f"sqlite:///{store / 'optuna.db'}",
                             tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
@@ -409,14 +409,14 @@ def test_lr_find_cmd_nests_under_the_study_parent(store, capsys):
 
 @pytest.fixture(scope="module")
 def digits_spec():
-    from hpolab.spec import load_spec
+    from hpolab.config.spec import load_spec
 
     return load_spec(DIGITS_SPEC)
 
 
 @pytest.fixture(scope="module")
 def digits_lr_find(digits_spec, tmp_path_factory):
-    from hpolab.lr_find import run_lr_find
+    from hpolab.study.lr_range import run_lr_find
 
     out = tmp_path_factory.mktemp("digits-lr-find")
     t0 = time.perf_counter()
@@ -450,7 +450,7 @@ def _fit():
 def test_digits_suggestion_trains_the_model(digits_spec, digits_lr_find):
     """The point of the suggestion: the spec's trainer at lr = suggestion reaches val_acc >= 0.95."""
     fit = _fit()
-    from hpolab.spec import load_experiment
+    from hpolab.config.spec import load_experiment
 
     result = digits_lr_find[0]
     exp = load_experiment(digits_spec.experiment)
@@ -466,7 +466,7 @@ def test_digits_suggestion_trains_the_model(digits_spec, digits_lr_find):
 
 
 def _run_child(job: dict, timeout: float = 60.0):
-    from hpolab.lr_find import run_in_process
+    from hpolab.study.lr_range import run_in_process
 
     if "fork" not in mp.get_all_start_methods():
         pytest.skip("needs the fork start method")
@@ -488,8 +488,8 @@ def _run_child(job: dict, timeout: float = 60.0):
 
 
 def test_run_in_process(tmp_path):
-    from hpolab.lr_find import make_job
-    from hpolab.spec import load_spec
+    from hpolab.study.lr_range import make_job
+    from hpolab.config.spec import load_spec
 
     spec = load_spec(DIGITS_SPEC, ["lr_range_test.num_steps=30"])
     kind, info = _run_child(make_job(spec, tmp_path / "lrt", project_dir=ROOT, threads=1))

@@ -137,7 +137,7 @@ def test_promote_registers_the_best_trial_with_lineage_alias_and_exports(promote
     assert tags["hpolab.trial_run_id"] == run_id
     assert float(tags["hpolab.val_acc"]) == pytest.approx(best.value)
     assert tags["hpolab.previous_champion"] == "none"
-    assert tags["hpolab.experiment"] == "digits_cnn"
+    assert tags["hpolab.config.experiment"] == "digits_cnn"
     assert tags["hpolab.gate_metric"] == "test_acc"
     assert json.loads(tags["hpolab.raw_input_shape"]) == [8, 8] and tags["hpolab.raw_input_dtype"] == "float32"
     for key in ("env.torch", "env.mlflow", "env.optuna", "env.python", "env.git_commit"):
@@ -160,7 +160,7 @@ def test_promote_registers_the_best_trial_with_lineage_alias_and_exports(promote
     assert {a.path for a in c.list_artifacts(mv.run_id, "export")} == {"export/model.onnx", "export/model.torchscript.pt"}
     assert mv.source.startswith("models:/m-")  # the serving model: a LoggedModel of the promote run
     served = c.get_logged_model(mv.source.removeprefix("models:/"))
-    assert served.source_run_id == mv.run_id and served.tags["hpolab.experiment"] == "digits_cnn"
+    assert served.source_run_id == mv.run_id and served.tags["hpolab.config.experiment"] == "digits_cnn"
 
     # ONNX parity recorded, and true: the exported file run with onnxruntime on other batch sizes
     onnx_diff = float(tags["hpolab.onnx_max_abs_diff"])
@@ -254,7 +254,7 @@ def test_bad_input_exits_2_and_failed_onnx_parity_exits_1(studied, tmp_path, mon
     assert "no COMPLETE trial" in capsys.readouterr().err
 
     before = _registry(store)
-    monkeypatch.setattr("hpolab.export.ONNX_TOLERANCE", -1.0)  # any difference, even 0, now fails
+    monkeypatch.setattr("hpolab.registry.export.ONNX_TOLERANCE", -1.0)  # any difference, even 0, now fails
     code, out = _promote(capsys, store, "digits-cnn")
     assert code == 1 and "ONNX parity" in out, out
     assert _registry(store) == before
@@ -279,7 +279,7 @@ def test_metric_option_selects_by_another_logged_metric(studied, tmp_path, capsy
 
 
 def test_the_gate_is_strict_and_breaks_exact_ties_on_a_second_test_metric():
-    from hpolab.promote import _better
+    from hpolab.registry.promote import _better
 
     champ = {"acc": 1.0, "loss": 0.05, "macro_f1": 1.0}
     assert not _better(dict(champ), champ, "acc")  # equal is not better
@@ -311,9 +311,9 @@ def test_predict_cli_matches_the_champion(promoted, tmp_path):
 
 
 def test_predict_prints_csv_and_rejects_what_the_model_cannot_take(promoted, tmp_path, capsys):
-    from hpolab.cli import UserError
-    from hpolab.predict import predict_cmd
-    from hpolab.stores import resolve_stores
+    from hpolab.errors import UserError
+    from hpolab.registry.predict import predict_cmd
+    from hpolab.stores.paths import resolve_stores
 
     store, _ = promoted
     stores = resolve_stores(str(store))
@@ -340,8 +340,8 @@ def test_predict_prints_csv_and_rejects_what_the_model_cannot_take(promoted, tmp
 def test_image_folder_becomes_raw_uint8_inputs(tmp_path):
     from PIL import Image
 
-    from hpolab.cli import UserError
-    from hpolab.predict import _cast, _load_images
+    from hpolab.errors import UserError
+    from hpolab.registry.predict import _cast, _load_images
 
     rng = np.random.default_rng(0)
     a = rng.integers(0, 256, (28, 28), dtype=np.uint8)
@@ -364,8 +364,8 @@ def test_fashion_serving_model_takes_uint8_and_exports_with_parity(tmp_path, exp
     """The uint8 image path (Fashion-MNIST's preprocess inside the model) through ONNX and TorchScript,
     with either ONNX exporter (promote falls back to the torch.export-based one)."""
     from experiments import fashion_mnist as fm
-    from hpolab.export import export_onnx, export_torchscript, onnx_max_abs_diff, torchscript_max_abs_diff
-    from hpolab.serving import ServingModel, predict_logits
+    from hpolab.registry.export import export_onnx, export_torchscript, onnx_max_abs_diff, torchscript_max_abs_diff
+    from hpolab.registry.serving import ServingModel, predict_logits
 
     torch.manual_seed(0)
     net = fm.build_model({**fm.MODEL_DEFAULTS, "arch": "small_cnn", "channels": 4}, (1, 28, 28), 10)

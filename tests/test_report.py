@@ -150,8 +150,8 @@ def test_report_on_a_finished_study(template, tmp_path):
 def test_report_on_an_empty_study(tmp_path, store, capsys):
     """A study whose driver created it (and its parent run) but finished no trial yet."""
     from hpolab.cli import main
-    from hpolab.stores import resolve_stores
-    from hpolab.tracking import runs as tr
+    from hpolab.stores.paths import resolve_stores
+    from hpolab.stores import mlflow_runs as tr
 
     stores = resolve_stores(str(store))
     study = optuna.create_study(study_name="empty", storage=stores.optuna_url, direction="minimize")

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from conftest import run_cli
-from hpolab.spec import SpecError, load_spec, parse_overrides
+from hpolab.config.spec import SpecError, load_spec, parse_overrides
 
 DEFAULT = "studies/digits_cnn.yaml"
 

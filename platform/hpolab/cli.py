@@ -11,15 +11,7 @@ import argparse
 import os
 import sys
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-class UserError(Exception):
-    """A problem the user can fix; printed as one clear message, no traceback."""
-
-
-class StudyError(Exception):
-    """The study cannot go on (e.g. its LR range test failed); one message, exit code 1."""
+from hpolab.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, SpecError, StudyError, UserError
 
 
 def _add_store_options(p: argparse.ArgumentParser, suppress: bool) -> None:
@@ -102,13 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _stores(args):
-    from hpolab.stores import resolve_stores
+    from hpolab.stores.paths import resolve_stores
 
     return resolve_stores(getattr(args, "store", None), getattr(args, "storage", None), getattr(args, "tracking_uri", None))
 
 
 def cmd_study_run(args) -> int:
-    from hpolab.spec import load_spec
+    from hpolab.config.spec import load_spec
     from hpolab.study.driver import Driver
     from hpolab.study.progress import Progress
 
@@ -122,7 +114,7 @@ def cmd_study_run(args) -> int:
 
 
 def cmd_study_validate(args) -> int:
-    from hpolab.spec import load_spec, spec_to_yaml
+    from hpolab.config.spec import load_spec, spec_to_yaml
 
     spec = load_spec(args.spec, args.overrides)
     print(f"# {args.spec}: valid")
@@ -131,19 +123,19 @@ def cmd_study_validate(args) -> int:
 
 
 def cmd_study_status(args) -> int:
-    from hpolab.study.status import print_status
+    from hpolab.analysis.status import print_status
 
     return print_status(args.name, _stores(args))
 
 
 def cmd_ui(args) -> int:
-    from hpolab.ui import serve
+    from hpolab.tools.ui import serve
 
     return serve(_stores(args), host=args.host, port=args.port)
 
 
 def cmd_env(args) -> int:
-    from hpolab.envcheck import run_env_check
+    from hpolab.tools.envcheck import run_env_check
 
     return run_env_check()
 
@@ -151,13 +143,13 @@ def cmd_env(args) -> int:
 # Commands whose module exposes `<name>(args, stores) -> exit code`; imported only when used, so
 # `hpolab --help` and light commands do not pay for torch/mlflow imports.
 STORE_COMMANDS = {
-    "doctor": "hpolab.doctor:doctor_cmd",
-    "reproduce": "hpolab.reproduce:reproduce_cmd",
-    "lr-find": "hpolab.lr_find:lr_find_cmd",
-    "promote": "hpolab.promote:promote_cmd",
-    "predict": "hpolab.predict:predict_cmd",
-    "compare": "hpolab.compare:compare_cmd",
-    "report": "hpolab.report:report_cmd",
+    "doctor": "hpolab.tools.doctor:doctor_cmd",
+    "reproduce": "hpolab.analysis.reproduce:reproduce_cmd",
+    "lr-find": "hpolab.tools.lr_find:lr_find_cmd",
+    "promote": "hpolab.registry.promote:promote_cmd",
+    "predict": "hpolab.registry.predict:predict_cmd",
+    "compare": "hpolab.analysis.compare:compare_cmd",
+    "report": "hpolab.analysis.report:report_cmd",
 }
 
 
@@ -183,8 +175,6 @@ def main(argv: list[str] | None = None) -> int:
         ("env", None): cmd_env,
         **{(name, None): _store_command(target) for name, target in STORE_COMMANDS.items()},
     }[(args.command, getattr(args, "study_command", None))]
-    from hpolab.spec import SpecError
-
     try:
         return handler(args)
     except SpecError as e:

@@ -29,17 +29,16 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
-from hpolab.cli import StudyError
-from hpolab.spec import CategoricalDist, FloatDist, IntDist, StudySpec, load_experiment, spec_to_yaml
-from hpolab.stores import Stores, ensure_local
-from hpolab.study.optuna_factory import make_pruner, make_sampler
+from hpolab.errors import StudyError
+from hpolab.config.spec import CategoricalDist, FloatDist, IntDist, StudySpec, load_experiment, spec_to_yaml
+from hpolab.stores.optuna_storage import GRACE_PERIOD, HEARTBEAT_INTERVAL, make_storage
+from hpolab.stores.paths import Stores, ensure_local
+from hpolab.config.samplers import make_pruner, make_sampler
 from hpolab.study.progress import Progress
-from hpolab.tracking import runs as tr
-from hpolab.tracking.environment import capture_environment
-from hpolab.tracking.models import log_trial_model, warm_exporter
+from hpolab.stores import mlflow_runs as tr
+from hpolab.stores.environment import capture_environment
+from hpolab.stores.models import log_trial_model, warm_exporter
 
-HEARTBEAT_INTERVAL = int(os.environ.get("HPOLAB_HEARTBEAT_INTERVAL", "10"))  # seconds between heartbeats
-GRACE_PERIOD = int(os.environ.get("HPOLAB_GRACE_PERIOD", str(6 * HEARTBEAT_INTERVAL)))  # then a trial is stale
 # We call Optuna's heartbeat API from an ask/tell driver on purpose (its built-in heartbeat only
 # covers Study.optimize); its "experimental" and "use with optimize" warnings are noise here.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -89,32 +88,6 @@ def optuna_distributions(spec: StudySpec, lr_bounds: tuple[float, float] | None 
         elif isinstance(d, CategoricalDist):
             dists[path] = CategoricalDistribution(d.choices)
     return dists
-
-
-def make_storage(url: str, max_retries: int = 1) -> optuna.storages.RDBStorage:
-    import random
-
-    from sqlalchemy.exc import SQLAlchemyError
-
-    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    for attempt in range(6):
-        try:
-            return optuna.storages.RDBStorage(
-                url,
-                engine_kwargs=engine_kwargs,
-                heartbeat_interval=HEARTBEAT_INTERVAL,
-                grace_period=GRACE_PERIOD,
-                # A stale trial (its driver died) comes back as a WAITING copy with the same params;
-                # start_trial() resumes it from the dead trial's last checkpoint.
-                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retries),
-            )
-        except SQLAlchemyError:
-            # Workers started together on an empty database race to create Optuna's tables; the
-            # loser sees a duplicate-key error. Once the winner is done the schema is simply there.
-            if attempt == 5:
-                raise
-            time.sleep(0.5 + random.random())
-    raise AssertionError("unreachable")
 
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
@@ -264,7 +237,7 @@ class Driver:
         history = self.study.get_trials(deepcopy=False)[trial.number].system_attrs.get("retry_history") or []
         retry_of = history[-1] if history else None
         # torch's thread count changes float reduction order: recorded so `hpolab reproduce` matches it
-        tags = {**self.env_tags, "hpolab.torch_threads": str(self._threads_per_trial()), "hpolab.experiment": self.spec.experiment}
+        tags = {**self.env_tags, "hpolab.torch_threads": str(self._threads_per_trial()), "hpolab.config.experiment": self.spec.experiment}
         resume_from = None
         if retry_of is not None:
             tags["hpolab.retry_of_trial"] = str(retry_of)
@@ -567,7 +540,7 @@ class Driver:
         the study, so a resumed study reuses it instead of re-running it."""
         if not self.spec.lr_range_test.enabled or self.study.user_attrs.get("lr_range_test"):
             return
-        from hpolab import lr_find
+        from hpolab.study import lr_range as lr_find
 
         out_dir = lr_find.default_out_dir(self.stores, self.spec)
         ctx = self._context()

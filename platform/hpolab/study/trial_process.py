@@ -24,15 +24,9 @@ import torch  # imported here so the forkserver that preloads this module has to
 import torch._dynamo  # noqa: F401  -- torch.optim's constructors import it lazily (~3 s); pay it once, in the forkserver
 
 from hpolab.study.lifeline import ORPHAN_EXIT_CODE, watch_lifeline
-from hpolab.train import NonFiniteLossError, TrainConfig, fit, seed_everything
+from hpolab.train import NonFiniteLossError, fit, seed_everything
+from hpolab.train.config import trainer_config
 
-
-
-def trainer_config(section: dict[str, Any]) -> TrainConfig:
-    values = dict(section)
-    if isinstance(values.get("betas"), list):
-        values["betas"] = tuple(values["betas"])
-    return TrainConfig(**values)
 
 
 def _input_example(data, n: int = 2):
@@ -42,7 +36,7 @@ def _input_example(data, n: int = 2):
 
 
 def run(conn, lifeline, job: dict[str, Any]) -> None:
-    """Process entry point. `job` is plain data (picklable): see driver.TrialJob.as_job()."""
+    """Process entry point. `job` is plain data (picklable): built by the driver's trial runner."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle (graceful stop)
     watch_lifeline(lifeline)
     if job.get("cuda_device") is not None:
@@ -60,7 +54,7 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
             os._exit(ORPHAN_EXIT_CODE)
 
     try:
-        from hpolab.experiment import load_experiment
+        from hpolab.config.experiment import load_experiment
 
         cfg = job["config"]
         exp = load_experiment(job["experiment"])

@@ -9,7 +9,7 @@ pydantic reject unknown keys without train/ importing pydantic.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -81,3 +81,11 @@ class TrainConfig:
             raise ValueError("focal_gamma must be >= 0")
         if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
             raise ValueError("early_stopping_patience must be >= 1, or null to turn it off")
+
+
+def trainer_config(section: dict[str, Any]) -> TrainConfig:
+    """A resolved config's `trainer:` section (plain data, e.g. from YAML/JSON) -> TrainConfig."""
+    values = dict(section)
+    if isinstance(values.get("betas"), list):
+        values["betas"] = tuple(values["betas"])
+    return TrainConfig(**values)

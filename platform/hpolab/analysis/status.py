@@ -6,21 +6,8 @@ import optuna
 from rich.console import Console
 from rich.table import Table
 
-from hpolab.stores import Stores
-
-
-def load_study(name: str, stores: Stores) -> optuna.Study:
-    from hpolab.cli import UserError
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if stores.optuna_url.startswith("sqlite:///") and not (stores.root / "optuna.db").exists() and "optuna.db" in stores.optuna_url:
-        raise UserError(f"no Optuna storage at {stores.root / 'optuna.db'}; run a study first, or pass --store DIR / --storage URL")
-    storage = optuna.storages.RDBStorage(stores.optuna_url)
-    names = [s.study_name for s in optuna.get_all_study_summaries(storage=storage)]
-    if name not in names:
-        known = ", ".join(names) or "none"
-        raise UserError(f"no study named {name!r} in {stores.optuna_url} (studies there: {known})")
-    return optuna.load_study(study_name=name, storage=storage)
+from hpolab.stores.optuna_storage import load_study
+from hpolab.stores.paths import Stores
 
 
 def print_status(name: str, stores: Stores) -> int:

@@ -24,11 +24,11 @@ def reproduce_cmd(args, stores) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from hpolab.cli import UserError
-    from hpolab.experiment import load_experiment
-    from hpolab.study.trial_process import trainer_config
-    from hpolab.tracking import runs as tr
-    from hpolab.tracking.environment import capture_environment
+    from hpolab.errors import UserError
+    from hpolab.config.experiment import load_experiment
+    from hpolab.train.config import trainer_config
+    from hpolab.stores import mlflow_runs as tr
+    from hpolab.stores.environment import capture_environment
     from hpolab.train import fit, seed_everything
 
     console = Console(highlight=False)
@@ -44,9 +44,9 @@ def reproduce_cmd(args, stores) -> int:
         except Exception:
             raise UserError(f"run {args.run_id} has no config.yaml artifact: only trial runs of a study can be reproduced") from None
         config = yaml.safe_load(Path(path).read_text())
-    experiment = tags.get("hpolab.experiment")
+    experiment = tags.get("hpolab.config.experiment")
     if not experiment:
-        raise UserError(f"run {args.run_id} does not say which experiment it ran (tag hpolab.experiment)")
+        raise UserError(f"run {args.run_id} does not say which experiment it ran (tag hpolab.config.experiment)")
 
     now = capture_environment()
     differs = [(k, tags.get(k, "?"), now.get(k, "?")) for k in ENV_KEYS if tags.get(k, "?") != now.get(k, "?")]

@@ -2,7 +2,7 @@
 
 MODEL_URI is a registry URI (models:/NAME@ALIAS, models:/NAME/VERSION) or a logged serving model
 (models:/m-<id>) written by `hpolab promote`. Its model takes RAW inputs (preprocessing is inside,
-see hpolab.serving), and its tags say which: hpolab.raw_input_shape / hpolab.raw_input_dtype,
+see hpolab.registry.serving), and its tags say which: hpolab.raw_input_shape / hpolab.raw_input_dtype,
 plus hpolab.class_names.
 
 INPUT is
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpolab.stores import Stores
+from hpolab.stores.paths import Stores
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm"}
 
@@ -35,9 +35,9 @@ def predict_cmd(args, stores: Stores) -> int:
     import mlflow.pytorch
     import torch
 
-    from hpolab.cli import UserError
-    from hpolab.serving import TAG_CLASS_NAMES, TAG_RAW_DTYPE, TAG_RAW_SHAPE, predict_logits
-    from hpolab.tracking.runs import client_for
+    from hpolab.errors import UserError
+    from hpolab.registry.serving import TAG_CLASS_NAMES, TAG_RAW_DTYPE, TAG_RAW_SHAPE, predict_logits
+    from hpolab.stores.mlflow_runs import client_for
 
     out = Path(args.out) if args.out else None
     if out is not None and out.suffix.lower() not in (".csv", ".npy"):
@@ -91,7 +91,7 @@ def _model_tags(client, uri: str) -> tuple[dict[str, str], str]:
     """Tags of the registered version (or of the logged model) behind `uri`, and a description."""
     from mlflow.exceptions import MlflowException
 
-    from hpolab.cli import UserError
+    from hpolab.errors import UserError
 
     m = re.fullmatch(r"models:/([^/@]+)(?:@([^/]+)|/(\d+))?", uri)
     if not m:
@@ -119,7 +119,7 @@ def _model_tags(client, uri: str) -> tuple[dict[str, str], str]:
 
 
 def _load_npy(path: Path, raw_shape: tuple[int, ...], raw_dtype: np.dtype) -> np.ndarray:
-    from hpolab.cli import UserError
+    from hpolab.errors import UserError
 
     try:
         x = np.load(path, allow_pickle=False)
@@ -133,7 +133,7 @@ def _load_npy(path: Path, raw_shape: tuple[int, ...], raw_dtype: np.dtype) -> np
 
 
 def _cast(x: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
-    from hpolab.cli import UserError
+    from hpolab.errors import UserError
 
     if x.dtype == dtype:
         return np.ascontiguousarray(x)
@@ -152,7 +152,7 @@ def _cast(x: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
 def _load_images(folder: Path, raw_shape: tuple[int, ...], raw_dtype: np.dtype) -> tuple[np.ndarray, list[str]]:
     from PIL import Image
 
-    from hpolab.cli import UserError
+    from hpolab.errors import UserError
 
     if raw_dtype != np.uint8 or not (len(raw_shape) == 2 or (len(raw_shape) == 3 and raw_shape[0] in (1, 3))):
         raise UserError(

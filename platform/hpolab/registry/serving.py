@@ -27,7 +27,7 @@ PREDICT_BATCH = 512  # samples per forward pass when predicting a whole split
 
 # Tags on the logged serving model and on its registered version: what `hpolab predict` needs to
 # turn a user's file into the model's raw input, and to name the predicted classes.
-TAG_EXPERIMENT = "hpolab.experiment"
+TAG_EXPERIMENT = "hpolab.config.experiment"
 TAG_RAW_SHAPE = "hpolab.raw_input_shape"  # JSON list, one sample (no batch axis)
 TAG_RAW_DTYPE = "hpolab.raw_input_dtype"  # numpy dtype name, e.g. float32 / uint8
 TAG_CLASS_NAMES = "hpolab.class_names"  # JSON list
@@ -50,7 +50,7 @@ class ServingModel(nn.Module):
 
 def raw_test_split(experiment: ModuleType, config: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """The experiment's test split as raw inputs (what predict accepts) and labels."""
-    from hpolab.cli import UserError
+    from hpolab.errors import UserError
 
     fn = getattr(experiment, "raw_test", None)
     if fn is None:

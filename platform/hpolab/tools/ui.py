@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.request
 
-from hpolab.stores import Stores
+from hpolab.stores.paths import Stores
 
 STOP_GRACE_SECONDS = 10  # after SIGTERM, then SIGKILL
 READY_TIMEOUT_SECONDS = 120  # the server imports a lot; a loaded laptop can take a minute
@@ -78,7 +78,7 @@ class _Stop(Exception):
 
 
 def serve(stores: Stores, host: str = "127.0.0.1", port: int = 5000) -> int:
-    from hpolab.cli import UserError
+    from hpolab.errors import UserError
 
     if stores.tracking_uri.startswith(("http://", "https://")):
         print(f"the tracking store is already a server: open {stores.tracking_uri}")

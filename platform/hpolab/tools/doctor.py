@@ -32,7 +32,7 @@ def run_doctor(spec, threads: int | None = None) -> tuple[list[tuple[str, bool, 
     import torch
     from torch.utils.data import Subset, TensorDataset
 
-    from hpolab.experiment import load_experiment
+    from hpolab.config.experiment import load_experiment
     from hpolab.train import fit, seed_everything
     from hpolab.train.data import DataSplits, is_in_memory, labels_of
     from hpolab.train.optim import find_unregistered_parameters
@@ -115,7 +115,7 @@ def run_doctor(spec, threads: int | None = None) -> tuple[list[tuple[str, bool, 
 def doctor_cmd(args, stores) -> int:
     from rich.console import Console
 
-    from hpolab.spec import load_spec
+    from hpolab.config.spec import load_spec
 
     spec = load_spec(args.spec, list(getattr(args, "overrides", None) or []))
     console = Console(highlight=False)

@@ -35,10 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from hpolab.stores import Stores
+from hpolab.stores.paths import Stores
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2  # as in hpolab.cli
-EXIT_REFUSED = 3  # the challenger is not better than the alias holder (or not comparable): nothing changed
+from hpolab.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED  # refused: the challenger is not better; nothing changed
 
 SERVING_MODEL_NAME = "serving_model"  # the LoggedModel's name in the promote run
 EXPORT_DIR = "export"  # artifact folder of the promote run: model.onnx, model.torchscript.pt
@@ -90,7 +89,7 @@ class StudyInfo:
 
 
 def promote_cmd(args, stores: Stores) -> int:
-    from hpolab.cli import UserError
+    from hpolab.errors import UserError
 
     if not ALIAS_RE.match(args.alias) or args.alias == "latest" or re.fullmatch(r"v\d+", args.alias):
         raise UserError(f"--alias {args.alias!r}: use letters, digits, '_' or '-' (not 'latest' or v<number>, which MLflow reserves)")
@@ -103,7 +102,7 @@ def promote_cmd(args, stores: Stores) -> int:
 
 class Promotion:
     def __init__(self, args, stores: Stores):
-        from hpolab.tracking.runs import client_for
+        from hpolab.stores.mlflow_runs import client_for
 
         self.args = args
         self.stores = stores
@@ -115,8 +114,8 @@ class Promotion:
     # ------------------------------------------------------------------ 1. the challenger
 
     def _study(self):
-        from hpolab.cli import UserError
-        from hpolab.study.status import load_study
+        from hpolab.errors import UserError
+        from hpolab.stores.optuna_storage import load_study
 
         study = load_study(self.args.name, self.stores)  # UserError when unknown
         parent_id = study.user_attrs.get("mlflow_parent_run_id")
@@ -140,7 +139,7 @@ class Promotion:
         return study, info
 
     def _selection(self, info: StudyInfo) -> tuple[str, str]:
-        from hpolab.cli import UserError
+        from hpolab.errors import UserError
 
         metric = self.args.metric or info.metric
         if metric == info.metric:
@@ -155,7 +154,7 @@ class Promotion:
     def _pick(self, study, info: StudyInfo, metric: str, direction: str) -> Challenger:
         from optuna.trial import TrialState
 
-        from hpolab.cli import UserError
+        from hpolab.errors import UserError
 
         trials = study.get_trials(deepcopy=False)
         states = {s: sum(t.state == s for t in trials) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
@@ -202,9 +201,9 @@ class Promotion:
         import mlflow.artifacts
         import yaml
 
-        from hpolab.cli import UserError
-        from hpolab.experiment import load_experiment
-        from hpolab.serving import ServingModel
+        from hpolab.errors import UserError
+        from hpolab.config.experiment import load_experiment
+        from hpolab.registry.serving import ServingModel
         from hpolab.train import load_checkpoint, load_model_state
 
         run = self.client.get_run(ch.run_id)
@@ -271,7 +270,7 @@ class Promotion:
         """(metrics, None) or (None, why they are not comparable)."""
         import mlflow.pytorch
 
-        from hpolab.serving import TAG_EXPERIMENT, TAG_TEST_FINGERPRINT, classification_metrics, predict_logits
+        from hpolab.registry.serving import TAG_EXPERIMENT, TAG_TEST_FINGERPRINT, classification_metrics, predict_logits
 
         tags = holder.tags
         if tags.get(TAG_TEST_FINGERPRINT) != fp:
@@ -294,7 +293,7 @@ class Promotion:
     def run(self) -> int:
         import mlflow
 
-        from hpolab.serving import classification_metrics, fingerprint, predict_logits, raw_test_split
+        from hpolab.registry.serving import classification_metrics, fingerprint, predict_logits, raw_test_split
 
         mlflow.set_tracking_uri(self.stores.tracking_uri)  # the fluent model APIs resolve their client from it
         study, info = self._study()
@@ -362,7 +361,7 @@ class Promotion:
                 return EXIT_OK
 
             # ---- exports + parity, still nothing written
-            from hpolab.export import ONNX_TOLERANCE, ExportError, export_onnx, export_torchscript, onnx_max_abs_diff, torchscript_max_abs_diff
+            from hpolab.registry.export import ONNX_TOLERANCE, ExportError, export_onnx, export_torchscript, onnx_max_abs_diff, torchscript_max_abs_diff
 
             import torch
 
@@ -418,9 +417,9 @@ class Promotion:
         from mlflow.models import infer_signature
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
-        from hpolab.serving import predict_logits, serving_tags
-        from hpolab.tracking import runs as tr
-        from hpolab.tracking.environment import capture_environment
+        from hpolab.registry.serving import predict_logits, serving_tags
+        from hpolab.stores import mlflow_runs as tr
+        from hpolab.stores.environment import capture_environment
 
         env = capture_environment(Path.cwd())
         run_name = f"promote-trial-{ch.trial_number}"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from hpolab.spec import SpecError, load_spec
-from hpolab.study.optuna_factory import PRUNERS, SAMPLERS, make_pruner, make_sampler
+from hpolab.config.spec import SpecError, load_spec
+from hpolab.config.samplers import PRUNERS, SAMPLERS, make_pruner, make_sampler
 
 DEFAULT = "studies/digits_cnn.yaml"
 

@@ -8,7 +8,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from hpolab.tracking.environment import capture_environment
+from hpolab.stores.environment import capture_environment
 
 
 def run_env_check() -> int:

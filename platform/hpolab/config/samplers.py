@@ -1,5 +1,8 @@
 """Samplers and pruners by name, seeded from the study seed, built identically by every driver.
 
+Lives in config/ because validating a spec means building them once (constructor errors become
+spec problems); the driver builds them from here too.
+
 Optuna stores neither in the database, so each driver that joins a study builds them from the
 spec; that is what makes every worker prune the same way.
 """
@@ -49,11 +52,9 @@ def make_sampler(spec, seed_offset: int = 0) -> optuna.samplers.BaseSampler:
 
 
 def _grid_space(spec) -> dict[str, list]:
-    from hpolab.spec import CategoricalDist
-
     space = {}
     for path, dist in spec.search_space.items():
-        if not isinstance(dist, CategoricalDist):
+        if getattr(dist, "type", None) != "categorical":  # (duck-typed: spec.py imports this module)
             raise ValueError(f"search_space.{path}: the grid sampler needs categorical entries (or sampler.kwargs.search_space)")
         space[path] = list(dist.choices)
     return space

@@ -15,24 +15,12 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hpolab.experiment import load_experiment
+from hpolab.config.experiment import load_experiment
+from hpolab.config.samplers import check_named
+from hpolab.errors import SpecError
 from hpolab.train.config import TrainConfig
 
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-
-
-class SpecError(Exception):
-    """A spec that cannot be used. `problems` are 'path: message' lines, all of them."""
-
-    def __init__(self, source: str, problems: list[str]):
-        self.source = source
-        self.problems = problems
-        super().__init__(f"{source}: " + "; ".join(problems))
-
-    def render(self) -> str:
-        lines = [f"invalid study spec {self.source} ({len(self.problems)} problem{'s' * (len(self.problems) > 1)}):"]
-        lines += [f"  - {p}" for p in self.problems]
-        return "\n".join(lines)
 
 
 class _Frozen(BaseModel):
@@ -301,8 +289,6 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> StudySpec
         problems.append(f"direction: {spec.metric} should be maximized; set direction: maximize")
     elif spec.metric.endswith("loss") and spec.direction != "minimize":
         problems.append(f"direction: {spec.metric} should be minimized; set direction: minimize")
-    from hpolab.study.optuna_factory import check_named
-
     problems += check_named(spec)
     if problems:
         raise SpecError(source, problems)

@@ -1,10 +1,10 @@
-"""`hpolab lr-find` and the study's LR range test: run it on the spec's experiment, plot, CSV, MLflow.
+"""The study's LR range test, outside the sweep: run it on the spec's experiment, plot, CSV, MLflow.
 
-The sweep itself is `hpolab.train.lr_range_test` (pure torch); this module is the outside of it:
+The sweep itself is `hpolab.train.lr_range_test` (pure torch); this module is the outside of it,
+shared by the driver (which runs it once before trial 0) and `hpolab lr-find` (tools/lr_find.py):
 
 - `run_lr_find(spec, stores, out_dir)`: fresh data + model from the spec's experiment, the sweep with
   `spec.lr_range_test` settings and `spec.trainer`, then the plot and CSV written into out_dir.
-- `lr_find_cmd(args, stores)`: the `hpolab lr-find` command (runs in-process, then logs).
 - `run_in_process(conn, job)`: the same in a child process (the driver forks it before the first
   trial, like a trial process); sends back ("done", plain data) or ("fail", {"reason", "traceback"}).
   No MLflow/Optuna in the child: the driver is the only writer to both stores and calls
@@ -223,7 +223,7 @@ def log_to_mlflow(
     from mlflow.entities import Metric
     from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
-    from hpolab.tracking import runs as tr
+    from hpolab.stores import mlflow_runs as tr
 
     out_dir = Path(out_dir)
     plot_path, csv_path = out_dir / PLOT_NAME, out_dir / CSV_NAME
@@ -296,7 +296,7 @@ def run_lr_find(spec, stores=None, out_dir: str | Path | None = None, threads: i
     """
     import torch
 
-    from hpolab.spec import load_experiment
+    from hpolab.config.spec import load_experiment
     from hpolab.train.seeding import seed_everything
 
     if out_dir is None:
@@ -326,69 +326,6 @@ def run_lr_find(spec, stores=None, out_dir: str | Path | None = None, threads: i
     )
     paths = write_outputs(result, out_dir, title=spec.name)
     return result, paths
-
-
-def find_study_run(client, stores, spec) -> tuple[str, str | None]:
-    """(experiment id, the study's parent run id or None) for logging a stand-alone `hpolab lr-find`.
-
-    The experiment is the study's (created when missing); the parent run is the Optuna study's
-    user attr `mlflow_parent_run_id` when the study exists in the store. Reads Optuna, writes nothing
-    there (and does not create an Optuna DB that does not exist yet).
-    """
-    from hpolab.tracking import runs as tr
-
-    experiment_id = tr.get_or_create_experiment(client, spec.name, stores)
-    parent = None
-    url = stores.optuna_url
-    if not (url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file()):
-        import optuna
-
-        try:
-            study = optuna.load_study(study_name=spec.name, storage=url)
-            parent = study.user_attrs.get("mlflow_parent_run_id")
-        except KeyError:  # no such study yet
-            parent = None
-    if parent:
-        try:
-            client.get_run(parent)
-        except Exception:
-            parent = None  # the MLflow store was reset since
-    return experiment_id, parent
-
-
-def lr_find_and_log(spec, stores, out_dir: str | Path | None = None, threads: int | None = None) -> tuple[LRRangeResult, dict[str, Path], str]:
-    """`hpolab lr-find SPEC`: run in this process, then log to the study's MLflow experiment.
-
-    Returns (result, paths, run id). The driver does not use this: it runs `run_in_process` and
-    logs with `log_to_mlflow` itself.
-    """
-    from hpolab.stores import ensure_local
-    from hpolab.tracking import runs as tr
-
-    ensure_local(stores)
-    result, paths = run_lr_find(spec, stores, out_dir, threads)
-    client = tr.client_for(stores)
-    experiment_id, parent = find_study_run(client, stores, spec)
-    run_id = log_to_mlflow(client, experiment_id, parent, result, paths["plot"].parent, {"optuna.study": spec.name})
-    return result, paths, run_id
-
-
-def lr_find_cmd(args, stores) -> int:
-    """`hpolab lr-find SPEC [key=value ...] [--out DIR]` (args from the CLI's parser).
-
-    Prints the summary, where the plot/CSV went and the MLflow run. Exit code 0 with a suggestion,
-    1 when the curve gave none (the warning says why). Spec errors propagate (the CLI reports them).
-    """
-    from hpolab.spec import load_spec
-
-    spec = load_spec(args.spec, list(getattr(args, "overrides", None) or []))
-    out = Path(args.out) if getattr(args, "out", None) else None
-    result, paths, run_id = lr_find_and_log(spec, stores, out)
-    print(summary_text(result))
-    print(f"plot: {paths['plot']}")
-    print(f"csv:  {paths['csv']}")
-    print(f"mlflow run: {run_id} ({RUN_NAME}, experiment {spec.name!r})")
-    return 0 if result.suggestion is not None else 1
 
 
 # ---------------------------------------------------------------- child process
@@ -422,7 +359,7 @@ def run_in_process(conn, job: dict[str, Any], lifeline=None) -> None:
         project_dir = job.get("project_dir")
         if project_dir and project_dir not in sys.path:
             sys.path.insert(0, project_dir)
-        from hpolab.spec import StudySpec
+        from hpolab.config.spec import StudySpec
 
         spec = StudySpec.model_validate(job["spec"])
         result, paths = run_lr_find(spec, None, Path(job["out_dir"]), threads=job.get("threads"))

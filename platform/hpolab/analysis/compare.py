@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from hpolab.stores import Stores
+from hpolab.stores.paths import Stores
 
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 FAIL_REASON_WIDTH = 48  # characters of the fail reason shown in the table (csv/json have all of it)
@@ -72,7 +72,7 @@ def mlflow_runs_by_id(client, experiment_id: str | None) -> dict[str, Any]:
     """Every run of the study's experiment, by run id (one paged search, not one query per trial)."""
     if client is None or experiment_id is None:
         return {}
-    from hpolab.tracking.runs import find_runs
+    from hpolab.stores.mlflow_runs import find_runs
 
     return {r.info.run_id: r for r in find_runs(client, experiment_id, "")}
 
@@ -164,7 +164,7 @@ def study_frame(study, client=None, experiment_id: str | None = None, metric: st
 
 
 def load_study_table(name: str, stores: Stores) -> StudyTable:
-    from hpolab.study.status import load_study
+    from hpolab.stores.optuna_storage import load_study
 
     study = load_study(name, stores)
     client, experiment_id = None, None
@@ -179,7 +179,7 @@ def load_study_table(name: str, stores: Stores) -> StudyTable:
 
 def tracking_client(stores: Stores):
     """An MlflowClient, or None when the local MLflow database does not exist (reading must not create it)."""
-    from hpolab.tracking.runs import client_for
+    from hpolab.stores.mlflow_runs import client_for
 
     uri = stores.tracking_uri
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
@@ -192,7 +192,7 @@ def tracking_client(stores: Stores):
 
 def resolve_column(frame: pd.DataFrame, key: str) -> str:
     """A column from what a user types: exact, or params.<key>, metrics.<key>, or a unique suffix."""
-    from hpolab.cli import UserError
+    from hpolab.errors import UserError
 
     for candidate in (key, f"params.{key}", f"metrics.{key}"):
         if candidate in frame.columns:
@@ -215,7 +215,7 @@ def _descending(table: StudyTable, col: str) -> bool:
 
 def select(table: StudyTable, state: str = "all", sort: str | None = None, top: int | None = None) -> pd.DataFrame:
     """Filter by state, sort best first (the study metric by default), keep the top K rows."""
-    from hpolab.cli import UserError
+    from hpolab.errors import UserError
 
     df = table.frame
     if state != "all":
@@ -450,7 +450,7 @@ def runs_frame(client, run_ids: list[str]) -> tuple[pd.DataFrame, list[str]]:
     """Rows: run facts, then params, then final metrics; one column per run, and `differs`."""
     from mlflow.exceptions import MlflowException
 
-    from hpolab.cli import UserError
+    from hpolab.errors import UserError
 
     runs = []
     for rid in run_ids:
@@ -540,7 +540,7 @@ def print_runs(df: pd.DataFrame, labels: list[str], fmt: str, out=None) -> None:
 
 
 def compare_cmd(args, stores: Stores) -> int:
-    from hpolab.cli import UserError
+    from hpolab.errors import UserError
 
     targets = list(args.targets)
     ids = [t for t in targets if RUN_ID.match(t)]
@@ -558,7 +558,7 @@ def compare_cmd(args, stores: Stores) -> int:
         raise UserError("--top and --sort apply to a study's trials (hpolab compare NAME), not to run ids")
     if args.state != "all":
         raise UserError("--state applies to a study's trials (hpolab compare NAME), not to run ids")
-    from hpolab.tracking.runs import client_for
+    from hpolab.stores.mlflow_runs import client_for
 
     df, labels = runs_frame(client_for(stores), targets)
     print_runs(df, labels, args.format)

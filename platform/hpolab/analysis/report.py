@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpolab import report_html as H
-from hpolab.stores import Stores
+from hpolab.analysis import report_html as H
+from hpolab.stores.paths import Stores
 
 ARTIFACT_DIR = "report"  # on the study's parent run: report/<study>.html
 TOP_K = 10
@@ -43,7 +43,7 @@ class ReportData:
     client: Any = None  # MlflowClient, None when the tracking store is unreachable
     experiment_id: str | None = None
     parent_run: Any = None
-    table: Any = None  # hpolab.compare.StudyTable
+    table: Any = None  # hpolab.analysis.compare.StudyTable
     lr_test: dict[str, Any] | None = None  # {"lr": [...], "loss": [...], "smoothed": [...], "attr": {...}, "run_id": ...}
     promotion: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # what could not be read (shown in the footer)
@@ -57,13 +57,13 @@ class ReportData:
 
 
 def gather(study, stores: Stores | None = None, client=None) -> ReportData:
-    from hpolab.compare import study_frame, study_metric
+    from hpolab.analysis.compare import study_frame, study_metric
 
     problems: list[str] = []
     experiment_id, parent = None, None
     if client is None and stores is not None:
         try:
-            from hpolab.compare import tracking_client
+            from hpolab.analysis.compare import tracking_client
 
             client = tracking_client(stores)
         except Exception as e:  # the report still has Optuna's side
@@ -437,7 +437,7 @@ def _summary(data: ReportData) -> str:
 
 
 def _top_trials(data: ReportData) -> str:
-    from hpolab.compare import select, short_names
+    from hpolab.analysis.compare import select, short_names
 
     t = data.table
     if t is None or t.frame.empty or not (t.frame["state"] == "COMPLETE").any():
@@ -473,7 +473,7 @@ def _problem_trials(data: ReportData) -> str:
 
 
 def _py(v):
-    from hpolab.compare import _json_value
+    from hpolab.analysis.compare import _json_value
 
     return _json_value(v)
 
@@ -599,7 +599,7 @@ def render(data: ReportData) -> str:
 
 
 def write_report(name: str, stores: Stores, out: Path | None = None) -> tuple[Path, ReportData]:
-    from hpolab.study.status import load_study
+    from hpolab.stores.optuna_storage import load_study
 
     study = load_study(name, stores)
     data = gather(study, stores)

@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
-from hpolab.stores import Stores
+from hpolab.stores.paths import Stores
 
 PARAM_BATCH = 100  # MLflow's log_batch limit for params
 MAX_PARAM_LEN = 6000

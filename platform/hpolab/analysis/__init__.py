@@ -1,0 +1,1 @@
+"""Reading a study back: status, compare, the HTML report, and reproduce."""

@@ -1,0 +1,2 @@
+"""Where things live: store paths and URLs, the Optuna storage, MLflow runs and logged models, and
+the environment record every run carries."""

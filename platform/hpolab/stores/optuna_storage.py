@@ -1,0 +1,53 @@
+"""The Optuna storage: opened for a driver (heartbeats, stale-trial retries) or to read a study back."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import optuna
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+from hpolab.errors import UserError
+from hpolab.stores.paths import Stores
+
+HEARTBEAT_INTERVAL = int(os.environ.get("HPOLAB_HEARTBEAT_INTERVAL", "10"))  # seconds between heartbeats
+GRACE_PERIOD = int(os.environ.get("HPOLAB_GRACE_PERIOD", str(6 * HEARTBEAT_INTERVAL)))  # then a trial is stale
+
+
+def make_storage(url: str, max_retries: int = 1) -> optuna.storages.RDBStorage:
+    import random
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    for attempt in range(6):
+        try:
+            return optuna.storages.RDBStorage(
+                url,
+                engine_kwargs=engine_kwargs,
+                heartbeat_interval=HEARTBEAT_INTERVAL,
+                grace_period=GRACE_PERIOD,
+                # A stale trial (its driver died) comes back as a WAITING copy with the same params;
+                # start_trial() resumes it from the dead trial's last checkpoint.
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retries),
+            )
+        except SQLAlchemyError:
+            # Workers started together on an empty database race to create Optuna's tables; the
+            # loser sees a duplicate-key error. Once the winner is done the schema is simply there.
+            if attempt == 5:
+                raise
+            time.sleep(0.5 + random.random())
+    raise AssertionError("unreachable")
+
+
+def load_study(name: str, stores: Stores) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if stores.optuna_url.startswith("sqlite:///") and not (stores.root / "optuna.db").exists() and "optuna.db" in stores.optuna_url:
+        raise UserError(f"no Optuna storage at {stores.root / 'optuna.db'}; run a study first, or pass --store DIR / --storage URL")
+    storage = optuna.storages.RDBStorage(stores.optuna_url)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage=storage)]
+    if name not in names:
+        known = ", ".join(names) or "none"
+        raise UserError(f"no study named {name!r} in {stores.optuna_url} (studies there: {known})")
+    return optuna.load_study(study_name=name, storage=storage)

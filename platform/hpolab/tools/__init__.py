@@ -1,0 +1,1 @@
+"""Commands around a study: doctor, the install check (env), the MLflow UI, lr-find."""

@@ -1,0 +1,125 @@
+"""The package layout stays a one-way data flow: no import cycles among hpolab modules, errors.py at
+the bottom, train/ free of optuna/mlflow/pydantic, and platform/ never a package.
+
+Imports are read with `ast`, including imports inside functions (a lazy import is still a
+dependency: it only hides a cycle until the function runs).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "platform"
+PKG = ROOT / "hpolab"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """hpolab modules that `path` imports (a `from pkg import name` of a submodule counts as that submodule)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            names = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        else:
+            continue
+        for n in names:
+            if n in modules and n != me:
+                found.add(n)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = sorted(PKG.rglob("*.py"))
+    modules = {module_name(f) for f in files}
+    return {module_name(f): imports_of(f, modules) for f in files}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return stack[stack.index(n):] + [n]
+            if n not in state:
+                cycle = visit(n)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            cycle = visit(m)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    # The check above must be able to fail: a made-up graph with a cycle is reported.
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_errors_is_the_bottom():
+    assert import_graph()["hpolab.errors"] == set()
+
+
+def test_imports_point_down_the_data_flow():
+    """Layers, bottom first; a module may import its own layer or lower ones only."""
+    layers = ["errors", "train", "config", "stores", "study", "registry", "analysis", "tools", "cli"]
+    rank = {name: i for i, name in enumerate(layers)}
+
+    def layer(m: str) -> int | None:
+        parts = m.split(".")
+        return rank.get(parts[1]) if len(parts) > 1 else None
+
+    upward = [
+        f"{m} -> {n}"
+        for m, deps in import_graph().items()
+        for n in deps
+        if layer(m) is not None and layer(n) is not None and layer(n) > layer(m)
+    ]
+    assert upward == []
+
+
+def test_train_imports_no_tracking_or_config_libraries():
+    banned = ("optuna", "mlflow", "pydantic")
+    offenders = []
+    for f in (PKG / "train").rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{f.name}: {n}" for n in names if n.split(".")[0] in banned]
+    assert offenders == []
+
+
+def test_platform_is_a_source_root_not_a_package():
+    assert not (ROOT / "__init__.py").exists()
