@@ -242,22 +242,23 @@ def select(table: StudyTable, state: str = "all", sort: str | None = None, top: 
 # ---------------------------------------------------------------- output
 
 
-def _json_value(v: Any) -> Any:
+def json_value(v: Any) -> Any:
+    """A pandas/numpy cell as plain JSON data (NaN/NA -> None); the report uses it too."""
     if v is None or v is pd.NA:
         return None
     if isinstance(v, float):
         return None if math.isnan(v) else v
     if hasattr(v, "item"):  # numpy / pandas scalars
-        return _json_value(v.item())
+        return json_value(v.item())
     return v
 
 
 def to_records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{k: _json_value(v) for k, v in zip(df.columns, row)} for row in df.itertuples(index=False, name=None)]
+    return [{k: json_value(v) for k, v in zip(df.columns, row)} for row in df.itertuples(index=False, name=None)]
 
 
 def fmt_cell(v: Any) -> str:
-    v = _json_value(v)
+    v = json_value(v)
     if v is None:
         return "-"
     if isinstance(v, bool):
@@ -486,7 +487,7 @@ def runs_frame(client, run_ids: list[str]) -> tuple[pd.DataFrame, list[str]]:
 
     def add(section: str, key: str, values: list[Any]) -> None:
         present = [v for v in values if v is not None]
-        differs = len({json.dumps(_json_value(v), sort_keys=True, default=str) for v in values}) > 1
+        differs = len({json.dumps(json_value(v), sort_keys=True, default=str) for v in values}) > 1
         if section == "run" and key == "run id":
             differs = False  # always different; not a finding
         if not present and section == "run":

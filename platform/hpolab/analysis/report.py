@@ -473,9 +473,9 @@ def _problem_trials(data: ReportData) -> str:
 
 
 def _py(v):
-    from hpolab.analysis.compare import _json_value
+    from hpolab.analysis.compare import json_value
 
-    return _json_value(v)
+    return json_value(v)
 
 
 def _promotion_html(data: ReportData) -> str:

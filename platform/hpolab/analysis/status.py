@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hpolab.stores.optuna_storage import load_study
+from hpolab.study.progress import fmt_value
 from hpolab.stores.paths import Stores
 
 
@@ -22,7 +23,7 @@ def print_status(name: str, stores: Stores) -> int:
             str(t.number),
             t.state.name,
             f"{t.value:.4g}" if t.value is not None else "-",
-            *[_fmt(t.params.get(p)) for p in params],
+            *[fmt_value(t.params.get(p)) for p in params],
             str(len(t.intermediate_values)),
             t.user_attrs.get("mlflow_run_id", "-"),
         )
@@ -38,9 +39,3 @@ def print_status(name: str, stores: Stores) -> int:
         best = "best: none yet"
     console.print(f"{summary}; {best}")
     return 0
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.4g}" if isinstance(v, float) else str(v)

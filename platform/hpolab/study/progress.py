@@ -34,7 +34,7 @@ class Progress:
 
     def trial_started(self, number: int, params: dict[str, Any], retry_of: int | None) -> None:
         self.epochs[number] = 0
-        shown = ", ".join(f"{k.split('.')[-1]}={_fmt(v)}" for k, v in params.items())
+        shown = ", ".join(f"{k.split('.')[-1]}={fmt_value(v)}" for k, v in params.items())
         extra = f" (retry of trial {retry_of}, resuming from its checkpoint)" if retry_of is not None else ""
         self._print(f"[dim]{self._clock()}[/] trial {number} started{extra}: {shown}")
 
@@ -48,13 +48,13 @@ class Progress:
             if better:
                 self.best = value
         colour = {"COMPLETE": "green", "PRUNED": "yellow", "FAIL": "red"}[state]
-        val = f" {self.spec.metric}={_fmt(value)}" if value is not None else ""
+        val = f" {self.spec.metric}={fmt_value(value)}" if value is not None else ""
         why = f" -- {reason}" if reason else ""
         running = ", ".join(f"#{n}@ep{e}" for n, e in sorted(self.epochs.items())) or "none"
         self._print(
             f"[dim]{self._clock()}[/] trial {number} [{colour}]{state}[/]{val}{why}\n"
             f"        [{counts['finished']}/{self.spec.n_trials} finished: {counts['complete']} complete, "
-            f"{counts['pruned']} pruned, {counts['fail']} failed | best {_fmt(self.best)} | running: {running}]"
+            f"{counts['pruned']} pruned, {counts['fail']} failed | best {fmt_value(self.best)} | running: {running}]"
         )
 
     def end(self, study, counts: dict[str, int], spec) -> None:
@@ -80,8 +80,8 @@ class Progress:
             table.add_row(
                 str(t.number),
                 t.state.name,
-                _fmt(value),
-                *[_fmt(t.params.get(p)) for p in spec.search_space],
+                fmt_value(value),
+                *[fmt_value(t.params.get(p)) for p in spec.search_space],
                 str(len(t.intermediate_values)),
                 f"{secs:.1f}" if secs is not None else "-",
             )
@@ -99,7 +99,8 @@ def _console() -> Console:
     return c if c.is_terminal else Console(highlight=False, width=160)
 
 
-def _fmt(v: Any) -> str:
+def fmt_value(v: Any) -> str:
+    """A trial value or param for a table cell: 4 significant digits, '-' for none."""
     if v is None:
         return "-"
     if isinstance(v, float):

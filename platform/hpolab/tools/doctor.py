@@ -1,4 +1,4 @@
-"""`hpolab doctor SPEC`: cheap sanity checks before a costly study (PRACTICES.md, "Troubleshooting").
+"""`hpolab doctor SPEC`: cheap sanity checks before a costly study (the design's practices, "Troubleshooting built in").
 
 1. data: the splits load, a sample has the declared input_shape, labels lie in [0, num_classes),
    inputs are finite, and how the classes are balanced;
@@ -29,13 +29,10 @@ def _check(results: list[tuple[str, bool, str]], name: str, ok: bool, detail: st
 
 
 def run_doctor(spec, threads: int | None = None) -> tuple[list[tuple[str, bool, str]], dict[str, Any]]:
+    """Data checks, model checks, then "can it overfit a tiny batch?" with the spec's trainer."""
     import torch
-    from torch.utils.data import Subset, TensorDataset
 
     from hpolab.config.experiment import load_experiment
-    from hpolab.train import fit, seed_everything
-    from hpolab.train.data import DataSplits, is_in_memory, labels_of
-    from hpolab.train.optim import find_unregistered_parameters
 
     if threads:
         torch.set_num_threads(threads)
@@ -43,8 +40,25 @@ def run_doctor(spec, threads: int | None = None) -> tuple[list[tuple[str, bool, 
     cfg = spec.resolved_config(exp)
     results: list[tuple[str, bool, str]] = []
     facts: dict[str, Any] = {}
-
     data = exp.load_data(cfg["data"], spec.seed)
+    probe = _check_data(results, facts, data)
+    _check_model(results, exp.build_model(cfg["model"], data.input_shape, data.num_classes), probe, data)
+    _check_overfit(results, facts, spec, exp, cfg, data)
+    if spec.trainer.batch_size > 0:
+        eff = spec.trainer.batch_size * spec.trainer.grad_accum_steps
+        facts["lr_rule_of_thumb"] = (
+            f"effective batch {eff}: if you change it, scale lr by sqrt(new/old) "
+            f"(e.g. x{math.sqrt(2):.2f} for twice the batch)"
+        )
+    return results, facts
+
+
+def _check_data(results, facts, data):
+    """Splits, input shape, labels, class balance, finite inputs; returns a probe batch of inputs."""
+    import torch
+
+    from hpolab.train.data import labels_of
+
     sizes = {k: len(getattr(data, k)) for k in ("train", "val", "test")}
     _check(results, "data: splits load", min(sizes.values()) > 0, ", ".join(f"{k} {v}" for k, v in sizes.items()))
     x0, y0 = data.train[0]
@@ -61,8 +75,15 @@ def run_doctor(spec, threads: int | None = None) -> tuple[list[tuple[str, bool, 
            f"largest/smallest class = {ratio:.1f}" + (" (consider trainer.class_weighting or balanced_sampler)" if ratio > 3 else ""))
     probe = torch.stack([torch.as_tensor(data.train[i][0]) for i in range(min(TINY, sizes["train"]))]).float()
     _check(results, "data: inputs finite", bool(torch.isfinite(probe).all()), f"mean {probe.mean():.3g}, std {probe.std():.3g}")
+    return probe
 
-    model = exp.build_model(cfg["model"], data.input_shape, data.num_classes)
+
+def _check_model(results, model, probe, data) -> None:
+    """Every parameter registered (the "list of layers" bug); output shape and finiteness."""
+    import torch
+
+    from hpolab.train.optim import find_unregistered_parameters
+
     unregistered = find_unregistered_parameters(model)
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     _check(results, "model: parameters registered", not unregistered and n_params > 0,
@@ -73,8 +94,15 @@ def run_doctor(spec, threads: int | None = None) -> tuple[list[tuple[str, bool, 
     _check(results, "model: output shape", tuple(out.shape) == (2, data.num_classes) and bool(torch.isfinite(out).all()),
            f"logits {tuple(out.shape)} for a batch of 2, expected (2, {data.num_classes})")
 
-    # Overfit a tiny batch with the spec's trainer (its optimizer, lr, AMP, clipping ...).
-    idx = list(range(min(TINY, sizes["train"])))
+
+def _check_overfit(results, facts, spec, exp, cfg, data) -> None:
+    """Overfit a tiny batch with the spec's trainer (its optimizer, lr, AMP, clipping ...)."""
+    from torch.utils.data import Subset, TensorDataset
+
+    from hpolab.train import fit, seed_everything
+    from hpolab.train.data import DataSplits, is_in_memory
+
+    idx = list(range(min(TINY, len(data.train))))
     if is_in_memory(data.train):
         xs, ys = data.train.tensors
         tiny = TensorDataset(xs[idx], ys[idx])
@@ -103,13 +131,6 @@ def run_doctor(spec, threads: int | None = None) -> tuple[list[tuple[str, bool, 
                f"loss {first:.3g} -> {last:.3g}{hint}")
     except Exception as e:  # NaN, a shape error in the loss ... is the finding
         _check(results, "training: overfits a tiny batch", False, f"{type(e).__name__}: {e}")
-    if spec.trainer.batch_size > 0:
-        eff = spec.trainer.batch_size * spec.trainer.grad_accum_steps
-        facts["lr_rule_of_thumb"] = (
-            f"effective batch {eff}: if you change it, scale lr by sqrt(new/old) "
-            f"(e.g. x{math.sqrt(2):.2f} for twice the batch)"
-        )
-    return results, facts
 
 
 def doctor_cmd(args, stores) -> int:

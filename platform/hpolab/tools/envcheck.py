@@ -1,4 +1,4 @@
-"""`hpolab env`: check an install the way practitioners do (PRACTICES.md, 'Environment')."""
+"""`hpolab env`: check an install the way practitioners do (the design's practices, 'Environment and reproducibility')."""
 
 from __future__ import annotations
 
