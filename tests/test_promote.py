@@ -279,7 +279,7 @@ def test_metric_option_selects_by_another_logged_metric(studied, tmp_path, capsy
 
 
 def test_the_gate_is_strict_and_breaks_exact_ties_on_a_second_test_metric():
-    from hpolab.registry.promote import _better
+    from hpolab.registry.gate import better as _better
 
     champ = {"acc": 1.0, "loss": 0.05, "macro_f1": 1.0}
     assert not _better(dict(champ), champ, "acc")  # equal is not better

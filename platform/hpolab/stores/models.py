@@ -14,12 +14,29 @@ def warm_exporter() -> None:
         pass  # only a warm-up: a real problem shows when the model is logged
 
 
+# What a logged model (a trial's, or promote's serving model) needs to load: torch runs it, torchvision
+# may define its layers or preprocessing, numpy carries its inputs, mlflow loads it.
+REQUIREMENTS = ("torch", "torchvision", "numpy", "mlflow")
+
+
 def pip_requirements(env: dict[str, str]) -> list[str]:
-    """Explicit requirements from the env tags: MLflow's own inference loads the model again (slow)."""
-    reqs = [f"torch=={env['env.torch'].split('+')[0]}", f"mlflow=={env['env.mlflow']}"]
-    if env.get("env.torchvision", "not installed") != "not installed":
-        reqs.append(f"torchvision=={env['env.torchvision'].split('+')[0]}")
-    return reqs
+    """REQUIREMENTS pinned to the versions in the env.* tags of the run that trained the model (the
+    installed version where a tag is missing; local build suffixes such as +cpu dropped; torchvision
+    left out when it was not installed). Explicit, so MLflow skips its own inference, which loads the
+    model again (slow)."""
+    from importlib import metadata
+
+    def version(dist: str) -> str | None:
+        value = env.get(f"env.{dist}")
+        if not value:
+            try:
+                value = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                return None
+        return None if value == "not installed" else value.split("+")[0]
+
+    pins = {dist: version(dist) for dist in REQUIREMENTS}
+    return [f"{dist}=={v}" for dist, v in pins.items() if v]
 
 
 def log_trial_model(experiment, config: dict[str, Any], info: dict[str, Any], run_id: str, env: dict[str, str]) -> dict[str, str]:

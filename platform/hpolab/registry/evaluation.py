@@ -1,0 +1,112 @@
+"""The challenger on the held-out test split, and its exports: everything that can fail before anything
+is written (files go to a temporary folder only).
+
+- The experiment's raw test inputs through the serving model (preprocessing inside) must reproduce
+  what the model sees on the test split in training, else the accuracy we report is not the model's.
+- ONNX (dynamic batch axis) and TorchScript exports; ONNX Runtime on the test inputs must agree with
+  PyTorch within export.ONNX_TOLERANCE (max abs logit difference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+EXAMPLE_ROWS = 4  # raw test rows used as the export / input example (> 1 keeps the batch axis dynamic)
+PREPROCESS_CHECK_ROWS = 256  # test rows on which raw_test + preprocess must reproduce the test split
+PREPROCESS_TOLERANCE = 1e-4  # max abs logit difference between those two paths
+
+
+class PromotionFailed(RuntimeError):
+    """The promotion could not be completed; the message says why (exit 1)."""
+
+
+@dataclass
+class Evaluation:
+    """The challenger's serving model on the raw held-out test split."""
+
+    serving: Any  # serving.ServingModel: raw inputs in, logits out
+    num_classes: int
+    class_names: tuple[str, ...]
+    x_raw: np.ndarray
+    y: np.ndarray
+    fingerprint: str  # of x_raw and y: a champion is comparable only on the same split
+    logits: Any  # torch.Tensor (N, num_classes)
+    metrics: dict[str, float]  # acc, loss, macro_f1, n
+
+
+@dataclass
+class Exports:
+    onnx: Path
+    torchscript: Path
+    exporter: str  # which ONNX exporter made the file
+    onnx_diff: float  # max abs logit difference vs PyTorch on the test inputs
+    torchscript_diff: float
+
+
+def evaluate_challenger(exp, config: dict, splits, model, serving) -> Evaluation:
+    from hpolab.registry.serving import classification_metrics, fingerprint, predict_logits, raw_test_split
+
+    x_raw, y = raw_test_split(exp, config)
+    check_raw_test(splits, model, serving, x_raw, y)
+    logits = predict_logits(serving, x_raw)
+    return Evaluation(
+        serving=serving,
+        num_classes=splits.num_classes,
+        class_names=tuple(splits.class_names),
+        x_raw=x_raw,
+        y=y,
+        fingerprint=fingerprint(x_raw, y),
+        logits=logits,
+        metrics=classification_metrics(logits, y, splits.num_classes),
+    )
+
+
+def check_raw_test(splits, model, serving, x_raw: np.ndarray, y: np.ndarray) -> None:
+    """raw_test + preprocess must reproduce the test split the experiment feeds the model."""
+    import torch
+
+    from hpolab.train.data import labels_of
+
+    if len(x_raw) != len(splits.test) or not np.array_equal(labels_of(splits.test).numpy(), y):
+        raise PromotionFailed("the experiment's raw_test() does not match its load_data().test (sizes or labels differ); fix the experiment")
+    n = min(PREPROCESS_CHECK_ROWS, len(x_raw))
+    inputs = torch.stack([torch.as_tensor(splits.test[i][0]) for i in range(n)]).float()
+    with torch.inference_mode():
+        a = model(inputs).float()
+        b = serving(torch.from_numpy(x_raw[:n])).float()
+    diff = float((a - b).abs().max())
+    if diff > PREPROCESS_TOLERANCE:
+        raise PromotionFailed(
+            f"preprocess(raw_test) differs from the test split the model sees in training (max abs logit diff {diff:.3g} "
+            f"> {PREPROCESS_TOLERANCE:g}); the experiment's preprocess must equal its eval transform"
+        )
+
+
+def export_and_check(ev: Evaluation, folder: Path) -> Exports:
+    """ONNX + TorchScript files in `folder`, each run on the test inputs against PyTorch; prints the parity."""
+    import torch
+
+    # read at call time: the tolerance is a module attribute (tests tighten it)
+    from hpolab.registry.export import ONNX_TOLERANCE, ExportError, export_onnx, export_torchscript, onnx_max_abs_diff, torchscript_max_abs_diff
+
+    example = torch.from_numpy(ev.x_raw[:EXAMPLE_ROWS])
+    reference = ev.logits.numpy()
+    try:
+        onnx_path, exporter = export_onnx(ev.serving, example, folder / "model.onnx")
+        onnx_diff = onnx_max_abs_diff(onnx_path, ev.x_raw, reference)
+        ts_path = export_torchscript(ev.serving, example, folder / "model.torchscript.pt")
+        ts_diff = torchscript_max_abs_diff(ts_path, ev.x_raw, reference)
+    except ExportError as e:
+        raise PromotionFailed(f"{e}; nothing was registered") from e
+    print(f"exports: ONNX ({exporter} exporter) max abs diff vs PyTorch {onnx_diff:.3g} on {len(ev.x_raw)} test inputs "
+          f"(limit {ONNX_TOLERANCE:g}); TorchScript {ts_diff:.3g}")
+    if not onnx_diff <= ONNX_TOLERANCE:
+        raise PromotionFailed(
+            f"ONNX parity: ONNX Runtime's logits differ from PyTorch's by up to {onnx_diff:.3g} on the test inputs "
+            f"(limit {ONNX_TOLERANCE:g}); nothing was registered"
+        )
+    return Exports(onnx_path, ts_path, exporter, onnx_diff, ts_diff)

@@ -1,0 +1,154 @@
+"""The challenger: the study's best COMPLETE trial by a metric, its MLflow run, and its best checkpoint
+rebuilt into a model wrapped with the experiment's preprocessing.
+
+Pruned and failed trials are never candidates. By default the study's own metric and direction
+decide (the trial's value); `--metric` picks another logged metric, read at each trial's
+best-checkpoint epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpolab.stores.paths import Stores
+
+
+@dataclass
+class Challenger:
+    trial_number: int
+    run_id: str
+    selection_value: float
+    val_value: float | None  # the study metric on val at the best checkpoint
+    config: dict[str, Any] = field(default_factory=dict)
+    run_tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class StudyInfo:
+    name: str
+    experiment: str
+    metric: str
+    direction: str
+    parent_run_id: str
+    experiment_id: str
+
+
+def load_study(name: str, stores: Stores, client):
+    """(the Optuna study, StudyInfo from it and its MLflow parent run); UserError when either is missing."""
+    from hpolab.errors import UserError
+    from hpolab.stores.optuna_storage import load_study as load_optuna_study
+
+    study = load_optuna_study(name, stores)  # UserError when unknown
+    parent_id = study.user_attrs.get("mlflow_parent_run_id")
+    try:
+        parent = client.get_run(parent_id) if parent_id else None
+    except Exception:
+        parent = None
+    if parent is None:
+        raise UserError(f"study {name!r} has no MLflow parent run in {stores.tracking_uri}; is --tracking-uri the one the study used?")
+    p = parent.data.params
+    info = StudyInfo(
+        name=name,
+        experiment=p.get("experiment", ""),
+        metric=p.get("metric", "val_acc"),
+        direction=study.direction.name.lower(),
+        parent_run_id=parent_id,
+        experiment_id=parent.info.experiment_id,
+    )
+    if not info.experiment:
+        raise UserError(f"the parent run of study {info.name!r} does not record its experiment (param 'experiment')")
+    return study, info
+
+
+def selection_metric(metric_option: str | None, info: StudyInfo) -> tuple[str, str]:
+    """(metric, direction) to pick the challenger by: the study's, or `--metric` with a direction read from its name."""
+    from hpolab.errors import UserError
+
+    metric = metric_option or info.metric
+    if metric == info.metric:
+        return metric, info.direction
+    name = metric.lower()
+    if any(k in name for k in ("loss", "err")):
+        return metric, "minimize"
+    if any(k in name for k in ("acc", "f1", "recall", "precision", "auc")):
+        return metric, "maximize"
+    raise UserError(f"--metric {metric}: cannot tell whether it should be maximized or minimized; use a *_loss, *_acc or *_f1 metric")
+
+
+def pick(client, study, info: StudyInfo, metric: str, direction: str) -> Challenger:
+    """The best COMPLETE trial with an MLflow run by `metric`; prints the trial counts and the pick."""
+    from optuna.trial import TrialState
+
+    from hpolab.errors import UserError
+
+    trials = study.get_trials(deepcopy=False)
+    states = {s: sum(t.state == s for t in trials) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("mlflow_run_id")]
+    print(
+        f"study {info.name} ({info.experiment}): {states[TrialState.COMPLETE]} complete, "
+        f"{states[TrialState.PRUNED]} pruned, {states[TrialState.FAIL]} failed trials (only complete ones are candidates)"
+    )
+    if not complete:
+        raise UserError(f"study {info.name!r} has no COMPLETE trial to promote; run it first (hpolab study run ...)")
+    candidates: list[Challenger] = []
+    logged: set[str] = set()
+    for t in complete:
+        run_id = t.user_attrs["mlflow_run_id"]
+        if metric == info.metric:
+            value = t.value
+        else:
+            value, names = _metric_at_best_epoch(client, run_id, metric)
+            logged |= names
+        if value is None or value != value:  # missing or NaN
+            continue
+        candidates.append(Challenger(t.number, run_id, float(value), t.value))
+    if not candidates:
+        known = ", ".join(sorted(logged)) or "none"
+        raise UserError(f"--metric {metric}: no COMPLETE trial of {info.name!r} logged it (logged metrics: {known})")
+    best = (max if direction == "maximize" else min)(candidates, key=lambda c: c.selection_value)
+    how = "" if metric == info.metric else " at each trial's best-checkpoint epoch"
+    print(f"best by {metric} ({direction}{how}): trial {best.trial_number} (run {best.run_id}), {metric} = {best.selection_value:.4f}")
+    return best
+
+
+def _metric_at_best_epoch(client, run_id: str, metric: str) -> tuple[float | None, set[str]]:
+    run = client.get_run(run_id)
+    names = set(run.data.metrics)
+    if metric not in names:
+        return None, names
+    history = client.get_metric_history(run_id, metric)
+    best_epoch = run.data.tags.get("hpolab.best_epoch")
+    at = [m.value for m in history if best_epoch is not None and str(m.step) == best_epoch]
+    return (at[-1] if at else run.data.metrics[metric]), names
+
+
+def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp: Path):
+    """(experiment, splits, model, serving model) from the trial's config.yaml and checkpoints/best.pt;
+    fills ch.config and ch.run_tags."""
+    import mlflow.artifacts
+    import yaml
+
+    from hpolab.config.experiment import load_experiment
+    from hpolab.errors import UserError
+    from hpolab.registry.serving import ServingModel
+    from hpolab.train import load_checkpoint, load_model_state
+
+    run = client.get_run(ch.run_id)
+    ch.run_tags = dict(run.data.tags)
+
+    def fetch(path: str) -> Path:
+        try:
+            return Path(mlflow.artifacts.download_artifacts(run_id=ch.run_id, artifact_path=path, dst_path=str(tmp), tracking_uri=stores.tracking_uri))
+        except Exception as e:
+            raise UserError(f"trial {ch.trial_number} (run {ch.run_id}) has no artifact {path}: {e}") from e
+
+    ch.config = yaml.safe_load(fetch("config.yaml").read_text())
+    ckpt = load_checkpoint(fetch("checkpoints/best.pt"), map_location="cpu")
+    exp = load_experiment(info.experiment)
+    splits = exp.load_data(ch.config["data"], ch.config["seed"])
+    model = exp.build_model(ch.config["model"], tuple(splits.input_shape), splits.num_classes)
+    load_model_state(model, ckpt["model"])
+    model.eval()
+    return exp, splits, model, ServingModel(splits.preprocess, model).eval()

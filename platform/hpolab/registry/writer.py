@@ -1,0 +1,166 @@
+"""The writes of a promotion, after the gate and every check passed.
+
+A run `promote-trial-<n>` nested under the study's parent run holds the serving model (an MLflow
+LoggedModel, torch.export "pt2" format, raw-input signature), export/model.onnx,
+export/model.torchscript.pt and the test metrics. A new version of the registered model is created
+from that serving model, tagged with its lineage, and the alias moves to it. If anything fails on
+the way the run is marked FAILED with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hpolab.registry.champion import TAG_TRIAL_RUN
+from hpolab.registry.evaluation import EXAMPLE_ROWS, Evaluation, Exports, PromotionFailed
+from hpolab.registry.selection import Challenger, StudyInfo
+
+SERVING_MODEL_NAME = "serving_model"  # the LoggedModel's name in the promote run
+EXPORT_DIR = "export"  # artifact folder of the promote run: model.onnx, model.torchscript.pt
+MAX_TAG = 5000
+
+# Version tags (lineage); plus serving.TAG_* (what predict needs) and the trial run's env.* tags.
+TAG_STUDY = "hpolab.study"
+TAG_TRIAL = "hpolab.trial_number"
+TAG_PREVIOUS = "hpolab.previous_champion"
+TAG_ONNX_DIFF = "hpolab.onnx_max_abs_diff"
+TAG_TS_DIFF = "hpolab.torchscript_max_abs_diff"
+TAG_GATE = "hpolab.gate_metric"
+
+
+def move_alias_to_existing(client, model_name: str, alias: str, version: str, previous: str | None) -> None:
+    """Idempotent promotion: the trial already has a version (with its exports); the alias moves to it."""
+    client.set_model_version_tag(model_name, version, TAG_PREVIOUS, str(previous or "none"))
+    client.set_registered_model_alias(model_name, alias, version)
+
+
+def write_version(client, model_name: str, alias: str, info: StudyInfo, ch: Challenger, ev: Evaluation, exports: Exports,
+                  gate: str, selection_metric: str, previous: str | None) -> str:
+    """Promote run + serving model + exports + a new registered version holding `alias`; returns the version."""
+    from hpolab.registry.serving import serving_tags
+    from hpolab.stores import mlflow_runs as tr
+
+    run_id = _create_promote_run(client, model_name, info, ch)
+    try:
+        s_tags = serving_tags(info.experiment, ev.x_raw, ev.y, ev.num_classes, ev.class_names)
+        logged, served_diff = _log_serving_model(run_id, ev, ch.run_tags, s_tags)
+        for f in (exports.onnx, exports.torchscript):
+            client.log_artifact(run_id, str(f), EXPORT_DIR)
+        metrics = {f"test_{k}": v for k, v in ev.metrics.items() if k != "n"}
+        metrics.update({"onnx_max_abs_diff": exports.onnx_diff, "torchscript_max_abs_diff": exports.torchscript_diff,
+                        "serving_max_abs_diff": served_diff})
+        if ch.val_value is not None:
+            metrics[info.metric] = ch.val_value
+        tr.log_epoch(client, run_id, 0, metrics)
+
+        lineage = _lineage(info, ch, ev, exports, gate, selection_metric, previous, run_id, s_tags)
+        version = _register(client, model_name, info, ch, ev, logged, run_id, lineage)
+        client.set_registered_model_alias(model_name, alias, version)
+        tr.set_tags(client, run_id, {"hpolab.registered_version": version, "hpolab.serving_model_uri": logged.model_uri})
+        client.set_terminated(run_id, status="FINISHED")
+        return version
+    except BaseException as e:
+        try:
+            tr.set_tags(client, run_id, {"hpolab.fail_reason": f"{type(e).__name__}: {e}"})
+            client.set_terminated(run_id, status="FAILED")
+        except Exception:
+            pass
+        raise
+
+
+def _create_promote_run(client, model_name: str, info: StudyInfo, ch: Challenger) -> str:
+    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+
+    from hpolab.stores.environment import capture_environment
+
+    env = capture_environment(Path.cwd())
+    run_name = f"promote-trial-{ch.trial_number}"
+    run = client.create_run(
+        info.experiment_id,
+        run_name=run_name,
+        tags={
+            MLFLOW_PARENT_RUN_ID: info.parent_run_id,
+            MLFLOW_RUN_NAME: run_name,
+            "hpolab.role": "promote",
+            "optuna.study": info.name,
+            "optuna.trial_number": str(ch.trial_number),
+            TAG_TRIAL_RUN: ch.run_id,
+            "hpolab.registered_model": model_name,
+            **env,
+        },
+    )
+    return run.info.run_id
+
+
+def _log_serving_model(run_id: str, ev: Evaluation, trial_tags: dict[str, str], s_tags: dict[str, str]):
+    """(the LoggedModel, max abs logit difference of the logged artifact vs the evaluated model)."""
+    import mlflow.pytorch
+    import torch
+    from mlflow.models import infer_signature
+
+    from hpolab.registry.serving import predict_logits
+    from hpolab.stores.models import pip_requirements
+
+    example = ev.x_raw[:EXAMPLE_ROWS]
+    logged = mlflow.pytorch.log_model(
+        ev.serving,
+        name=SERVING_MODEL_NAME,
+        input_example=example,
+        signature=infer_signature(example, ev.logits[:EXAMPLE_ROWS].numpy()),
+        run_id=run_id,
+        pip_requirements=pip_requirements(trial_tags),  # pinned to what trained it
+        tags=s_tags,
+    )
+    # The registered artifact (torch.export "pt2") must predict exactly what we evaluated.
+    served = predict_logits(mlflow.pytorch.load_model(logged.model_uri, map_location="cpu"), ev.x_raw)
+    if not torch.equal(served.argmax(1), ev.logits.argmax(1)):
+        raise PromotionFailed("the logged serving model's predictions differ from the evaluated model's; nothing was registered")
+    return logged, float((served - ev.logits).abs().max())
+
+
+def _lineage(info: StudyInfo, ch: Challenger, ev: Evaluation, exports: Exports, gate: str, selection_metric: str,
+             previous: str | None, run_id: str, s_tags: dict[str, str]) -> dict[str, str]:
+    lineage = {
+        TAG_STUDY: info.name,
+        TAG_TRIAL: str(ch.trial_number),
+        TAG_TRIAL_RUN: ch.run_id,
+        "hpolab.promote_run_id": run_id,
+        "hpolab.selection_metric": selection_metric,
+        f"hpolab.{info.metric}": repr(ch.val_value),
+        **{f"hpolab.test_{k}": repr(v) for k, v in ev.metrics.items()},
+        TAG_GATE: f"test_{gate}",
+        TAG_PREVIOUS: str(previous or "none"),
+        TAG_ONNX_DIFF: repr(exports.onnx_diff),
+        "hpolab.onnx_exporter": exports.exporter,
+        TAG_TS_DIFF: repr(exports.torchscript_diff),
+        "hpolab.seed": str(ch.config["seed"]),
+        "hpolab.data": json.dumps(ch.config["data"], sort_keys=True),
+        "hpolab.model_config": json.dumps(ch.config["model"], sort_keys=True),
+        "hpolab.trial_model_uri": ch.run_tags.get("hpolab.model_uri", ""),
+        "hpolab.export_onnx": f"{EXPORT_DIR}/{exports.onnx.name}",
+        "hpolab.export_torchscript": f"{EXPORT_DIR}/{exports.torchscript.name}",
+        **s_tags,
+        **{k: v for k, v in ch.run_tags.items() if k.startswith("env.")},  # what trained it
+    }
+    return {k: str(v)[:MAX_TAG] for k, v in lineage.items()}
+
+
+def _register(client, model_name: str, info: StudyInfo, ch: Challenger, ev: Evaluation, logged, run_id: str, lineage: dict[str, str]) -> str:
+    """A new version of `model_name` (created on first use) from the logged serving model."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(model_name, description=f"hpolab: promoted from study {info.name}" if model_name == info.name else None)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    mv = client.create_model_version(
+        model_name,
+        source=logged.model_uri,
+        run_id=run_id,
+        tags=lineage,
+        model_id=logged.model_id,
+        description=f"study {info.name}, trial {ch.trial_number}: {info.metric} {ch.val_value:.4f}, test_acc {ev.metrics['acc']:.4f}",
+    )
+    return str(mv.version)
