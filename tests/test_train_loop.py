@@ -24,7 +24,8 @@ from hpolab.train import (
     load_checkpoint,
     seed_everything,
 )
-from hpolab.train.loop import TensorBatches, epoch_metric_names
+from hpolab.train.batches import TensorBatches
+from hpolab.train.loop import epoch_metric_names
 from hpolab.train.seeding import make_generator
 
 @pytest.fixture(autouse=True, scope="module")

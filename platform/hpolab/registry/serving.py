@@ -6,9 +6,10 @@ the trained network as `ServingModel(experiment preprocess, model)`. The MLflow 
 "pt2"), the ONNX file and the TorchScript file are all exported from that one module, so every
 way of loading the champion applies exactly the preprocessing that training used.
 
-Also here: the raw test split and its fingerprint, batched CPU inference and the classification
-metrics promote reports. Everything runs on the CPU on purpose: the accuracy promote reports is
-then the one `mlflow.pyfunc.load_model(...)` reproduces (pyfunc loads onto the CPU by default).
+Also here: the raw test split and its fingerprint, batched CPU inference, and the classification
+metrics promote reports (re-exported from hpolab.train.metrics). Everything runs on the CPU on
+purpose: the accuracy promote reports is then the one `mlflow.pyfunc.load_model(...)` reproduces
+(pyfunc loads onto the CPU by default).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+# The one implementation lives with the training routine; promote imports it from here.
+from hpolab.train.metrics import classification_metrics  # noqa: F401  (re-exported)
 
 PREDICT_BATCH = 512  # samples per forward pass when predicting a whole split
 
@@ -86,22 +89,6 @@ def predict_logits(model: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray,
     if not outs:
         raise ValueError("no inputs to predict")
     return torch.cat(outs)
-
-
-def classification_metrics(logits: torch.Tensor, y: np.ndarray, num_classes: int) -> dict[str, float]:
-    """acc, loss (mean cross-entropy), macro_f1 (over classes present in labels or predictions), n."""
-    labels = torch.as_tensor(y, dtype=torch.long)
-    preds = logits.argmax(dim=1)
-    conf = torch.bincount(labels * num_classes + preds, minlength=num_classes * num_classes).reshape(num_classes, num_classes).double()
-    tp, support, predicted = conf.diag(), conf.sum(1), conf.sum(0)
-    seen = (support + predicted) > 0
-    f1 = 2 * tp[seen] / (support[seen] + predicted[seen])
-    return {
-        "acc": float((preds == labels).double().mean()),
-        "loss": float(F.cross_entropy(logits.double(), labels)),
-        "macro_f1": float(f1.mean()),
-        "n": int(labels.numel()),
-    }
 
 
 def serving_tags(experiment_name: str, x_raw: np.ndarray, y: np.ndarray, num_classes: int, class_names: tuple[str, ...]) -> dict[str, str]:

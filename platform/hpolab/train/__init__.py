@@ -7,7 +7,9 @@
 from .checkpoint import load_checkpoint, load_model_state
 from .config import TrainConfig
 from .data import DataSplits
-from .loop import FitResult, NonFiniteLossError, evaluate, fit
+from .evaluation import evaluate
+from .loop import FitResult, fit
+from .nonfinite import NonFiniteLossError
 from .seeding import seed_everything
 
 __all__ = [

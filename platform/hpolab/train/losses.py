@@ -5,7 +5,7 @@
   retuning); a class absent from the train split gets weight 0.
 - focal_gamma > 0: focal loss (Lin et al. 2017), -(1 - p_t)^gamma * log p_t, down-weights easy
   examples; combines with the class weights and label smoothing.
-Validation loss is always plain cross-entropy (see `loop.py`), so trials that differ in these
+Validation loss is always plain cross-entropy (see `evaluation.py`), so trials that differ in these
 options remain comparable on val_loss.
 """
 

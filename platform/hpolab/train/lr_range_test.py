@@ -73,15 +73,15 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, WeightedRandomSampler
 
+from .batches import forever, to_device, train_batches
 from .checkpoint import unwrap_model
 from .config import TrainConfig
-from .data import DataSplits, is_in_memory, labels_of
-from .device import autocast, make_grad_scaler, resolve_amp, resolve_device
-from .losses import criterion_from_config
-from .optim import check_optimizer_covers, check_trainable_parameters, optimizer_from_config
-from .seeding import make_generator, seed_everything, seed_worker
+from .data import DataSplits
+from .device import resolve_amp, resolve_device
+from .optim import check_trainable_parameters
+from .seeding import make_generator, seed_everything
+from .step import TrainStep, make_train_step
 
 SUGGESTION_RULE = "valley"
 SKIP_START_FRACTION = 0.10  # first points ignored by the suggestion rules (EMA warm-up, noise)
@@ -156,60 +156,63 @@ def lr_schedule(min_lr: float, max_lr: float, num_steps: int, mode: str = "exp")
     return [float(v) for v in lrs]
 
 
-# ---------------------------------------------------------------- batches, cycled forever
-
-
-def _batches_forever(cfg: TrainConfig, data: DataSplits, device: torch.device, generator: torch.Generator) -> Iterator:
-    """Training micro-batches as fit() draws them (shuffled or balanced, drop_last), cycling epochs.
-
-    In-memory splits (TensorDataset) are moved to the device once and indexed directly; any other
-    Dataset goes through a DataLoader with the trainer's worker settings.
-    """
-    weights = None
-    if cfg.balanced_sampler:
-        labels = labels_of(data.train)
-        weights = (1.0 / torch.bincount(labels).double())[labels]  # each class drawn equally often
-    n = len(data.train)
-    if n == 0:
-        raise ValueError("the train split is empty")
-
-    if is_in_memory(data.train):
-        x, y = (t.to(device) for t in data.train.tensors)
-        y = y.long()
-        bs = cfg.batch_size
-        n_batches = n // bs if n > bs else 1  # drop_last, but always at least one batch
-        while True:
-            if weights is not None:
-                order = torch.multinomial(weights, n, replacement=True, generator=generator)
-            else:
-                order = torch.randperm(n, generator=generator)
-            order = order.to(device)
-            for b in range(n_batches):
-                idx = order[b * bs : (b + 1) * bs]
-                xb, yb = x[idx], y[idx]  # advanced indexing copies: the transform may work in place
-                if data.train_transform is not None:
-                    xb = data.train_transform(xb)
-                yield xb, yb
-
-    sampler = WeightedRandomSampler(weights, n, replacement=True, generator=generator) if weights is not None else None
-    loader = DataLoader(
-        data.train,
-        batch_size=cfg.batch_size,
-        shuffle=sampler is None,
-        sampler=sampler,
-        drop_last=n > cfg.batch_size,
-        num_workers=cfg.num_workers,
-        pin_memory=device.type == "cuda",
-        persistent_workers=cfg.num_workers > 0,  # the loader is re-iterated when the split is exhausted
-        worker_init_fn=seed_worker,
-        generator=generator,
-    )
-    while True:
-        for xb, yb in loader:
-            yield xb, yb
-
-
 # ---------------------------------------------------------------- the sweep
+
+
+@dataclass
+class _Curve:
+    lrs: list[float]
+    losses: list[float]
+    smoothed: list[float]
+    diverged_at: float | None  # LR at which the sweep stopped for divergence
+    reason: str | None  # why it stopped early; None when it ran every step
+
+
+def _sweep(
+    step: TrainStep,
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    lrs_planned: list[float],
+    *,
+    accum: int,
+    channels_last: bool,
+    smoothing: float,
+    diverge_factor: float,
+) -> _Curve:
+    """One optimizer step of `accum` micro-batches per planned LR, until the loss diverges."""
+    curve = _Curve([], [], [], None, None)
+    beta = 1.0 - smoothing
+    avg = 0.0
+    best = math.inf
+    for i, lr in enumerate(lrs_planned):
+        for group in step.optimizer.param_groups:
+            group["lr"] = lr
+        step.zero_grad()
+        step_loss = torch.zeros((), dtype=torch.float64, device=step.device)
+        for _ in range(accum):
+            x, y = to_device(*next(batches), step.device, channels_last)
+            loss = step.loss(x, y)
+            step.backward(loss, accum)  # micro-batches are equal-sized: the step's loss is the mean of theirs
+            step_loss += loss.detach().double() / accum
+        value = float(step_loss)  # one host sync per step: the stop test needs the value now
+        if not math.isfinite(value):
+            curve.diverged_at, curve.reason = lr, f"loss became {value} at step {i} (lr={lr:.3g})"
+            break
+        step.step()
+
+        avg = beta * avg + (1 - beta) * value
+        smooth = avg / (1 - beta ** (i + 1))
+        curve.lrs.append(lr)
+        curve.losses.append(value)
+        curve.smoothed.append(smooth)
+        if i > 0 and smooth > diverge_factor * max(best, LOSS_FLOOR):
+            curve.diverged_at = lr
+            curve.reason = (
+                f"smoothed loss {smooth:.4g} exceeded {diverge_factor:g} x its best {best:.4g} "
+                f"at step {i} (lr={lr:.3g})"
+            )
+            break
+        best = min(best, smooth)
+    return curve
 
 
 def lr_range_test(
@@ -246,66 +249,17 @@ def lr_range_test(
         net.to(memory_format=torch.channels_last)
     net.train()
 
-    # ---- loss, optimizer, scaler: the trainer's (no scheduler: the sweep sets the LR itself)
+    # ---- the trainer's loss, optimizer, scaler and batches (no scheduler: the sweep sets the LR itself)
     lrs_planned = lr_schedule(min_lr, max_lr, num_steps, mode)
-    criterion = criterion_from_config(cfg, data, device)
-    optimizer = optimizer_from_config(cfg, net, lr=lrs_planned[0])
-    check_optimizer_covers(net, optimizer)
-    scaler = make_grad_scaler(amp)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    max_norm = cfg.grad_clip_norm if cfg.grad_clip_norm is not None else math.inf
-    accum = cfg.grad_accum_steps
-    batches = _batches_forever(cfg, data, device, make_generator(seed))
-
-    # ---- sweep
-    lrs: list[float] = []
-    losses: list[float] = []
-    smoothed: list[float] = []
-    beta = 1.0 - smoothing
-    avg = 0.0
-    best = math.inf
-    diverged_at: float | None = None
-    reason = f"completed all {num_steps} steps up to max_lr={max_lr:.3g} without diverging"
-    for step, lr in enumerate(lrs_planned):
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.zero_grad(set_to_none=True)
-        step_loss = torch.zeros((), dtype=torch.float64, device=device)
-        for _ in range(accum):
-            x, y = next(batches)
-            x = x.to(device, non_blocking=True)
-            y = y.to(device, non_blocking=True).long()
-            if channels_last and x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
-            with autocast(device, amp):
-                loss = criterion(net(x), y)
-            # Micro-batches are equal-sized: the step's loss is the mean of theirs.
-            scaler.scale(loss / accum).backward()
-            step_loss += loss.detach().double() / accum
-        value = float(step_loss)  # one host sync per step: the stop test needs the value now
-        if not math.isfinite(value):
-            diverged_at = lr
-            reason = f"loss became {value} at step {step} (lr={lr:.3g})"
-            break
-        scaler.unscale_(optimizer)  # clip true gradients under fp16
-        torch.nn.utils.clip_grad_norm_(params, max_norm)
-        scaler.step(optimizer)
-        scaler.update()
-
-        avg = beta * avg + (1 - beta) * value
-        smooth = avg / (1 - beta ** (step + 1))
-        lrs.append(lr)
-        losses.append(value)
-        smoothed.append(smooth)
-        if step > 0 and smooth > diverge_factor * max(best, LOSS_FLOOR):
-            diverged_at = lr
-            reason = (
-                f"smoothed loss {smooth:.4g} exceeded {diverge_factor:g} x its best {best:.4g} "
-                f"at step {step} (lr={lr:.3g})"
-            )
-            break
-        best = min(best, smooth)
-    del net, optimizer, batches
+    step = make_train_step(cfg, data, net, device=device, amp=amp, lr=lrs_planned[0])
+    if len(data.train) == 0:
+        raise ValueError("the train split is empty")
+    # fit()'s training batches (shuffled or balanced, drop_last), reshuffled when the split is exhausted
+    batches = forever(train_batches(cfg, data, device, make_generator(seed)))
+    curve = _sweep(
+        step, batches, lrs_planned, accum=cfg.grad_accum_steps, channels_last=channels_last, smoothing=smoothing, diverge_factor=diverge_factor
+    )
+    del net, step, batches
 
     settings = {
         "min_lr": min_lr,
@@ -318,23 +272,22 @@ def lr_range_test(
         "optimizer": cfg.optimizer,
         "weight_decay": cfg.weight_decay,
         "batch_size": cfg.batch_size,
-        "grad_accum_steps": accum,
-        "effective_batch": cfg.batch_size * accum,
+        "grad_accum_steps": cfg.grad_accum_steps,
+        "effective_batch": cfg.batch_size * cfg.grad_accum_steps,
         "grad_clip_norm": cfg.grad_clip_norm,
         "amp": amp,
         "device": str(device),
     }
-    suggestions = suggest(lrs, losses, smoothed, diverged=diverged_at is not None)
     return LRRangeResult(
-        lrs=lrs,
-        losses=losses,
-        smoothed=smoothed,
-        diverged_at_lr=diverged_at,
-        stopped_early=diverged_at is not None,
-        reason=reason,
+        lrs=curve.lrs,
+        losses=curve.losses,
+        smoothed=curve.smoothed,
+        diverged_at_lr=curve.diverged_at,
+        stopped_early=curve.diverged_at is not None,
+        reason=curve.reason or f"completed all {num_steps} steps up to max_lr={max_lr:.3g} without diverging",
         settings=settings,
         seconds=time.perf_counter() - t0,
-        **suggestions,
+        **suggest(curve.lrs, curve.losses, curve.smoothed, diverged=curve.diverged_at is not None),
     )
 
 

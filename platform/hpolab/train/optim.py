@@ -247,3 +247,12 @@ def optimizer_from_config(cfg, model: nn.Module, lr: float | None = None) -> tor
         nesterov=cfg.nesterov,
         betas=cfg.betas,
     )
+
+
+def schedule_from_config(cfg, optimizer: torch.optim.Optimizer, *, steps_per_epoch: int, direction: str) -> LRSchedule:
+    """The trainer's LR schedule; `steps_per_epoch` counts optimizer steps, `direction` is the study metric's."""
+    return LRSchedule(
+        cfg.scheduler, optimizer, lr=cfg.lr, steps_per_epoch=steps_per_epoch, max_epochs=cfg.max_epochs,
+        warmup_epochs=cfg.warmup_epochs, min_lr=cfg.min_lr, step_size=cfg.step_size, gamma=cfg.gamma,
+        plateau_patience=cfg.plateau_patience, direction=direction,
+    )
