@@ -1,0 +1,182 @@
+"""What a trial's messages mean: reports to Optuna and MLflow, and the end of the trial.
+
+    ("epoch", n, m)  -> metrics logged, value reported to the pruner; "continue" or "stop" back
+    ("done", info)   -> COMPLETE (model logged), PRUNED (the pruner said stop) or, when the driver
+                        asked it to stop (Ctrl-C), FAIL with a retry copy that resumes it
+    ("fail", info)   -> FAIL; a first CUDA OOM instead restarts it with half the micro-batch
+    exit, no message -> FAIL with the signal or exit code explained
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from hpolab.study.budget import trial_counts
+from hpolab.study.heartbeat import beat
+from hpolab.study.progress import Progress
+from hpolab.study.runner import Running, TrialRunner, next_message
+from hpolab.study.tracker import TrialTracker
+
+
+class TrialEvents:
+    """Handles the messages and exits of the driver's running trials."""
+
+    def __init__(self, study: optuna.Study, storage, running: dict[int, Running], tracker: TrialTracker, runner: TrialRunner,
+                 progress: Progress, metric: str, retry: Callable[[optuna.Study, Any], None],
+                 stopping: Callable[[], bool], aborting: Callable[[], bool]):
+        self.study = study
+        self.storage = storage  # for the heartbeat after every epoch
+        self.running = running  # the driver's own dict: a finished trial leaves it here
+        self.tracker = tracker
+        self.runner = runner
+        self.progress = progress
+        self.metric = metric
+        self.retry = retry  # Optuna's RetryHeartbeatStaleTrialCallback: queues a WAITING copy
+        # The driver's Ctrl-C state, read when it matters (the SIGINT handler may flip it any time):
+        self.stopping = stopping  # first Ctrl-C: trials stop after their current epoch
+        self.aborting = aborting  # second Ctrl-C: the driver kills the trials
+
+    def handle(self, r: Running) -> None:
+        """Drain everything the trial sent, then notice if its process ended."""
+        while r.number in self.running:
+            msg = next_message(r.conn)  # (r.conn is re-read: an OOM retry replaces it)
+            if msg is None:
+                break
+            kind = msg[0]
+            if kind == "epoch":
+                self.on_epoch(r, msg[1], msg[2])
+            elif kind == "done":
+                r.process.join(timeout=30)
+                self.on_done(r, msg[1])
+            elif kind == "fail":
+                r.process.join(timeout=30)
+                self.on_fail(r, msg[1])
+        if r.number in self.running and r.process is not None and not r.process.is_alive():
+            r.process.join()
+            self.on_exit_without_result(r)
+
+    def on_epoch(self, r: Running, epoch: int, metrics: dict[str, float]) -> None:
+        r.epoch = epoch
+        self.tracker.log_epoch(r.run_id, epoch, metrics)
+        value = metrics.get(self.metric)
+        reply = "continue"
+        if value is not None and value == value:  # not NaN
+            r.last_value = value
+            r.trial.report(value, epoch)
+            if r.pruned_at is None and r.trial.should_prune():
+                r.pruned_at = epoch
+        if r.pruned_at is not None or self.stopping():
+            reply = "stop"
+        r.conn.send(reply)
+        beat(self.storage, r, force=True)
+        self.progress.epoch(r.number, epoch)
+
+    def finish(self, r: Running, state: TrialState, tags: dict[str, str], value: float | None = None, model_info: dict | None = None) -> None:
+        """Tell Optuna now; close the MLflow run now, or after its model is logged (background)."""
+        number = r.number
+        self.running.pop(number, None)
+        try:
+            if state == TrialState.COMPLETE:
+                self.study.tell(r.trial, value)
+            else:
+                self.study.tell(r.trial, state=state)
+        except Exception as e:  # never lose the MLflow side because Optuna refused (e.g. already failed as stale)
+            tags["hpolab.tell_error"] = f"{type(e).__name__}: {e}"
+        for c in (r.conn, r.lifeline):
+            try:
+                c.close()
+            except OSError:
+                pass
+        self.tracker.finish(r, state, tags, model_info)
+        self.progress.trial_finished(number, state.name, value if value is not None else r.last_value, tags.get("hpolab.fail_reason"), trial_counts(self.study))
+
+    def _queue_retry(self, r: Running) -> None:
+        # Queue a copy with the same params; the next `study run` resumes it from last.pt.
+        self.retry(self.study, self.study.get_trials(deepcopy=False)[r.number])
+
+    def on_done(self, r: Running, info: dict[str, Any]) -> None:
+        tags = {
+            "hpolab.best_epoch": str(info["best_epoch"]),
+            "hpolab.epochs_run": str(info["epochs_run"]),
+            "hpolab.stop_reason": info["stop_reason"],
+            "hpolab.amp": info["amp"],
+            "hpolab.device": info["device"],
+        }
+        if info["best_checkpoint"]:
+            self.tracker.log_file(r.run_id, info["best_checkpoint"], "checkpoints")
+        if r.pruned_at is not None:
+            tags["hpolab.pruned_at_epoch"] = str(r.pruned_at)
+            self.finish(r, TrialState.PRUNED, tags)
+            return
+        if info["stop_reason"] == "stopped_by_caller":  # we asked it to stop: Ctrl-C
+            tags["hpolab.fail_reason"] = (
+                f"interrupted by the user (Ctrl-C) after epoch {info['epochs_run']}; "
+                "re-running the study resumes it from its last checkpoint"
+            )
+            self.finish(r, TrialState.FAIL, tags)
+            self._queue_retry(r)
+            return
+        best = float(info["best_value"])
+        tags[f"hpolab.best_{self.metric}"] = repr(best)
+        self.finish(r, TrialState.COMPLETE, tags, value=best, model_info=info)
+
+    def on_fail(self, r: Running, info: dict[str, Any]) -> None:
+        if info["kind"] == "oom" and not r.oom_retried:
+            self._retry_after_oom(r, info)
+            return
+        tags = {"hpolab.fail_reason": info["reason"], "hpolab.fail_kind": info["kind"]}
+        if info["kind"] == "nan" and r.config["trainer"].get("amp") in ("fp16", "auto"):
+            tags["hpolab.fail_hint"] = "non-finite loss; if this ran under fp16 AMP, try trainer.amp=off or bf16, or a lower lr"
+        self.tracker.log_text(r.run_id, "traceback.txt", info.get("traceback", "") + ("\n" + info["memory_summary"] if info.get("memory_summary") else ""))
+        self.finish(r, TrialState.FAIL, tags)
+
+    def _retry_after_oom(self, r: Running, info: dict[str, Any]) -> None:
+        t = r.config["trainer"]
+        if t["batch_size"] < 2:
+            self.on_fail(r, {**info, "reason": info["reason"] + " (micro-batch already 1: cannot halve)"} | {"kind": "oom_final"})
+            return
+        t["batch_size"] //= 2
+        t["grad_accum_steps"] *= 2
+        # The retry reproduces the same effective batch with half the memory; the fault injection
+        # that caused a test's OOM is cleared so the retry can succeed.
+        t["inject_oom_at_step"] = None
+        r.oom_retried = True
+        self.tracker.set_tags(
+            r.run_id,
+            {"hpolab.oom_retry": f"retried after CUDA OOM with batch_size={t['batch_size']} grad_accum_steps={t['grad_accum_steps']}"},
+        )
+        self.tracker.log_text(r.run_id, "oom_first_attempt.txt", info.get("traceback", "") + "\n" + info.get("memory_summary", ""))
+        for c in (r.conn, r.lifeline):
+            c.close()
+        r.process.join(timeout=10)
+        r.pruned_at, r.epoch = None, 0
+        self.runner.spawn_trial(r, None, self.running.values())
+        self.progress.note(f"trial {r.number}: CUDA OOM, retrying with batch_size={t['batch_size']} x {t['grad_accum_steps']} accumulation")
+
+    def on_exit_without_result(self, r: Running) -> None:
+        """The process ended without a message."""
+        code = r.process.exitcode
+        if self.aborting():  # we killed it on the second Ctrl-C: resumable, like the first Ctrl-C
+            self.finish(r, TrialState.FAIL, {
+                "hpolab.fail_reason": f"stopped by a second Ctrl-C during epoch {r.epoch + 1}; re-running the study resumes it from its last checkpoint",
+                "hpolab.fail_kind": "interrupted", "hpolab.epochs_run": str(r.epoch)})
+            self._queue_retry(r)
+            return
+        self.finish(r, TrialState.FAIL, {"hpolab.fail_reason": exit_reason(code), "hpolab.fail_kind": "process", "hpolab.epochs_run": str(r.epoch)})
+
+
+def exit_reason(code: int | None) -> str:
+    """Why a trial process that sent no result ended, from its exit code (negative: a signal)."""
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        reason = f"trial process killed by {name}"
+        if name == "SIGKILL":
+            reason += " (by a user, the per-trial timeout or the kernel's OOM killer: check `dmesg`)"
+        elif name == "SIGSEGV":
+            reason += " (segmentation fault in native code)"
+        return reason
+    return f"trial process exited with code {code} before reporting a result"

@@ -1,0 +1,87 @@
+"""The study's LR range test step: run once before the first trial, recorded in the study.
+
+The test runs in its own process forked from the trial runner's forkserver, like a trial; its
+result becomes the Optuna study user attr `lr_range_test` ({"low", "high", ...}), so a resumed
+study (or another worker) reuses it instead of re-running it, and the search-space entries with
+`from_lr_range_test` take their bounds from it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+
+from hpolab.config.spec import FloatDist, StudySpec
+from hpolab.errors import StudyError
+from hpolab.stores import mlflow_runs as tr
+from hpolab.stores.paths import Stores
+from hpolab.study.runner import TrialRunner, spawn_with_lifeline
+
+
+def lr_bounds(study: optuna.Study) -> tuple[float, float] | None:
+    """The recorded (low, high) of the LR range test, or None when the study has none."""
+    b = study.user_attrs.get("lr_range_test")
+    return (b["low"], b["high"]) if b else None
+
+
+def _run_child(spec: StudySpec, out_dir: Path, runner: TrialRunner, project_dir: Path,
+               note: Callable[[str], None], aborting: Callable[[], bool]) -> tuple[str, dict[str, Any]]:
+    """Run the test in a child process; its one message, ("done" | "fail", info)."""
+    from hpolab.study import lr_range as lr_find  # lazily: it pulls in torch; only a study with the test needs it
+
+    job = lr_find.make_job(spec, out_dir, project_dir=project_dir, threads=os.cpu_count() or 1,
+                           cuda_device=runner.least_used_gpu([]))
+    note("running the LR range test before the first trial ...")
+    proc, conn, lifeline = spawn_with_lifeline(
+        runner.context(), lr_find.run_in_process, "lr-range-test", lambda c, life: (c, job, life))
+    msg = None
+    while msg is None:
+        if conn.poll(1.0):
+            msg = conn.recv()
+        elif not proc.is_alive():
+            msg = ("fail", {"reason": f"the LR range test process died (exit code {proc.exitcode})", "traceback": ""})
+        elif aborting():
+            proc.kill()
+            raise StudyError("interrupted during the LR range test")
+    proc.join(timeout=30)
+    lifeline.close()
+    return msg
+
+
+def ensure_lr_range_test(spec: StudySpec, study: optuna.Study, stores: Stores, runner: TrialRunner, project_dir: Path,
+                         client, experiment_id: str, parent_run_id: str,
+                         note: Callable[[str], None], aborting: Callable[[], bool]) -> None:
+    """Run the study's LR range test once (in its own process, like a trial) and record it in
+    the study, so a resumed study reuses it instead of re-running it."""
+    if not spec.lr_range_test.enabled or study.user_attrs.get("lr_range_test"):
+        return
+    from hpolab.study import lr_range as lr_find  # lazily: it pulls in torch; only a study with the test needs it
+
+    out_dir = lr_find.default_out_dir(stores, spec)
+    kind, info = _run_child(spec, out_dir, runner, project_dir, note, aborting)
+    if kind == "fail":
+        raise StudyError(f"the LR range test failed: {info['reason']}")
+    result = lr_find.LRRangeResult.from_dict(info["result"])
+    run_id = lr_find.log_to_mlflow(client, experiment_id, parent_run_id, result, out_dir, {"optuna.study": spec.name})
+    note(info["summary"])
+    attr = lr_find.study_user_attr(result, run_id)
+    if attr is None:
+        raise StudyError(
+            f"the LR range test gave no usable suggestion ({result.warning}); see its plot in {out_dir}. "
+            "Give explicit low/high for the search-space entries that use from_lr_range_test."
+        )
+    study.set_user_attr("lr_range_test", attr)
+    low, high = attr["low"], attr["high"]
+    used = [p for p, d in spec.search_space.items() if isinstance(d, FloatDist) and d.from_lr_range_test]
+    params = {}
+    for p in used:
+        params[f"search_space.{p}.low"] = repr(low)
+        params[f"search_space.{p}.high"] = repr(high)
+    params["lr_range_test.run_id"] = run_id
+    params["lr_range_test.bounds_rule"] = "low = suggestion/10, high = min(suggestion*10, divergence LR)"
+    tr.log_params(client, parent_run_id, params)
+    note(f"search bounds from the LR range test: [{low:.3g}, {high:.3g}] for {', '.join(used) or 'no entry'}")
+

@@ -1,0 +1,74 @@
+"""The study's parent run in MLflow: one per study, shared by every worker that joins it.
+
+Its id is the Optuna study user attr `mlflow_parent_run_id`; it carries the spec (params and
+study.yaml) and, when a driver closes, the trial counts and the best trial so far.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import optuna
+
+from hpolab.config.spec import StudySpec, spec_to_yaml
+from hpolab.stores import mlflow_runs as tr
+
+
+def open_parent_run(client, experiment_id: str, study: optuna.Study, spec: StudySpec, env_tags: dict[str, str]) -> str:
+    """The study's parent run id: the recorded one (set RUNNING again), or a new one."""
+    run_id = study.user_attrs.get("mlflow_parent_run_id")
+    if run_id:
+        try:
+            client.get_run(run_id)
+            client.update_run(run_id, status="RUNNING")
+            return run_id
+        except Exception:
+            run_id = None  # the MLflow store was reset; start a new parent
+    run = client.create_run(
+        experiment_id,
+        run_name=spec.name,
+        tags={"optuna.study": spec.name, "hpolab.role": "study", **env_tags},
+    )
+    mine = run.info.run_id
+    # Workers started together may each have created a parent. All of them pick the same one
+    # (the earliest; run id breaks ties) and drop their own empty duplicate.
+    live = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`hpolab.role` = 'study' and tags.`optuna.study` = '{spec.name}'",
+    )
+    current = study.user_attrs.get("mlflow_parent_run_id")
+    chosen = current if current in {r.info.run_id for r in live} else min(
+        live, key=lambda r: (r.info.start_time, r.info.run_id)).info.run_id
+    if chosen != mine:
+        client.delete_run(mine)
+        return chosen
+    study.set_user_attr("mlflow_parent_run_id", mine)
+    tr.log_params(client, mine, tr.flatten(spec.model_dump(mode="json", exclude={"search_space"})))
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "study.yaml"
+        p.write_text(spec_to_yaml(spec))
+        client.log_artifact(mine, str(p))
+    return mine
+
+
+def close_parent_run(client, parent_run_id: str, study: optuna.Study, spec: StudySpec, counts: dict[str, int]) -> None:
+    """Tag the trial counts and the best trial; FINISHED when the budget is spent, else KILLED
+    (a re-run of the same command continues the study)."""
+    tags = {f"hpolab.trials_{k}": str(v) for k, v in counts.items()}
+    tags["hpolab.n_trials"] = str(spec.n_trials)  # the budget now (a re-run may raise it)
+    try:
+        best = study.best_trial
+        tags.update(
+            {
+                "hpolab.best_trial": str(best.number),
+                f"hpolab.best_{spec.metric}": repr(best.value),
+                "hpolab.best_run_id": best.user_attrs.get("mlflow_run_id", ""),
+            }
+        )
+        client.log_metric(parent_run_id, f"best_{spec.metric}", float(best.value))
+    except ValueError:
+        pass  # no COMPLETE trial yet
+    tr.set_tags(client, parent_run_id, tags)
+    done = counts["finished"] >= spec.n_trials
+    client.set_terminated(parent_run_id, status="FINISHED" if done else "KILLED")

@@ -1,0 +1,142 @@
+"""The trial runner: child processes forked from a pre-warmed forkserver, each with a lifeline.
+
+A trial (and the LR range test) runs in a fork of a forkserver that preloaded torch, the training
+routine and the experiment: tens of milliseconds to start instead of seconds, and a crash, OOM or
+segfault ends that child only. Every child gets two pipes: a duplex one for messages, and a lifeline
+whose write end only the driver holds, so the child exits as soon as the driver dies
+(see lifeline.py).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import optuna
+
+
+@dataclass
+class Running:
+    """A trial this driver is running: its Optuna trial, MLflow run and child process."""
+
+    trial: optuna.Trial
+    run_id: str
+    config: dict[str, Any]
+    trial_dir: Path
+    process: Any = None
+    conn: Any = None
+    lifeline: Any = None
+    started: float = field(default_factory=time.monotonic)
+    epoch: int = 0
+    last_value: float | None = None
+    pruned_at: int | None = None
+    oom_retried: bool = False
+    last_heartbeat: float = 0.0
+    gpu: int | None = None
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
+
+
+def spawn_with_lifeline(ctx, target: Callable, name: str, args_for: Callable[[Any, Any], tuple], daemon: bool | None = None):
+    """Start `target` in a child of `ctx` with a message pipe and a lifeline.
+
+    `args_for(child_conn, lifeline_read_end)` gives the target's args (the trial and the LR range
+    test entry points order them differently). Returns (process, conn, lifeline_write_end): keep the
+    write end open for as long as the child should live.
+    """
+    parent_conn, child_conn = ctx.Pipe(duplex=True)
+    life_read, life_write = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=target, args=args_for(child_conn, life_read), name=name, daemon=daemon)
+    proc.start()
+    child_conn.close()
+    life_read.close()  # the child holds the read end; we keep the write end alive until it ends
+    return proc, parent_conn, life_write
+
+
+def next_message(conn) -> Any | None:
+    """The next message a child sent, or None when there is none now (or its pipe is closed)."""
+    try:
+        if not conn.poll():
+            return None
+        return conn.recv()
+    except (EOFError, OSError):
+        return None
+
+
+class TrialRunner:
+    """Starts trial processes: the forkserver context, threads per trial and the GPU of each."""
+
+    def __init__(self, experiment: str, experiment_module: str, parallel: int, project_dir: Path):
+        self.experiment = experiment  # the spec's experiment reference, as the child loads it
+        self.experiment_module = experiment_module  # the imported module's name, preloaded
+        self.parallel = parallel
+        self.project_dir = project_dir
+        self._ctx = None
+        self._n_gpus: int | None = None
+
+    def context(self):
+        if self._ctx is None:
+            ctx = mp.get_context("forkserver")
+            # The forkserver imports torch, the routine and the experiment once; every trial is a
+            # fork of that warm process (tens of ms) instead of a fresh interpreter (seconds).
+            ctx.set_forkserver_preload(["hpolab.study.trial_process", self.experiment_module])
+            self._ctx = ctx
+        return self._ctx
+
+    def start_forkserver(self) -> None:
+        """Start it now (imports torch + the experiment: seconds) so the first trial does not wait."""
+        self.context()
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+    def threads_per_trial(self) -> int:
+        return max(1, (os.cpu_count() or 1) // self.parallel)
+
+    def gpu_count(self) -> int:
+        if self._n_gpus is None:
+            try:
+                import torch
+
+                # device_count() reads NVML/driver info without creating a CUDA context in the driver.
+                self._n_gpus = torch.cuda.device_count()
+            except Exception:
+                self._n_gpus = 0
+        return self._n_gpus
+
+    def least_used_gpu(self, running: Iterable[Running]) -> int | None:
+        """The least-used GPU: each running trial gets its own while there are enough."""
+        n = self.gpu_count()
+        if not n:
+            return None
+        load = [0] * n
+        for other in running:
+            if other.gpu is not None:
+                load[other.gpu] += 1
+        return min(range(n), key=lambda i: load[i])
+
+    def spawn_trial(self, r: Running, resume_from: str | None, running: Iterable[Running]) -> None:
+        """Start (or restart, after an OOM) the process of `r`; `running` includes `r` itself."""
+        r.gpu = None  # (a retry re-picks: do not count its own previous slot)
+        r.gpu = self.least_used_gpu(running)
+        job = {
+            "experiment": self.experiment,
+            "config": r.config,
+            "checkpoint_dir": str(r.trial_dir),
+            "resume_from": resume_from,
+            "threads": self.threads_per_trial(),
+            "cuda_device": r.gpu,
+            "project_dir": str(self.project_dir),
+        }
+        from hpolab.study import trial_process
+
+        r.process, r.conn, r.lifeline = spawn_with_lifeline(
+            self.context(), trial_process.run, f"trial-{r.number}",
+            lambda conn, lifeline: (conn, lifeline, job), daemon=False)
+        r.started = time.monotonic()
