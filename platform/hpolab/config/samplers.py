@@ -78,19 +78,21 @@ def check_named(spec) -> list[str]:
     if spec.sampler.type not in SAMPLERS:
         problems.append(f"sampler.type: unknown sampler {spec.sampler.type!r}; use one of {', '.join(SAMPLERS)}")
     else:
-        try:
-            make_sampler(spec)
-        except (TypeError, ValueError) as e:
-            problems.append(f"sampler.kwargs: {spec.sampler.type} rejects them: {e}")
+        problems += _constructor_problems("sampler", spec.sampler.type, lambda: make_sampler(spec))
     if spec.pruner.type not in PRUNERS:
         problems.append(f"pruner.type: unknown pruner {spec.pruner.type!r}; use one of {', '.join(PRUNERS)}")
+        return problems
+    wrapped = spec.pruner.kwargs.get("wrapped") if spec.pruner.type == "patient" else None
+    if wrapped is not None and (not isinstance(wrapped, dict) or wrapped.get("type", "none") not in PRUNERS):
+        problems.append(f"pruner.kwargs.wrapped: needs {{type: <one of {', '.join(PRUNERS)}>, kwargs: {{...}}}}")
     else:
-        wrapped = spec.pruner.kwargs.get("wrapped") if spec.pruner.type == "patient" else None
-        if wrapped is not None and (not isinstance(wrapped, dict) or wrapped.get("type", "none") not in PRUNERS):
-            problems.append(f"pruner.kwargs.wrapped: needs {{type: <one of {', '.join(PRUNERS)}>, kwargs: {{...}}}}")
-        else:
-            try:
-                make_pruner(spec)
-            except (TypeError, ValueError) as e:
-                problems.append(f"pruner.kwargs: {spec.pruner.type} rejects them: {e}")
+        problems += _constructor_problems("pruner", spec.pruner.type, lambda: make_pruner(spec))
     return problems
+
+
+def _constructor_problems(section: str, kind: str, build: Callable[[], Any]) -> list[str]:
+    try:
+        build()
+    except (TypeError, ValueError) as e:
+        return [f"{section}.kwargs: {kind} rejects them: {e}"]
+    return []
