@@ -7,14 +7,8 @@ to run as root). Skipped, with the reason, where the binaries are missing.
 
 from __future__ import annotations
 
-import glob
-import os
-import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import optuna
@@ -23,52 +17,22 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from conftest import ROOT, hpolab_env
+from services import HAVE_POSTGRES, NO_POSTGRES, as_postgres, free_port, postgres_cluster, wait_for_http
 
-PG_BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
-pytestmark = pytest.mark.skipif(
-    not PG_BIN or shutil.which("runuser") is None, reason="PostgreSQL server binaries not installed (run scripts/system-deps)"
-)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _as_postgres(*cmd: str, **kw) -> subprocess.CompletedProcess:
-    prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    return subprocess.run([*prefix, *cmd], check=True, capture_output=True, text=True, **kw)
+pytestmark = pytest.mark.skipif(not HAVE_POSTGRES, reason=NO_POSTGRES)
 
 
 @pytest.fixture(scope="module")
 def postgres():
-    import tempfile
-
-    bin_dir = Path(PG_BIN[-1])
-    # Not under pytest's tmp dir: that is private to root, and the server runs as `postgres`.
-    base = Path(tempfile.mkdtemp(prefix="hpolab-pg-"))
-    data = base / "data"
-    data.mkdir()
-    if os.geteuid() == 0:
-        shutil.chown(base, "postgres")
-        shutil.chown(data, "postgres")
-    port = _free_port()
-    _as_postgres(str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
-    _as_postgres(str(bin_dir / "pg_ctl"), "-D", str(data), "-w", "-l", str(data / "log"),
-                 "-o", f"-p {port} -k {data} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
-    try:
+    with postgres_cluster() as (bin_dir, port, data):
         for db in ("optuna", "mlflow"):
-            _as_postgres(str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", db)
+            as_postgres(str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", db)
         yield f"postgres@127.0.0.1:{port}"
-    finally:
-        _as_postgres(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop")
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def mlflow_server(postgres, tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     artifacts = tmp_path_factory.mktemp("server-artifacts")
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"postgresql+psycopg2://{postgres}/mlflow",
@@ -76,18 +40,7 @@ def mlflow_server(postgres, tmp_path_factory):
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
-                break
-        except OSError:
-            time.sleep(0.5)
-        if proc.poll() is not None:
-            raise AssertionError(f"mlflow server exited: {proc.stderr.read()[-3000:]}")
-    else:
-        proc.kill()
-        raise AssertionError("mlflow server did not come up")
+    wait_for_http(f"{url}/health", proc)
     try:
         yield url
     finally:
