@@ -137,7 +137,7 @@ def test_promote_registers_the_best_trial_with_lineage_alias_and_exports(promote
     assert tags["hpolab.trial_run_id"] == run_id
     assert float(tags["hpolab.val_acc"]) == pytest.approx(best.value)
     assert tags["hpolab.previous_champion"] == "none"
-    assert tags["hpolab.config.experiment"] == "digits_cnn"
+    assert tags["hpolab.experiment"] == "digits_cnn"
     assert tags["hpolab.gate_metric"] == "test_acc"
     assert json.loads(tags["hpolab.raw_input_shape"]) == [8, 8] and tags["hpolab.raw_input_dtype"] == "float32"
     for key in ("env.torch", "env.mlflow", "env.optuna", "env.python", "env.git_commit"):
@@ -160,7 +160,7 @@ def test_promote_registers_the_best_trial_with_lineage_alias_and_exports(promote
     assert {a.path for a in c.list_artifacts(mv.run_id, "export")} == {"export/model.onnx", "export/model.torchscript.pt"}
     assert mv.source.startswith("models:/m-")  # the serving model: a LoggedModel of the promote run
     served = c.get_logged_model(mv.source.removeprefix("models:/"))
-    assert served.source_run_id == mv.run_id and served.tags["hpolab.config.experiment"] == "digits_cnn"
+    assert served.source_run_id == mv.run_id and served.tags["hpolab.experiment"] == "digits_cnn"
 
     # ONNX parity recorded, and true: the exported file run with onnxruntime on other batch sizes
     onnx_diff = float(tags["hpolab.onnx_max_abs_diff"])

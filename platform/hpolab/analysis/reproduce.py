@@ -44,9 +44,9 @@ def reproduce_cmd(args, stores) -> int:
         except Exception:
             raise UserError(f"run {args.run_id} has no config.yaml artifact: only trial runs of a study can be reproduced") from None
         config = yaml.safe_load(Path(path).read_text())
-    experiment = tags.get("hpolab.config.experiment")
+    experiment = tags.get("hpolab.experiment")
     if not experiment:
-        raise UserError(f"run {args.run_id} does not say which experiment it ran (tag hpolab.config.experiment)")
+        raise UserError(f"run {args.run_id} does not say which experiment it ran (tag hpolab.experiment)")
 
     now = capture_environment()
     differs = [(k, tags.get(k, "?"), now.get(k, "?")) for k in ENV_KEYS if tags.get(k, "?") != now.get(k, "?")]

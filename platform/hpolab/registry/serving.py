@@ -30,7 +30,7 @@ PREDICT_BATCH = 512  # samples per forward pass when predicting a whole split
 
 # Tags on the logged serving model and on its registered version: what `hpolab predict` needs to
 # turn a user's file into the model's raw input, and to name the predicted classes.
-TAG_EXPERIMENT = "hpolab.config.experiment"
+TAG_EXPERIMENT = "hpolab.experiment"
 TAG_RAW_SHAPE = "hpolab.raw_input_shape"  # JSON list, one sample (no batch axis)
 TAG_RAW_DTYPE = "hpolab.raw_input_dtype"  # numpy dtype name, e.g. float32 / uint8
 TAG_CLASS_NAMES = "hpolab.class_names"  # JSON list

@@ -118,7 +118,7 @@ class Driver:
         retry_of, resume_from, retry_tags = retry_source(self.study, self.stores, self.spec.name, trial.number)
         # torch's thread count changes float reduction order: recorded so `hpolab reproduce` matches it
         tags = {**self.env_tags, "hpolab.torch_threads": str(self.runner.threads_per_trial()),
-                "hpolab.config.experiment": self.spec.experiment, **retry_tags}
+                "hpolab.experiment": self.spec.experiment, **retry_tags}
         run_id = self.tracker.start_run(trial, config, trial_dir, tags)
         r = Running(trial=trial, run_id=run_id, config=config, trial_dir=trial_dir)
         if resume_from:
