@@ -30,6 +30,7 @@ from optuna.trial import TrialState
 
 from hpolab.errors import StudyError
 from hpolab.config.spec import StudySpec, load_experiment
+from hpolab.stores.budget_lock import budget_lock
 from hpolab.stores.optuna_storage import make_storage
 from hpolab.stores.paths import Stores, ensure_local
 from hpolab.config.samplers import make_pruner, make_sampler
@@ -109,9 +110,7 @@ class Driver:
 
     # ---------------------------------------------------------------- trials
 
-    def _start_trial(self) -> None:
-        trial = self.study.ask(fixed_distributions=optuna_distributions(self.spec, lr_bounds(self.study)))
-        self.storage.record_heartbeat(trial._trial_id)
+    def _start_trial(self, trial: optuna.Trial) -> None:
         config = self.spec.resolved_config(self.experiment, trial.params)
         trial_dir = self.stores.trial_dir(self.spec.name, trial.number)
         trial_dir.mkdir(parents=True, exist_ok=True)
@@ -144,9 +143,20 @@ class Driver:
         """Start trials while there are free slots and the budget allows."""
         while not (self.stopping or self.draining) and len(self.running) < self.spec.parallel:
             reap_stale_trials(self.study, self.running, self.spec.max_retries, self.tracker.close_run, self.progress.note)
-            if not may_start_another(trial_counts(self.study), self.spec.n_trials):
+            trial = self._claim_trial()
+            if trial is None:
                 break
-            self._start_trial()
+            self._start_trial(trial)
+
+    def _claim_trial(self) -> optuna.Trial | None:
+        """Count and ask under the study's budget lock: with any number of workers, never more than
+        n_trials (the asked trial is RUNNING, so the next worker's count includes it)."""
+        with budget_lock(self.storage, self.spec.name):
+            if not may_start_another(trial_counts(self.study), self.spec.n_trials):
+                return None
+            trial = self.study.ask(fixed_distributions=optuna_distributions(self.spec, lr_bounds(self.study)))
+            self.storage.record_heartbeat(trial._trial_id)
+        return trial
 
     def _install_sigint(self):
         def handler(signum, frame):
