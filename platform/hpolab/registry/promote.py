@@ -420,6 +420,7 @@ class Promotion:
         from hpolab.registry.serving import predict_logits, serving_tags
         from hpolab.stores import mlflow_runs as tr
         from hpolab.stores.environment import capture_environment
+        from hpolab.stores.models import new_run_model
 
         env = capture_environment(Path.cwd())
         run_name = f"promote-trial-{ch.trial_number}"
@@ -444,6 +445,7 @@ class Promotion:
             logged = mlflow.pytorch.log_model(
                 serving,
                 name=SERVING_MODEL_NAME,
+                model_id=new_run_model(self.client, run_id, SERVING_MODEL_NAME, s_tags).model_id,  # in the study's experiment
                 input_example=example,
                 signature=infer_signature(example, logits[:EXAMPLE_ROWS].numpy()),
                 run_id=run_id,
