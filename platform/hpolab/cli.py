@@ -39,7 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", help="study spec YAML, e.g. studies/digits_cnn.yaml")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. n_trials=4 trainer.lr=0.01")
     p = command(ssub, "status", "trial table of a study, from the stores")
-    p.add_argument("name", help="study name (the spec's name:)")
+    p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file (its name: is used)")
+    command(ssub, "list", "the studies in the store: direction, metric, trials by state, best value, last activity")
+    p = command(ssub, "delete", "delete a study: its Optuna study, its MLflow experiment (soft delete) and its local trial folders")
+    p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation (needed without a terminal)")
     p = command(ssub, "validate", "check a spec and print the resolved version")
     p.add_argument("spec")
     p.add_argument("overrides", nargs="*")
@@ -68,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="where to write the plot and CSV (default: STORE/lr-find/NAME)")
 
     p = command(sub, "promote", "register the best trial's model under an alias, behind a held-out test gate")
-    p.add_argument("name", help="study name")
+    p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file (its experiment is then found from the spec's project)")
     p.add_argument("--metric", help="pick the best trial by this logged metric instead of the study's")
     p.add_argument("--model-name", help="registered model name (default: the study name)")
     p.add_argument("--alias", default="champion")
@@ -81,14 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write predictions to this .csv/.npy instead of printing")
 
     p = command(sub, "compare", "compare the trials of a study, or any runs by id")
-    p.add_argument("targets", nargs="+", metavar="NAME|RUN_ID", help="a study name, or two or more MLflow run ids")
+    p.add_argument("targets", nargs="+", metavar="NAME|SPEC|RUN_ID", help="a study name or spec file, or two or more MLflow run ids")
     p.add_argument("--top", type=int, help="only the K best rows")
     p.add_argument("--sort", metavar="METRIC", help="sort by this column, metric or param; METRIC:asc|desc forces the order (default: the study metric)")
     p.add_argument("--state", default="all", choices=["complete", "pruned", "fail", "all"])
     p.add_argument("--format", default="table", choices=["table", "csv", "json", "markdown"])
 
     p = command(sub, "report", "a self-contained HTML report of a study")
-    p.add_argument("name")
+    p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file")
     p.add_argument("--out", metavar="FILE", help="default: STORE/reports/NAME.html")
     return parser
 
@@ -109,7 +113,9 @@ def cmd_study_run(args) -> int:
     # `hpolab worker` joins a study that other drivers are running now: mix the pid into the
     # sampler seed so two workers started together do not propose identical trials.
     worker_seed = os.getpid() if args.command == "worker" else 0
-    outcome = Driver(spec, stores, Progress(spec), worker_seed=worker_seed).run()
+    # The spec's project (the folder holding its experiments/): trial processes import the
+    # experiment from there, whatever the working directory.
+    outcome = Driver(spec, stores, Progress(spec), project_dir=spec.project_dir, worker_seed=worker_seed).run()
     return EXIT_INTERRUPTED if outcome.interrupted else EXIT_OK
 
 
@@ -126,6 +132,43 @@ def cmd_study_status(args) -> int:
     from hpolab.analysis.status import print_status
 
     return print_status(args.name, _stores(args))
+
+
+def cmd_study_list(args) -> int:
+    from hpolab.analysis.status import print_study_list
+
+    return print_study_list(_stores(args))
+
+
+def cmd_study_delete(args) -> int:
+    from hpolab.stores.studies import delete_study, study_names
+
+    stores = _stores(args)
+    names = study_names(stores)
+    if args.name not in names:
+        raise UserError(f"no study named {args.name!r} in {stores.optuna_url} (studies there: {', '.join(names) or 'none'})")
+    what = (f"study {args.name!r}: its Optuna study in {stores.optuna_url}, its MLflow experiment in {stores.tracking_uri} "
+            f"(soft delete) and {stores.trials_dir / args.name} and {stores.root / 'lr-find' / args.name}")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise UserError(f"deleting {what} needs confirmation: pass --yes (no terminal to ask on)")
+        answer = input(f"Delete {what}? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("nothing deleted")
+            return EXIT_OK
+    d = delete_study(args.name, stores)
+    print(f"deleted Optuna study {d.name!r} ({d.trials} trials)")
+    if d.experiment_renamed_to:
+        print(f"deleted MLflow experiment {d.experiment_id} (soft delete: renamed {d.experiment_renamed_to!r} so the name is free; "
+              "it stays in MLflow's trash, with its runs and artifacts, until `mlflow gc` purges it)")
+    elif d.experiment_id:
+        print(f"MLflow experiment {d.experiment_id} was already deleted")
+    else:
+        print(f"no MLflow experiment named {d.name!r} in {stores.tracking_uri}")
+    for f in d.folders:
+        print(f"removed {f}")
+    print("registered models and their versions are kept")
+    return EXIT_OK
 
 
 def cmd_ui(args) -> int:
@@ -164,11 +207,33 @@ def _store_command(target: str):
     return handler
 
 
+def _resolve_study_names(args) -> None:
+    """A spec path where a study is named: use its `name:`. promote also imports the spec's
+    experiment from the spec's project (it rebuilds the model); compare converts only files."""
+
+    def name_of(arg: str, full: bool = False) -> str:
+        if not arg.lower().endswith((".yaml", ".yml")):
+            return arg  # a plain name or a run id: no need to import the spec machinery
+        from hpolab.config.spec import study_name_from
+
+        return study_name_from(arg, full=full)
+
+    command = (args.command, getattr(args, "study_command", None))
+    if command in (("study", "status"), ("study", "delete"), ("report", None)):
+        args.name = name_of(args.name)
+    elif command == ("promote", None):
+        args.name = name_of(args.name, full=True)
+    elif command == ("compare", None):
+        args.targets = [name_of(t) for t in args.targets]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {
         ("study", "run"): cmd_study_run,
         ("study", "status"): cmd_study_status,
+        ("study", "list"): cmd_study_list,
+        ("study", "delete"): cmd_study_delete,
         ("study", "validate"): cmd_study_validate,
         ("worker", None): cmd_study_run,
         ("ui", None): cmd_ui,
@@ -176,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         **{(name, None): _store_command(target) for name, target in STORE_COMMANDS.items()},
     }[(args.command, getattr(args, "study_command", None))]
     try:
+        _resolve_study_names(args)
         return handler(args)
     except SpecError as e:
         print(e.render(), file=sys.stderr)

@@ -39,3 +39,28 @@ def print_status(name: str, stores: Stores) -> int:
         best = "best: none yet"
     console.print(f"{summary}; {best}")
     return 0
+
+
+def print_study_list(stores: Stores) -> int:
+    """`hpolab study list`: one row per study in the Optuna storage."""
+    from hpolab.stores.studies import list_studies
+
+    rows = list_studies(stores)
+    console = Console(highlight=False, width=200 if not Console().is_terminal else None)
+    if not rows:
+        console.print(f"no studies in {stores.optuna_url}; start one with: hpolab study run studies/digits_cnn.yaml")
+        return 0
+    table = Table(title=f"studies in {stores.optuna_url}")
+    for col in ("study", "direction", "metric", "complete", "pruned", "fail", "running", "best", "last activity"):
+        table.add_column(col, justify="left" if col in ("study", "direction", "metric", "last activity") else "right")
+    for r in rows:
+        table.add_row(
+            r.name,
+            r.direction,
+            r.metric or "-",
+            *(str(r.counts.get(k, 0)) for k in ("complete", "pruned", "fail", "running")),
+            f"{r.best_value:.4g}" if r.best_value is not None else "-",
+            r.last_activity.strftime("%Y-%m-%d %H:%M:%S") if r.last_activity else "-",
+        )
+    console.print(table)
+    return 0

@@ -1,4 +1,10 @@
-"""Finding an experiment module by name (kept free of pydantic/optuna: trial processes import it)."""
+"""Finding an experiment module by name (kept free of pydantic/optuna: trial processes import it).
+
+A spec names its experiment (`experiment: digits_cnn`); the module is `experiments/digits_cnn.py` of
+the spec's project, i.e. the folder holding `experiments/` at or above the spec's own folder, so
+`hpolab study run /elsewhere/project/studies/x.yaml` works from any working directory. Then the
+working directory's `experiments/`, then the import path (`pkg.mod` names a module there).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,122 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+PACKAGE = "experiments"
 
-def load_experiment(name: str) -> ModuleType:
-    """`digits_cnn` -> experiments.digits_cnn; `pkg.mod` -> that import path."""
-    candidates = [f"experiments.{name}", name] if "." not in name else [name, f"experiments.{name}"]
-    # Experiments live next to the spec's project root; the working directory is that root.
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
+
+def find_project_root(start: str | Path) -> Path | None:
+    """The folder holding `experiments/` at or above `start` (a folder or a file in it), or None."""
+    p = Path(start).resolve()
+    if not p.is_dir():
+        p = p.parent
+    for d in (p, *p.parents):
+        if (d / PACKAGE).is_dir():
+            return d
+    return None
+
+
+def _has_module(root: Path, short: str) -> bool:
+    base = root / PACKAGE / Path(*short.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def project_root_of(module: ModuleType) -> Path | None:
+    """The folder holding the `experiments/` a module `experiments.x` was imported from (else None)."""
+    f = getattr(module, "__file__", None)
+    if not f or not module.__name__.startswith(PACKAGE + "."):
+        return None
+    path = Path(f).resolve()
+    return path.parents[module.__name__.count(".") + (1 if path.name == "__init__.py" else 0)]
+
+
+def _imported_roots() -> set[Path]:
+    """The project roots the imported `experiments` package resolves against (none if not imported)."""
+    pkg = sys.modules.get(PACKAGE)
+    if pkg is None:
+        return set()
+    return {Path(p).resolve().parent for p in getattr(pkg, "__path__", [])}
+
+
+def _bind_package(root: Path) -> None:
+    """Make `experiments` (in sys.modules) the package in `root`, bypassing the sys.path search.
+
+    A search could pick another project's: a regular package (with __init__.py) anywhere on sys.path
+    wins over a namespace one (without) earlier on it.
+    """
+    import importlib.machinery
+    import importlib.util
+
+    pkg_dir = root / PACKAGE
+    init = pkg_dir / "__init__.py"
+    if init.is_file():
+        spec = importlib.util.spec_from_file_location(PACKAGE, init, submodule_search_locations=[str(pkg_dir)])
+    else:
+        spec = importlib.machinery.ModuleSpec(PACKAGE, None, is_package=True)
+        spec.submodule_search_locations = [str(pkg_dir)]
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[PACKAGE] = module
+    try:
+        if spec.loader is not None:
+            spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[PACKAGE]
+        raise
+
+
+def _import_from(root: Path, module: str) -> ModuleType:
+    """Import `experiments.<x>` from `root`, even when another root's `experiments` was imported first.
+
+    `experiments` is a top-level package name every project shares: once one project's is in
+    sys.modules, `import experiments.x` resolves against it, whatever sys.path says. So a stale
+    one (from another root) is dropped from sys.modules before importing; module objects already
+    handed out stay valid.
+    """
+    if str(root) in sys.path:
+        sys.path.remove(str(root))
+    sys.path.insert(0, str(root))  # for the project's own other modules
+    if _imported_roots() != {root}:
+        for name in [n for n in sys.modules if n == PACKAGE or n.startswith(PACKAGE + ".")]:
+            del sys.modules[name]
+        importlib.invalidate_caches()
+        _bind_package(root)
+    return importlib.import_module(module)
+
+
+def load_experiment(name: str, search_from: str | Path | None = None) -> ModuleType:
+    """`digits_cnn` -> `experiments.digits_cnn` of the project; `pkg.mod` -> that import path.
+
+    Looks, in order: the project at or above `search_from` (the spec's folder), the working
+    directory, the import path. Without `search_from` (a trial process, a command given a study
+    name), a module already imported under that name is the one: the process that loaded the spec
+    found it, and a forked child inherits it.
+    """
+    short = name[len(PACKAGE) + 1 :] if name.startswith(PACKAGE + ".") else name
+    module = f"{PACKAGE}.{short}"
+    if search_from is None:
+        for m in (module, name):
+            if m in sys.modules and getattr(sys.modules[m], "__file__", None):
+                return sys.modules[m]
+
+    looked: list[str] = []
+    roots: list[tuple[Path, str]] = []
+    if search_from is not None:
+        root = find_project_root(search_from)
+        if root is not None:
+            roots.append((root, "the spec's project"))
+        else:
+            looked.append(f"no {PACKAGE}/ folder at or above {Path(search_from).resolve()}")
+    cwd = Path.cwd().resolve()
+    if (cwd / PACKAGE).is_dir() and all(r != cwd for r, _ in roots):
+        roots.append((cwd, "the working directory"))
+    elif not (cwd / PACKAGE).is_dir():
+        looked.append(f"no {PACKAGE}/ folder in the working directory {cwd}")
+    for root, why in roots:
+        if _has_module(root, short):
+            return _import_from(root, module)
+        looked.append(f"{root / PACKAGE / short.replace('.', '/')}.py ({why})")
+
+    # The import path: a dotted name of the user's own package, or an installed `experiments`.
+    candidates = [name, module] if "." in name and name != module else [module] + ([name] if name != module else [])
     last: Exception | None = None
     for mod in candidates:
         try:
@@ -22,4 +137,5 @@ def load_experiment(name: str) -> ModuleType:
             if e.name and not (mod == e.name or mod.startswith(e.name + ".")):
                 raise  # the module exists but one of its own imports is missing
             last = e
-    raise ModuleNotFoundError(f"experiment {name!r} not found (looked for {', '.join(candidates)})") from last
+    looked.append(f"{' / '.join(candidates)} on the import path")
+    raise ModuleNotFoundError(f"experiment {name!r} not found (looked at: {'; '.join(looked)})") from last

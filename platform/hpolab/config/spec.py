@@ -13,9 +13,9 @@ from types import ModuleType
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from hpolab.config.experiment import load_experiment
+from hpolab.config.experiment import load_experiment, project_root_of
 from hpolab.config.samplers import check_named
 from hpolab.errors import SpecError
 from hpolab.train.config import TrainConfig
@@ -128,6 +128,14 @@ class StudySpec(_Frozen):
     data: dict[str, Any] = Field(default_factory=dict)
     search_space: dict[str, Distribution] = Field(default_factory=dict)
     lr_range_test: LRRangeTestSpec = LRRangeTestSpec()
+    # Set by load_spec: the folder holding the experiments/ the experiment came from (the spec's
+    # project). Not a field: it is where this spec was found, not part of the study's definition.
+    _project_dir: Path | None = PrivateAttr(default=None)
+
+    @property
+    def project_dir(self) -> Path | None:
+        """The project the experiment was found in (trial processes import it from there); None if unknown."""
+        return self._project_dir
 
     @field_validator("name")
     @classmethod
@@ -230,13 +238,14 @@ def _messages(err: ValidationError) -> list[str]:
     return out
 
 
-def _check_experiment(spec: StudySpec) -> list[str]:
+def _check_experiment(spec: StudySpec, search_from: Path | None = None) -> list[str]:
     try:
-        exp = load_experiment(spec.experiment)
+        exp = load_experiment(spec.experiment, search_from=search_from)
     except ModuleNotFoundError as e:
         return [f"experiment: {e.args[0]}; put a module in experiments/ or give a dotted import path"]
     except Exception as e:  # an experiment that fails to import is a spec problem the user must see
         return [f"experiment: importing {spec.experiment!r} failed: {type(e).__name__}: {e}"]
+    spec._project_dir = project_root_of(exp)
     problems = []
     for attr in ("MODEL_DEFAULTS", "DATA_DEFAULTS", "load_data", "build_model"):
         if not hasattr(exp, attr):
@@ -282,7 +291,7 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> StudySpec
         spec = StudySpec.model_validate(raw)
     except ValidationError as e:
         raise SpecError(source, _messages(e)) from None
-    problems = _check_experiment(spec)
+    problems = _check_experiment(spec, search_from=p.resolve().parent)
     if spec.metric not in METRICS:
         problems.append(f"metric: {spec.metric!r} is not logged per epoch; use one of {', '.join(sorted(METRICS))}")
     elif (spec.metric == "val_acc" or spec.metric == "val_macro_f1") and spec.direction != "maximize":
@@ -293,6 +302,32 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> StudySpec
     if problems:
         raise SpecError(source, problems)
     return spec
+
+
+SPEC_SUFFIXES = (".yaml", ".yml")
+
+
+def study_name_from(arg: str, *, full: bool = False) -> str:
+    """A study named on the command line: `NAME`, or a spec file whose `name:` is used.
+
+    Only an existing file ending .yaml/.yml counts as a spec; anything else is taken as a name.
+    By default only the spec's `name:` is read (reading a study back needs no experiment, nor
+    torch); `full=True` loads and checks the whole spec, which also imports its experiment from the
+    spec's project (for commands that rebuild the model, e.g. promote).
+    """
+    p = Path(arg)
+    if not (p.suffix.lower() in SPEC_SUFFIXES and p.is_file()):
+        return arg
+    if full:
+        return load_spec(p).name
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise SpecError(arg, [f"not valid YAML: {e}"]) from None
+    name = raw.get("name") if isinstance(raw, dict) else None
+    if not isinstance(name, str) or not STUDY_NAME.match(name):
+        raise SpecError(arg, [f"name: missing or not a study name ({name!r}); the spec's name: is the study's"])
+    return name
 
 
 def spec_to_yaml(spec: StudySpec) -> str:

@@ -44,7 +44,7 @@ def write_version(client, model_name: str, alias: str, info: StudyInfo, ch: Chal
     run_id = _create_promote_run(client, model_name, info, ch)
     try:
         s_tags = serving_tags(info.experiment, ev.x_raw, ev.y, ev.num_classes, ev.class_names)
-        logged, served_diff = _log_serving_model(run_id, ev, ch.run_tags, s_tags)
+        logged, served_diff = _log_serving_model(client, run_id, ev, ch.run_tags, s_tags)
         for f in (exports.onnx, exports.torchscript):
             client.log_artifact(run_id, str(f), EXPORT_DIR)
         metrics = {f"test_{k}": v for k, v in ev.metrics.items() if k != "n"}
@@ -93,24 +93,25 @@ def _create_promote_run(client, model_name: str, info: StudyInfo, ch: Challenger
     return run.info.run_id
 
 
-def _log_serving_model(run_id: str, ev: Evaluation, trial_tags: dict[str, str], s_tags: dict[str, str]):
+def _log_serving_model(client, run_id: str, ev: Evaluation, trial_tags: dict[str, str], s_tags: dict[str, str]):
     """(the LoggedModel, max abs logit difference of the logged artifact vs the evaluated model)."""
     import mlflow.pytorch
     import torch
     from mlflow.models import infer_signature
 
     from hpolab.registry.serving import predict_logits
-    from hpolab.stores.models import pip_requirements
+    from hpolab.stores.models import new_run_model, pip_requirements
 
     example = ev.x_raw[:EXAMPLE_ROWS]
     logged = mlflow.pytorch.log_model(
         ev.serving,
         name=SERVING_MODEL_NAME,
+        # created in the run's (the study's) experiment: log_model alone files it under "Default"
+        model_id=new_run_model(client, run_id, SERVING_MODEL_NAME, s_tags).model_id,
         input_example=example,
         signature=infer_signature(example, ev.logits[:EXAMPLE_ROWS].numpy()),
         run_id=run_id,
         pip_requirements=pip_requirements(trial_tags),  # pinned to what trained it
-        tags=s_tags,
     )
     # The registered artifact (torch.export "pt2") must predict exactly what we evaluated.
     served = predict_logits(mlflow.pytorch.load_model(logged.model_uri, map_location="cpu"), ev.x_raw)

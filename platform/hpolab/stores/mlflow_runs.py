@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any, Iterable
 
 from mlflow import MlflowClient
@@ -30,7 +31,25 @@ def quiet_mlflow() -> None:
 
 def client_for(stores: Stores) -> MlflowClient:
     quiet_mlflow()
+    _create_local_db(stores)
     return MlflowClient(tracking_uri=stores.tracking_uri)
+
+
+def _create_local_db(stores: Stores) -> None:
+    """Create a store's SQLite tracking DB with its artifact root inside the store.
+
+    Left to MlflowClient, a new DB's "Default" experiment gets <working directory>/mlruns/0 as
+    its artifact location, outside the store.
+    """
+    uri = stores.tracking_uri
+    if not (uri.startswith("sqlite:///") and stores.artifact_location):
+        return
+    db = Path(uri[len("sqlite:///"):])
+    if db.exists() or not db.parent.is_dir():  # a missing store folder stays an error of the caller's
+        return
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    SqlAlchemyStore(uri, stores.artifact_location).engine.dispose()
 
 
 def get_or_create_experiment(client: MlflowClient, name: str, stores: Stores) -> str:

@@ -39,12 +39,33 @@ def pip_requirements(env: dict[str, str]) -> list[str]:
     return [f"{dist}=={v}" for dist, v in pins.items() if v]
 
 
+def new_run_model(client, run_id: str, name: str, tags: dict[str, str] | None = None):
+    """Create the LoggedModel a `log_model(..., run_id=run_id, model_id=...)` call fills in.
+
+    MLflow's `log_model(run_id=...)` alone files the model under the *active* experiment (the
+    process-global one: "Default", id 0, whose artifacts go to ./mlruns/0/models), not under the
+    run's. Creating the model here with the run's experiment id puts its record in the study's
+    experiment and its files under that experiment's artifact root (the store's artifacts/), with
+    no process-global state, so the driver's background logging thread is safe. The run's params
+    are copied onto the model, as MLflow does when it creates the model itself.
+    """
+    run = client.get_run(run_id)
+    return client.create_logged_model(
+        experiment_id=run.info.experiment_id,
+        name=name,
+        source_run_id=run_id,
+        tags={k: str(v) for k, v in (tags or {}).items()},
+        params=dict(run.data.params),
+    )
+
+
 def log_trial_model(experiment, config: dict[str, Any], info: dict[str, Any], run_id: str, env: dict[str, str]) -> dict[str, str]:
     """Log the trial's best checkpoint as the run's model; returns the tags that point at it.
 
     `info` is the trial process's "done" message: input_shape, num_classes, checkpoint paths, and a
     real input example with the model's output on it (for the signature).
     """
+    import mlflow
     import mlflow.pytorch
     from mlflow.models import infer_signature
 
@@ -54,9 +75,11 @@ def log_trial_model(experiment, config: dict[str, Any], info: dict[str, Any], ru
     ckpt = load_checkpoint(info["best_checkpoint"] or info["last_checkpoint"], map_location="cpu")
     load_model_state(model, ckpt["model"])
     model.eval()
+    client = mlflow.MlflowClient()  # the driver set the tracking URI; log_model resolves the same one
     logged = mlflow.pytorch.log_model(
         model,
         name="model",
+        model_id=new_run_model(client, run_id, "model").model_id,
         input_example=info["input_example"],
         signature=infer_signature(info["input_example"], info["output_example"]),
         run_id=run_id,

@@ -1,0 +1,142 @@
+"""The studies in a store, as a whole: list them, delete one.
+
+A study is spread over three places: the Optuna study (trials, params, values), the MLflow
+experiment of the same name (runs, metrics, artifacts, logged models) and local folders under
+the store (trial checkpoints in trials/NAME/, LR range test outputs in lr-find/NAME/).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import optuna
+
+from hpolab.errors import UserError
+from hpolab.stores.paths import Stores
+
+STATES = ("complete", "pruned", "fail", "running")
+
+
+@dataclass(frozen=True)
+class StudyRow:
+    name: str
+    direction: str
+    metric: str | None  # None: no MLflow parent run to read it from
+    counts: dict[str, int]  # complete / pruned / fail / running (+ waiting)
+    best_value: float | None
+    last_activity: datetime | None
+
+
+@dataclass
+class Deleted:
+    name: str
+    trials: int
+    experiment_id: str | None  # the MLflow experiment soft-deleted (None: there was none)
+    experiment_renamed_to: str | None
+    folders: list[Path] = field(default_factory=list)
+
+
+def _storage_or_none(stores: Stores) -> optuna.storages.BaseStorage | None:
+    """The Optuna storage, or None for a default SQLite store that does not exist (not created here)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = stores.optuna_url
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
+        return None
+    return optuna.storages.RDBStorage(url)
+
+
+def study_names(stores: Stores) -> list[str]:
+    storage = _storage_or_none(stores)
+    if storage is None:
+        return []
+    return sorted(s.study_name for s in optuna.get_all_study_summaries(storage=storage, include_best_trial=False))
+
+
+def list_studies(stores: Stores) -> list[StudyRow]:
+    """One row per study in the Optuna storage (sorted by name). The metric comes from the MLflow
+    parent run's params (the spec is logged there), found via the study's `mlflow_parent_run_id`."""
+    storage = _storage_or_none(stores)
+    if storage is None:
+        return []
+    summaries = sorted(optuna.get_all_study_summaries(storage=storage, include_best_trial=True), key=lambda s: s.study_name)
+    client = None
+    rows = []
+    for s in summaries:
+        study_id = storage.get_study_id_from_name(s.study_name)
+        trials = storage.get_all_trials(study_id, deepcopy=False)
+        counts = {k: 0 for k in (*STATES, "waiting")}
+        for t in trials:
+            counts[t.state.name.lower()] = counts.get(t.state.name.lower(), 0) + 1
+        stamps = [d for t in trials for d in (t.datetime_complete, t.datetime_start) if d is not None]
+        metric = s.user_attrs.get("metric")
+        parent = s.user_attrs.get("mlflow_parent_run_id")
+        if metric is None and parent:
+            if client is None:
+                from hpolab.stores.mlflow_runs import client_for
+
+                client = client_for(stores)
+            try:
+                metric = client.get_run(parent).data.params.get("metric")
+            except Exception:  # the MLflow store was reset or is elsewhere: the row still stands
+                metric = None
+        directions = s.directions
+        rows.append(
+            StudyRow(
+                name=s.study_name,
+                direction="/".join(d.name.lower() for d in directions),
+                metric=metric,
+                counts=counts,
+                best_value=s.best_trial.value if s.best_trial is not None and len(directions) == 1 else None,
+                last_activity=max(stamps) if stamps else s.datetime_start,
+            )
+        )
+    return rows
+
+
+def delete_study(name: str, stores: Stores) -> Deleted:
+    """Remove study `name`: its Optuna study, its MLflow experiment (soft delete) and its local
+    folders (<store>/trials/NAME, <store>/lr-find/NAME). Nothing else: other studies, registered
+    models and their versions stay.
+
+    MLflow keeps a deleted experiment's name, and `get_or_create_experiment` would restore it,
+    runs included, when a study of that name runs again; so the experiment is renamed
+    NAME.deleted-<time> first. It stays in MLflow's trash until `mlflow gc` purges it.
+    """
+    names = study_names(stores)
+    if name not in names:
+        raise UserError(f"no study named {name!r} in {stores.optuna_url} (studies there: {', '.join(names) or 'none'})")
+    storage = _storage_or_none(stores)
+    study = optuna.load_study(study_name=name, storage=storage)
+    n_trials = len(study.get_trials(deepcopy=False))
+    parent = study.user_attrs.get("mlflow_parent_run_id")
+
+    # MLflow first: if it fails, the Optuna study is still there and the command can be re-run.
+    from hpolab.stores.mlflow_runs import client_for
+
+    client = client_for(stores)
+    exp = client.get_experiment_by_name(name)
+    if exp is None and parent:
+        try:
+            exp = client.get_experiment(client.get_run(parent).info.experiment_id)
+        except Exception:
+            exp = None
+    exp_id = renamed = None
+    if exp is not None:
+        exp_id = exp.experiment_id
+        if exp.lifecycle_stage != "deleted":
+            renamed = f"{exp.name}.deleted-{time.strftime('%Y%m%d-%H%M%S')}"
+            client.rename_experiment(exp_id, renamed)
+            client.delete_experiment(exp_id)
+
+    optuna.delete_study(study_name=name, storage=storage)
+
+    folders = []
+    for d in (stores.trials_dir / name, stores.root / "lr-find" / name):
+        if d.is_dir() and stores.root.resolve() in d.resolve().parents:
+            shutil.rmtree(d)
+            folders.append(d)
+    return Deleted(name=name, trials=n_trials, experiment_id=exp_id, experiment_renamed_to=renamed, folders=folders)
