@@ -85,3 +85,40 @@ def test_two_workers_share_one_study_on_postgres_and_an_mlflow_server(postgres, 
         assert [m.step for m in client.get_metric_history(run.info.run_id, "val_acc")] == [1, 2]
         assert "config.yaml" in [a.path for a in client.list_artifacts(run.info.run_id)]
         assert run.data.tags.get("hpolab.model_uri", "").startswith("models:/"), run.data.tags.get("hpolab.model_error")
+
+
+@pytest.mark.slow
+def test_four_workers_through_the_grpc_storage_proxy(postgres, mlflow_server, tmp_path):
+    """`hpolab storage-proxy` in front of PostgreSQL; four workers on grpc:// share one study, and
+    the budget stays exact without a database lock (trials over budget are given back unrun)."""
+    import signal
+
+    from hpolab.study.budget import RELEASED
+
+    database = f"postgresql+psycopg2://{postgres}/optuna"
+    port = free_port()
+    exe = str(Path(sys.executable).with_name("hpolab"))
+    proxy = subprocess.Popen([exe, "--storage", database, "storage-proxy", "--port", str(port)], cwd=tmp_path,
+                             env=hpolab_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert "storage proxy" in proxy.stdout.readline()
+        env = {**hpolab_env(), "OPTUNA_STORAGE": f"grpc://127.0.0.1:{port}", "MLFLOW_TRACKING_URI": mlflow_server}
+        args = ["studies/digits_cnn.yaml", "name=via-proxy", "n_trials=5", "parallel=1", "trainer.max_epochs=1",
+                "pruner={type: none}", "sampler={type: random}"]
+        workers = [subprocess.Popen([exe, "--store", str(tmp_path / f"w{i}"), "worker", *args], cwd=ROOT, env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(4)]
+        outs = [w.communicate(timeout=600)[0] for w in workers]
+        assert [w.returncode for w in workers] == [0] * 4, outs
+    finally:
+        proxy.send_signal(signal.SIGTERM)  # docker stop: a clean exit, not a crash
+        tail = proxy.communicate(timeout=60)[0]
+    assert proxy.returncode == 0 and "storage proxy stopped" in tail
+
+    trials = optuna.load_study(study_name="via-proxy", storage=database).get_trials()
+    counted = [t for t in trials if not t.system_attrs.get(RELEASED)]
+    assert [t.state for t in counted] == [TrialState.COMPLETE] * 5, [t.state for t in trials]
+    assert all(t.state == TrialState.FAIL for t in trials if t.system_attrs.get(RELEASED))
+    client = MlflowClient(tracking_uri=mlflow_server)
+    exp = client.get_experiment_by_name("via-proxy")
+    runs = client.search_runs([exp.experiment_id], filter_string="attributes.run_name LIKE 'trial-%'")
+    assert sorted(r.info.run_name for r in runs) == sorted(f"trial-{t.number}" for t in counted)

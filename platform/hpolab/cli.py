@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state", default="all", choices=["complete", "pruned", "fail", "all"])
     p.add_argument("--format", default="table", choices=["table", "csv", "json", "markdown"])
 
+    p = command(sub, "storage-proxy", "serve the Optuna storage (--storage) to many workers over gRPC")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=13000)
+
     p = command(sub, "report", "a self-contained HTML report of a study")
     p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file")
     p.add_argument("--out", metavar="FILE", help="default: STORE/reports/NAME.html")
@@ -193,6 +197,7 @@ STORE_COMMANDS = {
     "predict": "hpolab.registry.predict:predict_cmd",
     "compare": "hpolab.analysis.compare:compare_cmd",
     "report": "hpolab.analysis.report:report_cmd",
+    "storage-proxy": "hpolab.tools.storage_proxy:storage_proxy_cmd",
 }
 
 

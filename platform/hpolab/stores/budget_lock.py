@@ -6,7 +6,8 @@ study ends with n_trials + 1. The lock lives where the trials do:
   pooled connection; any host that reaches the database takes part.
 - SQLite: an exclusive `flock` on a file next to the database. SQLite is for one host, so an OS file
   lock is enough and never blocks readers of the database itself.
-- Anything else (e.g. MySQL): no lock; concurrent workers may overshoot by one trial each.
+- Anything else (the gRPC proxy, MySQL): no lock; the caller falls back to the optimistic check
+  (study/budget.py: `over_budget`). The context manager yields whether it holds a lock.
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ def _key(study_name: str) -> int:
 
 
 @contextmanager
-def budget_lock(storage, study_name: str) -> Iterator[None]:
-    url = storage.engine.url
+def budget_lock(storage, study_name: str) -> Iterator[bool]:
+    engine = getattr(storage, "engine", None)
+    if engine is None:
+        yield False
+        return
+    url = engine.url
     if url.get_backend_name() == "postgresql":
         from sqlalchemy import text
 
@@ -33,7 +38,7 @@ def budget_lock(storage, study_name: str) -> Iterator[None]:
             conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _key(study_name)})
             conn.commit()
             try:
-                yield
+                yield True
             finally:
                 conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _key(study_name)})
                 conn.commit()
@@ -42,8 +47,8 @@ def budget_lock(storage, study_name: str) -> Iterator[None]:
         with open(path, "a") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
-                yield
+                yield True
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
     else:
-        yield
+        yield False

@@ -15,8 +15,13 @@ HEARTBEAT_INTERVAL = int(os.environ.get("HPOLAB_HEARTBEAT_INTERVAL", "10"))  # s
 GRACE_PERIOD = int(os.environ.get("HPOLAB_GRACE_PERIOD", str(6 * HEARTBEAT_INTERVAL)))  # then a trial is stale
 
 
-def make_storage(url: str, max_retries: int = 1) -> optuna.storages.RDBStorage:
+def make_storage(url: str, max_retries: int = 1) -> optuna.storages.BaseStorage:
     import random
+
+    from hpolab.stores.grpc_proxy import grpc_storage, is_grpc_url
+
+    if is_grpc_url(url):
+        return grpc_storage(url)  # the proxy's database holds the heartbeat settings; clients send none
 
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -45,9 +50,16 @@ def load_study(name: str, stores: Stores) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if stores.optuna_url.startswith("sqlite:///") and not (stores.root / "optuna.db").exists() and "optuna.db" in stores.optuna_url:
         raise UserError(f"no Optuna storage at {stores.root / 'optuna.db'}; run a study first, or pass --store DIR / --storage URL")
-    storage = optuna.storages.RDBStorage(stores.optuna_url)
+    storage = open_storage(stores.optuna_url)
     names = [s.study_name for s in optuna.get_all_study_summaries(storage=storage)]
     if name not in names:
         known = ", ".join(names) or "none"
         raise UserError(f"no study named {name!r} in {stores.optuna_url} (studies there: {known})")
     return optuna.load_study(study_name=name, storage=storage)
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """For reading a study back: a database URL, or grpc://HOST:PORT of `hpolab storage-proxy`."""
+    from hpolab.stores.grpc_proxy import grpc_storage, is_grpc_url
+
+    return grpc_storage(url) if is_grpc_url(url) else optuna.storages.RDBStorage(url)

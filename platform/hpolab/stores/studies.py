@@ -46,7 +46,9 @@ def _storage_or_none(stores: Stores) -> optuna.storages.BaseStorage | None:
     url = stores.optuna_url
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
         return None
-    return optuna.storages.RDBStorage(url)
+    from hpolab.stores.optuna_storage import open_storage
+
+    return open_storage(url)
 
 
 def study_names(stores: Stores) -> list[str]:

@@ -11,6 +11,7 @@ import optuna
 from optuna.trial import TrialState
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+RELEASED = "hpolab.released"  # system attr of a trial given back unrun because the budget was already full
 
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
@@ -18,7 +19,9 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
     counts = {"complete": 0, "pruned": 0, "fail": 0, "running": 0, "waiting": 0, "retried": 0}
     for t in trials:
-        if t.state == TrialState.FAIL and t.number in retried:
+        if t.system_attrs.get(RELEASED):
+            counts["released"] = counts.get("released", 0) + 1
+        elif t.state == TrialState.FAIL and t.number in retried:
             counts["retried"] += 1
         elif t.state in FINISHED or t.state in (TrialState.RUNNING, TrialState.WAITING):
             counts[t.state.name.lower()] += 1
@@ -43,3 +46,28 @@ def count_existing_trials(storage: optuna.storages.RDBStorage, name: str) -> int
     except KeyError:
         return 0
     return len(storage.get_all_trials(study_id, deepcopy=False))
+
+
+def over_budget(study: optuna.Study, trial_number: int, n_trials: int) -> bool:
+    """The optimistic budget check, for storages where no lock can be taken (the gRPC proxy).
+
+    Trial numbers are handed out in one total order, so among workers racing for the last slots the
+    first n_trials numbers win: a trial is over budget when the trials numbered below it that count
+    (not released, not a retried failure) already fill the budget. The loser gives its trial back
+    (`release`) before it runs.
+    """
+    trials = study.get_trials(deepcopy=False)
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    ahead = [
+        t for t in trials
+        if t.number < trial_number and not t.system_attrs.get(RELEASED)
+        and not (t.state == TrialState.FAIL and t.number in retried)
+    ]
+    return len(ahead) >= n_trials
+
+
+def release(study: optuna.Study, trial: optuna.Trial) -> None:
+    """Give back a trial that must not run: FAIL (Optuna has no other final state), marked released
+    so that it counts nowhere (budget, status) and its sampled parameters are not a result."""
+    study._storage.set_trial_system_attr(trial._trial_id, RELEASED, True)
+    study.tell(trial, state=TrialState.FAIL)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import TrialState
 
 from hpolab.errors import StudyError
@@ -38,7 +39,7 @@ from hpolab.study.progress import Progress
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.environment import capture_environment
 from hpolab.stores.models import warm_exporter
-from hpolab.study.budget import FINISHED, count_existing_trials, may_start_another, trial_counts
+from hpolab.study.budget import FINISHED, count_existing_trials, may_start_another, over_budget, release, trial_counts
 from hpolab.study.heartbeat import Heartbeats, reap_stale_trials
 from hpolab.study.lr_step import ensure_lr_range_test, lr_bounds
 from hpolab.study.parent_run import close_parent_run, open_parent_run
@@ -151,11 +152,15 @@ class Driver:
     def _claim_trial(self) -> optuna.Trial | None:
         """Count and ask under the study's budget lock: with any number of workers, never more than
         n_trials (the asked trial is RUNNING, so the next worker's count includes it)."""
-        with budget_lock(self.storage, self.spec.name):
+        with budget_lock(self.storage, self.spec.name) as locked:
             if not may_start_another(trial_counts(self.study), self.spec.n_trials):
                 return None
             trial = self.study.ask(fixed_distributions=optuna_distributions(self.spec, lr_bounds(self.study)))
-            self.storage.record_heartbeat(trial._trial_id)
+            if not locked and over_budget(self.study, trial.number, self.spec.n_trials):
+                release(self.study, trial)  # another worker took the last slot first
+                return None
+            if isinstance(self.storage, BaseHeartbeat):
+                self.storage.record_heartbeat(trial._trial_id)
         return trial
 
     def _install_sigint(self):

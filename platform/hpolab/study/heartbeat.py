@@ -27,7 +27,7 @@ warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to b
 def beat(storage, r: Running, force: bool = False) -> None:
     """Record a heartbeat for `r` if one is due (or `force`)."""
     now = time.monotonic()
-    if force or now - r.last_heartbeat >= HEARTBEAT_INTERVAL:
+    if (force or now - r.last_heartbeat >= HEARTBEAT_INTERVAL) and hasattr(storage, "record_heartbeat"):
         storage.record_heartbeat(r.trial._trial_id)
         r.last_heartbeat = now
 
@@ -42,6 +42,10 @@ class Heartbeats:
         self._stop = threading.Event()
 
     def start(self) -> None:
+        from optuna.storages._heartbeat import BaseHeartbeat
+
+        if not isinstance(self.storage, BaseHeartbeat):
+            return  # the gRPC storage proxy has no heartbeat API (see stores/grpc_proxy.py)
         threading.Thread(target=self._loop, name="heartbeats", daemon=True).start()
 
     def stop(self) -> None:
