@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hpolab.study.lifeline import watch_lifeline
-from hpolab.train.lr_range_test import LRRangeResult, bounds_from_lr_range_test, lr_range_test
+from hpolab.train.lr_range_test import LRRangeResult, bounds_from_lr_range_test, lr_range_test, rule_suggestions
 
 RUN_NAME = "lr-range-test"
 PLOT_NAME = "lr_range_test.png"
@@ -251,6 +251,7 @@ def log_to_mlflow(
             "diverged_at_lr": result.diverged_at_lr,
             "search_low": bounds[0] if bounds else None,
             "search_high": bounds[1] if bounds else None,
+            **{f"rule.{k}": v for k, v in rule_suggestions(result).items()},  # every rule, for comparison
             "steps_run": len(result.lrs),
             "stopped_early": result.stopped_early,
             **{f"lr_test.{k}": v for k, v in result.settings.items()},
