@@ -43,3 +43,28 @@ def count_existing_trials(storage: optuna.storages.RDBStorage, name: str) -> int
     except KeyError:
         return 0
     return len(storage.get_all_trials(study_id, deepcopy=False))
+
+
+class FailureStreak:
+    """Consecutive failed trials of this driver, against the spec's `max_failures` (None: no limit).
+
+    Counted: trials whose final outcome is FAIL by their own doing (an exception, NaN, a process
+    death, a timeout or OOM that could not be retried). Not counted: a failed attempt that was
+    retried (its retry is what counts) and interrupted trials (Ctrl-C, SIGTERM, a dead driver).
+    A COMPLETE or PRUNED trial resets the streak."""
+
+    def __init__(self, max_failures: int | None):
+        self.max_failures = max_failures
+        self.count = 0
+        self.last_reason: str | None = None
+
+    def record(self, state: TrialState, retried: bool, kind: str | None, reason: str | None) -> None:
+        if state in (TrialState.COMPLETE, TrialState.PRUNED):
+            self.count = 0
+        elif state == TrialState.FAIL and not retried and kind not in ("interrupted", "driver"):
+            self.count += 1
+            self.last_reason = reason
+
+    @property
+    def hit(self) -> bool:
+        return self.max_failures is not None and self.count >= self.max_failures
