@@ -49,10 +49,10 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
         sys.path.insert(0, project_dir)
 
     def on_epoch(epoch: int, metrics: dict[str, float]) -> bool:
-        conn.send(("epoch", epoch, metrics))
         try:
+            conn.send(("epoch", epoch, metrics))
             return conn.recv() == "stop"
-        except EOFError:
+        except (EOFError, OSError):  # the driver is gone (its end closed or reset): nobody to train for
             os._exit(ORPHAN_EXIT_CODE)
 
     try:
