@@ -23,7 +23,7 @@ waits for them to finish, or retries them once they are dead, so the budget is r
 
 Sampler seed: `seed` + the number of trials the study already has (a re-run draws new points) +
 `worker_seed` (the pid for `hpolab worker`) + this process's pid when another driver is running
-trials of the study right now. A single driver on a study is reproducible for a given seed.
+trials of the study right now (a live owner). A single driver on a study is reproducible for a given seed.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from hpolab.stores.models import warm_exporter
 from hpolab.study.budget import FINISHED, FailureStreak, count_existing_trials, may_start_another, trial_counts
 from hpolab.study.heartbeat import Heartbeats, others_running, reap_dead_trials
 from hpolab.study.lr_step import ensure_lr_range_test, lr_bounds
-from hpolab.study.owners import owner_record
+from hpolab.study.owners import owner_gone, owner_of, owner_record
 from hpolab.study.parent_run import close_parent_run, fail_parent_run, open_parent_run
 from hpolab.study.events import TrialEvents
 from hpolab.study.repair import close_orphan_runs
@@ -108,7 +108,8 @@ class Driver:
         existing = count_existing_trials(self.storage, self.spec.name)
         try:
             study_id = self.storage.get_study_id_from_name(self.spec.name)
-            busy = bool(self.storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)))
+            running = self.storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
+            busy = any(owner_gone(owner_of(t)) is None for t in running)
         except KeyError:
             busy = False
         # Another driver is running trials now: salt with the pid, or both would propose the same points.
