@@ -94,14 +94,6 @@ class Driver:
         self.runner = TrialRunner(spec.experiment, self.experiment.__name__, spec.parallel, self.project_dir)
         self._waiting_note = 0.0
 
-    @property
-    def stopping(self) -> bool:
-        return self.signals.stopping
-
-    @property
-    def aborting(self) -> bool:
-        return self.signals.aborting
-
     # ---------------------------------------------------------------- set-up
 
     def _seed_offset(self) -> int:
@@ -142,7 +134,7 @@ class Driver:
                                     self.experiment, self.env_tags, self.progress.note)
         self.events = TrialEvents(self.study, self.storage, self.running, self.tracker, self.runner, self.progress,
                                   self.spec.metric, self.retry, self.streak,
-                                  stopping=lambda: self.stopping, aborting=lambda: self.aborting)
+                                  stopping=lambda: self.signals.stopping, aborting=lambda: self.signals.aborting)
         self.heartbeats = Heartbeats(self.storage, self.running)
         close_orphan_runs(self.client, self.experiment_id, self.study, self.tracker.close_run, self.progress.note)
 
@@ -173,7 +165,7 @@ class Driver:
 
     def _start_trials(self) -> None:
         """Start trials while there are free slots and the budget allows."""
-        while not (self.stopping or self.draining) and len(self.running) < self.spec.parallel:
+        while not (self.signals.stopping or self.draining) and len(self.running) < self.spec.parallel:
             self._reap()
             if not may_start_another(trial_counts(self.study), self.spec.n_trials):
                 break
@@ -185,13 +177,13 @@ class Driver:
         for r in list(self.running.values()):
             if limit is not None and now - r.started > limit and r.process.is_alive():
                 self.events.on_timeout(r, limit)
-            elif self.aborting and r.process.is_alive():
+            elif self.signals.aborting and r.process.is_alive():
                 r.process.kill()
 
     def _others_still_running(self) -> bool:
         """With nothing of its own to run: are other drivers' trials RUNNING (wait for them, or
         retry them once they are dead)? Dead ones are reaped here and become WAITING copies."""
-        if self.stopping or self.draining:
+        if self.signals.stopping or self.draining:
             return False
         self._reap()
         others = others_running(self.study, self.storage, self.running)
@@ -210,7 +202,7 @@ class Driver:
         try:
             self._open()
             ensure_lr_range_test(self.spec, self.study, self.stores, self.runner, self.project_dir, self.client,
-                                 self.experiment_id, self.parent_run_id, self.progress.note, lambda: self.aborting)
+                                 self.experiment_id, self.parent_run_id, self.progress.note, lambda: self.signals.aborting)
             outcome = self._loop()
             self._close(outcome)
             return outcome
