@@ -36,15 +36,17 @@ def _run(t, client):
 @pytest.mark.slow
 def test_each_failure_ends_its_trial_only(store):
     # One study, one trial per misbehaviour (grid sampler over model.fault), two at a time.
+    # No trial completes (the healthy one is pruned): exit 1. max_retries=0: the hang is not retried.
     out = run_cli(
         "--store", str(store), "study", "run", SPEC,
-        "n_trials=6", "parallel=2", "trial_timeout=20",
+        "n_trials=6", "parallel=2", "trial_timeout=20", "max_retries=0", "max_failures=null",
         "sampler={type: grid}",
         "search_space={model.fault: {type: categorical, choices: [none, raise, nan, sigkill, segfault, hang]}}",
         "model.fault_after=3",
         "pruner={type: threshold, kwargs: {lower: 0.99}}",  # the healthy trial is pruned at epoch 1
-        cwd=PROJECT,
+        cwd=PROJECT, check=False,
     )
+    assert out.returncode == 1 and "no trial completed" in out.stderr, out.stdout + out.stderr
     client, study = _open(store)
     by_fault = {t.params["model.fault"]: t for t in study.get_trials()}
     assert set(by_fault) == {"none", "raise", "nan", "sigkill", "segfault", "hang"}, out.stdout
@@ -83,15 +85,16 @@ def test_each_failure_ends_its_trial_only(store):
 
 @pytest.mark.slow
 def test_cuda_oom_is_retried_with_half_the_micro_batch(store):
-    # Fault injection raises torch.cuda.OutOfMemoryError at micro-step 3 (works on CPU).
+    # Fault injection raises torch.cuda.OutOfMemoryError at micro-step 3 (works on CPU). The retry is
+    # a new attempt (trial 1, its own run) with half the micro-batch (tests/test_faults.py: continuity).
     run_cli("--store", str(store), "study", "run", SPEC, "n_trials=1", "trainer.inject_oom_at_step=3",
             "trainer.batch_size=128", "trainer.grad_accum_steps=1", cwd=PROJECT)
     client, study = _open(store)
-    (t,) = study.get_trials()
-    assert t.state == TrialState.COMPLETE
+    first, t = study.get_trials()
+    assert first.state == TrialState.FAIL and t.state == TrialState.COMPLETE
     run = _run(t, client)
-    assert "batch_size=64 grad_accum_steps=2" in run.data.tags["hpolab.oom_retry"]
-    assert "oom_first_attempt.txt" in [a.path for a in client.list_artifacts(run.info.run_id)]
+    assert "batch_size=64" in run.data.tags["hpolab.trainer_overrides"] and "grad_accum_steps=2" in run.data.tags["hpolab.trainer_overrides"]
+    assert "traceback.txt" in [a.path for a in client.list_artifacts(_run(first, client).info.run_id)]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_acc")] == [1, 2, 3]
 
 
@@ -169,7 +172,7 @@ def test_driver_killed_then_resumed(store, tmp_path):
         # the dead trial's run is closed with the reason, not left RUNNING
         dead_run = _run(study.trials[old], client)
         assert dead_run.info.status == "FAILED"
-        assert "heartbeats" in dead_run.data.tags["hpolab.fail_reason"]
+        assert "is gone" in dead_run.data.tags["hpolab.fail_reason"]  # same host: seen without the grace period
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(finished) == 3  # the budget counts finished trials; no trial ran twice to completion
 

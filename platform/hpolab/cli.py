@@ -2,7 +2,9 @@
 
 Exit codes: 0 success; 1 the work failed; 2 bad input (spec, arguments, missing study);
 3 promotion refused (the challenger is not better than the alias holder);
-130 interrupted by Ctrl-C (the stores are consistent; re-run to continue).
+130 interrupted by Ctrl-C, 143 by SIGTERM (the stores are consistent; re-run to continue).
+`study run` / `worker`: 0 only when the budget was reached (or the study timeout hit) with at least
+one COMPLETE trial; 1 when no trial completed or max_failures consecutive trials failed.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import argparse
 import os
 import sys
 
-from hpolab.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, SpecError, StudyError, UserError
+from hpolab.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, SpecError, StudyError, UserError
 
 
 def _add_store_options(p: argparse.ArgumentParser, suppress: bool) -> None:
@@ -120,7 +122,30 @@ def cmd_study_run(args) -> int:
     # The spec's project (the folder holding its experiments/): trial processes import the
     # experiment from there, whatever the working directory.
     outcome = Driver(spec, stores, Progress(spec), project_dir=spec.project_dir, worker_seed=worker_seed).run()
-    return EXIT_INTERRUPTED if outcome.interrupted else EXIT_OK
+    code, message = study_exit(outcome)
+    if message:
+        print(f"hpolab: {message}", file=sys.stderr)
+    return code
+
+
+def study_exit(outcome) -> tuple[int, str | None]:
+    """The exit code of `study run` and the one line saying why it is not 0."""
+    import signal
+
+    c = outcome.counts
+    if outcome.signal is not None:
+        name = "SIGTERM" if outcome.signal == signal.SIGTERM else "Ctrl-C"
+        return (EXIT_TERMINATED if outcome.signal == signal.SIGTERM else EXIT_INTERRUPTED,
+                f"interrupted by {name} with {c.get('finished', 0)}/{outcome.n_trials} trials finished; "
+                "re-run the same command to resume")
+    if outcome.failure_limit:
+        return EXIT_FAILED, f"stopped after the failure limit: {outcome.failure_limit}"
+    if not c.get("complete"):
+        return EXIT_FAILED, (f"no trial completed ({c.get('fail', 0)} failed, {c.get('pruned', 0)} pruned of "
+                             f"{c.get('finished', 0)} finished); see the fail reasons above or in `hpolab study status`")
+    if c.get("finished", 0) >= outcome.n_trials or outcome.timed_out:
+        return EXIT_OK, None
+    return EXIT_FAILED, f"the study stopped with {c.get('finished', 0)}/{outcome.n_trials} trials finished"
 
 
 def cmd_study_validate(args) -> int:
@@ -260,9 +285,24 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hpolab: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except BrokenPipeError:  # `hpolab compare NAME | head`: the reader left; not an error
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # a broken pipe of something else (a child, a socket) is a real error
+        # `hpolab compare NAME | head`: the reader of our stdout left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports POLLERR on its write end)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 if __name__ == "__main__":

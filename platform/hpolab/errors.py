@@ -11,6 +11,7 @@ EXIT_FAILED = 1  # the work failed (a study that cannot go on, an unreachable st
 EXIT_BAD_INPUT = 2  # spec, arguments, missing study: the message names the fix
 EXIT_REFUSED = 3  # promotion refused: the challenger is not better than the alias holder
 EXIT_INTERRUPTED = 130  # Ctrl-C: the stores are consistent; re-run to continue
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15): like Ctrl-C; re-run to continue
 
 
 class UserError(Exception):

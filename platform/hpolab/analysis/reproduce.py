@@ -54,14 +54,16 @@ def reproduce_cmd(args, stores) -> int:
     for k, was, is_ in differs:
         console.print(f"  [yellow]environment differs[/]: {k.removeprefix('env.')} was {was}, now {is_}")
 
-    # Same epochs as the original (a pruned or early-stopped trial ran fewer than max_epochs).
+    # Same epochs as the original: a pruned or early-stopped trial ran fewer than max_epochs. It keeps
+    # its configured max_epochs (the LR schedule is a function of it) and stops after those epochs.
     history = {m: {h.step: h.value for h in client.get_metric_history(args.run_id, m)} for m in COMPARED}
     epochs = max(history["val_loss"], default=0)
     if epochs == 0:
         raise UserError(f"run {args.run_id} logged no epochs: nothing to compare")
-    trainer = {**config["trainer"], "max_epochs": epochs, "inject_nan_at_step": None, "inject_oom_at_step": None}
-    if tags.get("hpolab.oom_retry"):
-        console.print("  [yellow]note[/]: the original was retried after an OOM with a smaller micro-batch; its config.yaml is the first attempt's")
+    trainer = {**config["trainer"], "inject_nan_at_step": None, "inject_oom_at_step": None}
+    if tags.get("hpolab.trainer_overrides"):
+        console.print(f"  [yellow]note[/]: this attempt ran with {tags['hpolab.trainer_overrides']} (after a CUDA OOM); "
+                      "epochs it carried over from an earlier attempt were trained without it")
     torch.set_num_threads(int(tags.get("hpolab.torch_threads", "1")))
     exp = load_experiment(experiment)
     seed_everything(config["seed"], bool(trainer.get("deterministic", False)))  # as the trial process did
@@ -69,7 +71,7 @@ def reproduce_cmd(args, stores) -> int:
     model = exp.build_model(config["model"], data.input_shape, data.num_classes)
     with tempfile.TemporaryDirectory() as ckpt:
         result = fit(trainer_config(trainer), model, data, metric=config["metric"], direction=config["direction"],
-                     seed=config["seed"], checkpoint_dir=ckpt)
+                     seed=config["seed"], checkpoint_dir=ckpt, on_epoch=lambda epoch, _metrics: epoch >= epochs)
 
     table = Table(title=f"{run.info.run_name}: original vs reproduced")
     table.add_column("epoch", justify="right")

@@ -71,3 +71,28 @@ def release(study: optuna.Study, trial: optuna.Trial) -> None:
     so that it counts nowhere (budget, status) and its sampled parameters are not a result."""
     study._storage.set_trial_system_attr(trial._trial_id, RELEASED, True)
     study.tell(trial, state=TrialState.FAIL)
+
+
+class FailureStreak:
+    """Consecutive failed trials of this driver, against the spec's `max_failures` (None: no limit).
+
+    Counted: trials whose final outcome is FAIL by their own doing (an exception, NaN, a process
+    death, a timeout or OOM that could not be retried). Not counted: a failed attempt that was
+    retried (its retry is what counts) and interrupted trials (Ctrl-C, SIGTERM, a dead driver).
+    A COMPLETE or PRUNED trial resets the streak."""
+
+    def __init__(self, max_failures: int | None):
+        self.max_failures = max_failures
+        self.count = 0
+        self.last_reason: str | None = None
+
+    def record(self, state: TrialState, retried: bool, kind: str | None, reason: str | None) -> None:
+        if state in (TrialState.COMPLETE, TrialState.PRUNED):
+            self.count = 0
+        elif state == TrialState.FAIL and not retried and kind not in ("interrupted", "driver"):
+            self.count += 1
+            self.last_reason = reason
+
+    @property
+    def hit(self) -> bool:
+        return self.max_failures is not None and self.count >= self.max_failures

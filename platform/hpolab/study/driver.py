@@ -11,21 +11,31 @@ is the only writer to the Optuna storage and to MLflow. It composes small parts:
     lr_step.py       the LR range test, once, before the first trial
     search_space.py  the spec's search space as Optuna distributions
 
+    owners.py        who owns a RUNNING trial (host, pid, start time): dead owners are seen at once
+    retry.py         retry copies: a failed attempt continues as a new trial from its checkpoint
+    signals.py       Ctrl-C / SIGTERM: graceful first, immediate second
+    repair.py        MLflow runs a killed driver left open
+
 Budget: `n_trials` is the study's total of finished trials (COMPLETE + PRUNED + FAIL, not counting
 failures that were retried). Re-running the same command continues the study up to that total.
+A driver does not leave while other drivers' trials are RUNNING (unless it was interrupted): it
+waits for them to finish, or retries them once they are dead, so the budget is really spent.
+
+Sampler seed: `seed` + the number of trials the study already has (a re-run draws new points) +
+`worker_seed` (the pid for `hpolab worker`) + this process's pid when another driver is running
+trials of the study right now (a live owner). A single driver on a study is reproducible for a given seed.
 """
 
 from __future__ import annotations
 
-import signal
+import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
 
 import optuna
-from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import TrialState
 
@@ -39,13 +49,17 @@ from hpolab.study.progress import Progress
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.environment import capture_environment
 from hpolab.stores.models import warm_exporter
-from hpolab.study.budget import FINISHED, count_existing_trials, may_start_another, over_budget, release, trial_counts
-from hpolab.study.heartbeat import Heartbeats, reap_stale_trials
+from hpolab.study.budget import FINISHED, FailureStreak, count_existing_trials, may_start_another, over_budget, release, trial_counts
+from hpolab.study.heartbeat import Heartbeats, others_running, reap_dead_trials
 from hpolab.study.lr_step import ensure_lr_range_test, lr_bounds
-from hpolab.study.parent_run import close_parent_run, open_parent_run
+from hpolab.study.owners import owner_gone, owner_of, owner_record
+from hpolab.study.parent_run import close_parent_run, fail_parent_run, open_parent_run
 from hpolab.study.events import TrialEvents
+from hpolab.study.repair import close_orphan_runs
+from hpolab.study.retry import RetryCopy
 from hpolab.study.runner import Running, TrialRunner
 from hpolab.study.search_space import optuna_distributions
+from hpolab.study.signals import StopSignals
 from hpolab.study.tracker import TrialTracker, retry_source
 
 __all__ = ["Driver", "FINISHED", "Outcome", "Running", "optuna_distributions", "trial_counts"]
@@ -53,8 +67,15 @@ __all__ = ["Driver", "FINISHED", "Outcome", "Running", "optuna_distributions", "
 
 @dataclass
 class Outcome:
-    interrupted: bool = False
+    signal: int | None = None  # the first SIGINT/SIGTERM received
     timed_out: bool = False
+    failure_limit: str | None = None  # why the driver stopped after max_failures consecutive failures
+    counts: dict[str, int] = field(default_factory=dict)
+    n_trials: int = 0
+
+    @property
+    def interrupted(self) -> bool:
+        return self.signal is not None
 
 
 class Driver:
@@ -66,13 +87,27 @@ class Driver:
         self.project_dir = (project_dir or Path.cwd()).resolve()
         self.experiment = load_experiment(spec.experiment)
         self.running: dict[int, Running] = {}
-        self.stopping = False  # first Ctrl-C: start nothing new; running trials stop after their epoch
-        self.draining = False  # study timeout: start nothing new; running trials finish normally
-        self.aborting = False  # second Ctrl-C: stop now
+        self.signals = StopSignals(self.progress.note)  # first Ctrl-C/SIGTERM: graceful; second: now
+        self.draining = False  # study timeout or failure limit: start nothing new; running trials finish
+        self.streak = FailureStreak(spec.max_failures)
+        self.retry = RetryCopy(spec.max_retries)
+        self.parent_run_id: str | None = None
         self.env_tags: dict[str, str] = {}
         self.runner = TrialRunner(spec.experiment, self.experiment.__name__, spec.parallel, self.project_dir)
+        self._waiting_note = 0.0
 
     # ---------------------------------------------------------------- set-up
+
+    def _seed_offset(self) -> int:
+        existing = count_existing_trials(self.storage, self.spec.name)
+        try:
+            study_id = self.storage.get_study_id_from_name(self.spec.name)
+            running = self.storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
+            busy = any(owner_gone(owner_of(t)) is None for t in running)
+        except KeyError:
+            busy = False
+        # Another driver is running trials now: salt with the pid, or both would propose the same points.
+        return existing + self.worker_seed + (os.getpid() if busy else 0)
 
     def _open(self) -> None:
         import mlflow
@@ -83,16 +118,10 @@ class Driver:
         self.runner.start_forkserver()
         threading.Thread(target=warm_exporter, daemon=True).start()
         self.storage = make_storage(self.stores.optuna_url, self.spec.max_retries)
-        retry = RetryHeartbeatStaleTrialCallback(max_retry=self.spec.max_retries)
-        existing = count_existing_trials(self.storage, self.spec.name)
+        self.storage.heartbeat_stale_trial_callback = self.retry  # (if anything calls fail_stale_trials)
         self.study = optuna.create_study(
-            storage=self.storage,
-            study_name=self.spec.name,
-            sampler=make_sampler(self.spec, seed_offset=existing + self.worker_seed),
-            pruner=make_pruner(self.spec),
-            direction=self.spec.direction,
-            load_if_exists=True,
-        )
+            storage=self.storage, study_name=self.spec.name, sampler=make_sampler(self.spec, seed_offset=self._seed_offset()),
+            pruner=make_pruner(self.spec), direction=self.spec.direction, load_if_exists=True)
         if self.study.direction.name.lower() != self.spec.direction:
             raise StudyError(
                 f"study {self.spec.name!r} already exists with direction {self.study.direction.name.lower()}; "
@@ -106,44 +135,37 @@ class Driver:
         self.tracker = TrialTracker(self.client, self.experiment_id, self.parent_run_id, self.spec.name,
                                     self.experiment, self.env_tags, self.progress.note)
         self.events = TrialEvents(self.study, self.storage, self.running, self.tracker, self.runner, self.progress,
-                                  self.spec.metric, retry, stopping=lambda: self.stopping, aborting=lambda: self.aborting)
+                                  self.spec.metric, self.retry, self.streak,
+                                  stopping=lambda: self.signals.stopping, aborting=lambda: self.signals.aborting)
         self.heartbeats = Heartbeats(self.storage, self.running)
+        close_orphan_runs(self.client, self.experiment_id, self.study, self.tracker.close_run, self.progress.note)
 
     # ---------------------------------------------------------------- trials
 
     def _start_trial(self, trial: optuna.Trial) -> None:
+        src = retry_source(self.study, self.stores, self.spec.name, trial.number)
         config = self.spec.resolved_config(self.experiment, trial.params)
+        config["trainer"].update(src.overrides)  # e.g. the halved micro-batch after a CUDA OOM
         trial_dir = self.stores.trial_dir(self.spec.name, trial.number)
         trial_dir.mkdir(parents=True, exist_ok=True)
-        retry_of, resume_from, retry_tags = retry_source(self.study, self.stores, self.spec.name, trial.number)
         # torch's thread count changes float reduction order: recorded so `hpolab reproduce` matches it
         tags = {**self.env_tags, "hpolab.torch_threads": str(self.runner.threads_per_trial()),
-                "hpolab.experiment": self.spec.experiment, **retry_tags}
+                "hpolab.experiment": self.spec.experiment, **src.tags}
         run_id = self.tracker.start_run(trial, config, trial_dir, tags)
         r = Running(trial=trial, run_id=run_id, config=config, trial_dir=trial_dir)
-        if resume_from:
-            self.tracker.carry_over_history(r, resume_from, self.spec.metric)
+        if src.resume_from:
+            self.tracker.carry_over_history(r, src.resume_from, self.spec.metric)
         self.running[trial.number] = r
-        self.runner.spawn_trial(r, resume_from, self.running.values())
-        self.progress.trial_started(trial.number, trial.params, retry_of)
+        self.runner.spawn_trial(r, src.resume_from, self.running.values())
+        self.progress.trial_started(trial.number, trial.params, src.retry_of)
 
-    # ---------------------------------------------------------------- main loop
-
-    def _check_timeouts(self) -> None:
-        now = time.monotonic()
-        for r in list(self.running.values()):
-            limit = self.spec.trial_timeout
-            if limit is not None and now - r.started > limit and r.process.is_alive():
-                r.process.kill()
-                r.process.join(timeout=10)
-                self.events.finish(r, TrialState.FAIL, {"hpolab.fail_reason": f"trial exceeded trial_timeout ({limit:g} s) and was stopped", "hpolab.fail_kind": "timeout", "hpolab.epochs_run": str(r.epoch)})
-            elif self.aborting and r.process.is_alive():
-                r.process.kill()
+    def _reap(self) -> None:
+        reap_dead_trials(self.study, self.storage, self.running, self.retry, self.tracker.close_run, self.progress.note)
 
     def _start_trials(self) -> None:
         """Start trials while there are free slots and the budget allows."""
-        while not (self.stopping or self.draining) and len(self.running) < self.spec.parallel:
-            reap_stale_trials(self.study, self.running, self.spec.max_retries, self.tracker.close_run, self.progress.note)
+        while not (self.signals.stopping or self.draining) and len(self.running) < self.spec.parallel:
+            self._reap()
             trial = self._claim_trial()
             if trial is None:
                 break
@@ -159,54 +181,91 @@ class Driver:
             if not locked and over_budget(self.study, trial.number, self.spec.n_trials):
                 release(self.study, trial)  # another worker took the last slot first
                 return None
+            trial.set_user_attr("hpolab.owner", owner_record(trial.number))  # first: a dead owner is seen at once
             if isinstance(self.storage, BaseHeartbeat):
                 self.storage.record_heartbeat(trial._trial_id)
         return trial
 
-    def _install_sigint(self):
-        def handler(signum, frame):
-            if not self.stopping:
-                self.stopping = True
-                self.progress.note("Ctrl-C: starting no new trials; running trials stop after their current epoch (Ctrl-C again to stop now)")
-            else:
-                self.aborting = True
-                self.progress.note("Ctrl-C again: stopping now")
+    def _check_timeouts(self) -> None:
+        now = time.monotonic()
+        limit = self.spec.trial_timeout
+        for r in list(self.running.values()):
+            if limit is not None and now - r.started > limit and r.process.is_alive():
+                self.events.on_timeout(r, limit)
+            elif self.signals.aborting and r.process.is_alive():
+                r.process.kill()
 
-        return signal.signal(signal.SIGINT, handler)
+    def _others_still_running(self) -> bool:
+        """With nothing of its own to run: are other drivers' trials RUNNING (wait for them, or
+        retry them once they are dead)? Dead ones are reaped here and become WAITING copies."""
+        if self.signals.stopping or self.draining:
+            return False
+        self._reap()
+        others = others_running(self.study, self.storage, self.running)
+        if others and time.monotonic() - self._waiting_note > 30:
+            self._waiting_note = time.monotonic()
+            self.progress.note("waiting for trials of other drivers: " + "; ".join(others))
+        if others:
+            time.sleep(1.0)
+        counts = trial_counts(self.study)
+        return bool(others) or (counts["waiting"] > 0 and may_start_another(counts, self.spec.n_trials))
+
+    # ---------------------------------------------------------------- main loop
 
     def run(self) -> Outcome:
-        self._open()
-        ensure_lr_range_test(self.spec, self.study, self.stores, self.runner, self.project_dir, self.client,
-                             self.experiment_id, self.parent_run_id, self.progress.note, lambda: self.aborting)
-        outcome = Outcome()
-        previous = self._install_sigint()
+        self.signals.install()  # first, so a Ctrl-C/SIGTERM during set-up or the LR range test is graceful
+        try:
+            self._open()
+            ensure_lr_range_test(self.spec, self.study, self.stores, self.runner, self.project_dir, self.client,
+                                 self.experiment_id, self.parent_run_id, self.progress.note, lambda: self.signals.aborting)
+            outcome = self._loop()
+            self._close(outcome)
+            return outcome
+        except BaseException as e:
+            self._on_error(e)
+            raise
+        finally:
+            self.signals.restore()
+
+    def _on_error(self, e: BaseException) -> None:
+        """The driver failed: its trials end (resumable), and the parent run does not stay RUNNING."""
+        if hasattr(self, "events"):
+            self._abort_all()
+            self.tracker.shutdown()
+        if self.parent_run_id:
+            try:
+                fail_parent_run(self.client, self.parent_run_id, f"{type(e).__name__}: {e}")
+            except Exception:
+                pass
+
+    def _loop(self) -> Outcome:
+        outcome = Outcome(n_trials=self.spec.n_trials)
         self.heartbeats.start()
         deadline = time.monotonic() + self.spec.timeout if self.spec.timeout else None
         try:
-            counts = trial_counts(self.study)
-            self.progress.begin(counts, self.stores)
+            self.progress.begin(trial_counts(self.study), self.stores)
             while True:
                 if deadline and time.monotonic() > deadline and not self.draining:
-                    outcome.timed_out = True
-                    self.draining = True
+                    outcome.timed_out = self.draining = True
                     self.progress.note(f"timeout ({self.spec.timeout:g} s) reached: no new trials; running ones finish")
+                if self.streak.hit and not self.draining:
+                    self.draining = True
+                    outcome.failure_limit = (f"{self.streak.count} trials failed in a row (max_failures={self.spec.max_failures}); "
+                                             f"the last: {self.streak.last_reason}")
+                    self.progress.note(f"stopping: {outcome.failure_limit}; running trials finish")
                 self._start_trials()
                 if not self.running:
+                    if self._others_still_running():
+                        continue
                     break
                 handles = [r.conn for r in self.running.values()] + [r.process.sentinel for r in self.running.values()]
                 wait(handles, timeout=1.0)
                 for r in list(self.running.values()):
                     self.events.handle(r)
                 self._check_timeouts()
-        except BaseException:
-            self._abort_all()
-            self.tracker.shutdown()
-            raise
         finally:
             self.heartbeats.stop()
-            signal.signal(signal.SIGINT, previous)
-        outcome.interrupted = self.stopping
-        self._close()
+        outcome.signal = self.signals.signum
         return outcome
 
     def _abort_all(self) -> None:
@@ -215,12 +274,13 @@ class Driver:
                 r.process.kill()
                 r.process.join(timeout=10)
             try:
-                self.events.finish(r, TrialState.FAIL, {"hpolab.fail_reason": "the driver stopped with an error", "hpolab.fail_kind": "driver"})
+                self.events.finish(r, TrialState.FAIL, {"hpolab.fail_reason": "the driver stopped with an error", "hpolab.fail_kind": "driver"},
+                                   retry="driver")
             except Exception:
                 pass
 
-    def _close(self) -> None:
+    def _close(self, outcome: Outcome) -> None:
         self.tracker.shutdown()  # every trial's model is logged before the study closes
-        counts = trial_counts(self.study)
-        close_parent_run(self.client, self.parent_run_id, self.study, self.spec, counts)
-        self.progress.end(self.study, counts, self.spec)
+        outcome.counts = trial_counts(self.study)
+        close_parent_run(self.client, self.parent_run_id, self.study, self.spec, outcome.counts)
+        self.progress.end(self.study, outcome.counts, self.spec)

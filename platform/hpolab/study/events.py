@@ -2,9 +2,14 @@
 
     ("epoch", n, m)  -> metrics logged, value reported to the pruner; "continue" or "stop" back
     ("done", info)   -> COMPLETE (model logged), PRUNED (the pruner said stop) or, when the driver
-                        asked it to stop (Ctrl-C), FAIL with a retry copy that resumes it
-    ("fail", info)   -> FAIL; a first CUDA OOM instead restarts it with half the micro-batch
-    exit, no message -> FAIL with the signal or exit code explained
+                        asked it to stop (Ctrl-C, SIGTERM) before its last epoch, FAIL with a
+                        retry copy that resumes it
+    ("fail", info)   -> FAIL; a CUDA OOM is retried as a new attempt (retry copy) with half the
+                        micro-batch and twice the accumulation, resuming from its last checkpoint
+    exit, no message -> FAIL with the signal or exit code explained (also when it died while the
+                        driver answered its epoch: a dead child's pipe ends its trial only)
+
+Every retry is a new Optuna trial and MLflow run (retry.py) that carries the epochs over.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import TrialState
 
-from hpolab.study.budget import trial_counts
+from hpolab.study.budget import FailureStreak, trial_counts
 from hpolab.study.heartbeat import beat
 from hpolab.study.progress import Progress
+from hpolab.study.retry import RetryCopy
 from hpolab.study.runner import Running, TrialRunner, next_message
 from hpolab.study.tracker import TrialTracker
 
@@ -26,7 +32,7 @@ class TrialEvents:
     """Handles the messages and exits of the driver's running trials."""
 
     def __init__(self, study: optuna.Study, storage, running: dict[int, Running], tracker: TrialTracker, runner: TrialRunner,
-                 progress: Progress, metric: str, retry: Callable[[optuna.Study, Any], None],
+                 progress: Progress, metric: str, retry: RetryCopy, streak: FailureStreak,
                  stopping: Callable[[], bool], aborting: Callable[[], bool]):
         self.study = study
         self.storage = storage  # for the heartbeat after every epoch
@@ -35,15 +41,16 @@ class TrialEvents:
         self.runner = runner
         self.progress = progress
         self.metric = metric
-        self.retry = retry  # Optuna's RetryHeartbeatStaleTrialCallback: queues a WAITING copy
-        # The driver's Ctrl-C state, read when it matters (the SIGINT handler may flip it any time):
-        self.stopping = stopping  # first Ctrl-C: trials stop after their current epoch
-        self.aborting = aborting  # second Ctrl-C: the driver kills the trials
+        self.retry = retry  # queues a WAITING copy that resumes the attempt (retry.py)
+        self.streak = streak  # consecutive failures, for max_failures
+        # The driver's stop state, read when it matters (a signal handler may flip it any time):
+        self.stopping = stopping  # first Ctrl-C / SIGTERM: trials stop after their current epoch
+        self.aborting = aborting  # second one: the driver kills the trials
 
     def handle(self, r: Running) -> None:
         """Drain everything the trial sent, then notice if its process ended."""
         while r.number in self.running:
-            msg = next_message(r.conn)  # (r.conn is re-read: an OOM retry replaces it)
+            msg = next_message(r.conn)
             if msg is None:
                 break
             kind = msg[0]
@@ -63,20 +70,25 @@ class TrialEvents:
         r.epoch = epoch
         self.tracker.log_epoch(r.run_id, epoch, metrics)
         value = metrics.get(self.metric)
-        reply = "continue"
         if value is not None and value == value:  # not NaN
             r.last_value = value
             r.trial.report(value, epoch)
             if r.pruned_at is None and r.trial.should_prune():
                 r.pruned_at = epoch
-        if r.pruned_at is not None or self.stopping():
-            reply = "stop"
-        r.conn.send(reply)
+        # After its last epoch a trial is done anyway: a Ctrl-C then must not make it an interrupted one.
+        last = epoch >= int(r.config["trainer"]["max_epochs"])
+        reply = "stop" if r.pruned_at is not None or (self.stopping() and not last) else "continue"
+        try:
+            r.conn.send(reply)
+        except OSError:  # BrokenPipe/ConnectionReset: the child died after its epoch; handle() sees its exit
+            pass
         beat(self.storage, r, force=True)
         self.progress.epoch(r.number, epoch)
 
-    def finish(self, r: Running, state: TrialState, tags: dict[str, str], value: float | None = None, model_info: dict | None = None) -> None:
-        """Tell Optuna now; close the MLflow run now, or after its model is logged (background)."""
+    def finish(self, r: Running, state: TrialState, tags: dict[str, str], value: float | None = None,
+               model_info: dict | None = None, retry: str | None = None, overrides: dict | None = None) -> None:
+        """Tell Optuna now (and queue a retry copy when `retry` names why); close the MLflow run now,
+        or after its model is logged (background)."""
         number = r.number
         self.running.pop(number, None)
         try:
@@ -91,12 +103,16 @@ class TrialEvents:
                 c.close()
             except OSError:
                 pass
+        copy = None
+        if retry is not None and "hpolab.tell_error" not in tags:
+            copy = self.retry(self.study, self.storage.get_trial(r.trial._trial_id), kind=retry, overrides=overrides)
+            tags["hpolab.fail_reason"] += (f"; retried as trial {copy}, resuming from its last checkpoint" if copy is not None
+                                           else f"; not retried (max_retries={self.retry.max_retries} reached)")
+            if copy is not None:
+                tags["hpolab.retried_as_trial"] = str(copy)
+        self.streak.record(state, copy is not None, tags.get("hpolab.fail_kind"), tags.get("hpolab.fail_reason"))
         self.tracker.finish(r, state, tags, model_info)
         self.progress.trial_finished(number, state.name, value if value is not None else r.last_value, tags.get("hpolab.fail_reason"), trial_counts(self.study))
-
-    def _queue_retry(self, r: Running) -> None:
-        # Queue a copy with the same params; the next `study run` resumes it from last.pt.
-        self.retry(self.study, self.study.get_trials(deepcopy=False)[r.number])
 
     def on_done(self, r: Running, info: dict[str, Any]) -> None:
         tags = {
@@ -112,59 +128,48 @@ class TrialEvents:
             tags["hpolab.pruned_at_epoch"] = str(r.pruned_at)
             self.finish(r, TrialState.PRUNED, tags)
             return
-        if info["stop_reason"] == "stopped_by_caller":  # we asked it to stop: Ctrl-C
-            tags["hpolab.fail_reason"] = (
-                f"interrupted by the user (Ctrl-C) after epoch {info['epochs_run']}; "
-                "re-running the study resumes it from its last checkpoint"
-            )
-            self.finish(r, TrialState.FAIL, tags)
-            self._queue_retry(r)
+        if info["stop_reason"] == "stopped_by_caller" and info["epochs_run"] < int(r.config["trainer"]["max_epochs"]):
+            tags["hpolab.fail_reason"] = f"interrupted (Ctrl-C or SIGTERM) after epoch {info['epochs_run']}"
+            tags["hpolab.fail_kind"] = "interrupted"
+            self.finish(r, TrialState.FAIL, tags, retry="interrupted")
             return
         best = float(info["best_value"])
         tags[f"hpolab.best_{self.metric}"] = repr(best)
         self.finish(r, TrialState.COMPLETE, tags, value=best, model_info=info)
 
     def on_fail(self, r: Running, info: dict[str, Any]) -> None:
-        if info["kind"] == "oom" and not r.oom_retried:
-            self._retry_after_oom(r, info)
-            return
-        tags = {"hpolab.fail_reason": info["reason"], "hpolab.fail_kind": info["kind"]}
+        tags = {"hpolab.fail_reason": info["reason"], "hpolab.fail_kind": info["kind"], "hpolab.epochs_run": str(r.epoch)}
         if info["kind"] == "nan" and r.config["trainer"].get("amp") in ("fp16", "auto"):
             tags["hpolab.fail_hint"] = "non-finite loss; if this ran under fp16 AMP, try trainer.amp=off or bf16, or a lower lr"
         self.tracker.log_text(r.run_id, "traceback.txt", info.get("traceback", "") + ("\n" + info["memory_summary"] if info.get("memory_summary") else ""))
-        self.finish(r, TrialState.FAIL, tags)
+        retry, overrides = None, None
+        if info["kind"] == "oom":
+            t = r.config["trainer"]
+            if t["batch_size"] < 2:
+                tags["hpolab.fail_reason"] += " (micro-batch already 1: cannot halve)"
+            else:
+                # The next attempt keeps the effective batch with half the memory; the fault injection
+                # that caused a test's OOM is cleared so the retry can succeed.
+                retry, overrides = "oom", {"batch_size": t["batch_size"] // 2, "grad_accum_steps": t["grad_accum_steps"] * 2,
+                                           "inject_oom_at_step": None}
+                self.progress.note(f"trial {r.number}: CUDA OOM; retrying with batch_size={overrides['batch_size']} "
+                                   f"x {overrides['grad_accum_steps']} accumulation")
+        self.finish(r, TrialState.FAIL, tags, retry=retry, overrides=overrides)
 
-    def _retry_after_oom(self, r: Running, info: dict[str, Any]) -> None:
-        t = r.config["trainer"]
-        if t["batch_size"] < 2:
-            self.on_fail(r, {**info, "reason": info["reason"] + " (micro-batch already 1: cannot halve)"} | {"kind": "oom_final"})
-            return
-        t["batch_size"] //= 2
-        t["grad_accum_steps"] *= 2
-        # The retry reproduces the same effective batch with half the memory; the fault injection
-        # that caused a test's OOM is cleared so the retry can succeed.
-        t["inject_oom_at_step"] = None
-        r.oom_retried = True
-        self.tracker.set_tags(
-            r.run_id,
-            {"hpolab.oom_retry": f"retried after CUDA OOM with batch_size={t['batch_size']} grad_accum_steps={t['grad_accum_steps']}"},
-        )
-        self.tracker.log_text(r.run_id, "oom_first_attempt.txt", info.get("traceback", "") + "\n" + info.get("memory_summary", ""))
-        for c in (r.conn, r.lifeline):
-            c.close()
+    def on_timeout(self, r: Running, limit: float) -> None:
+        """Past trial_timeout: killed, FAIL, and retried from its last checkpoint (up to max_retries)."""
+        r.process.kill()
         r.process.join(timeout=10)
-        r.pruned_at, r.epoch = None, 0
-        self.runner.spawn_trial(r, None, self.running.values())
-        self.progress.note(f"trial {r.number}: CUDA OOM, retrying with batch_size={t['batch_size']} x {t['grad_accum_steps']} accumulation")
+        self.finish(r, TrialState.FAIL, {"hpolab.fail_reason": f"trial exceeded trial_timeout ({limit:g} s) and was stopped",
+                                         "hpolab.fail_kind": "timeout", "hpolab.epochs_run": str(r.epoch)}, retry="timeout")
 
     def on_exit_without_result(self, r: Running) -> None:
         """The process ended without a message."""
         code = r.process.exitcode
-        if self.aborting():  # we killed it on the second Ctrl-C: resumable, like the first Ctrl-C
+        if self.aborting():  # we killed it on the second Ctrl-C/SIGTERM: resumable, like the first
             self.finish(r, TrialState.FAIL, {
-                "hpolab.fail_reason": f"stopped by a second Ctrl-C during epoch {r.epoch + 1}; re-running the study resumes it from its last checkpoint",
-                "hpolab.fail_kind": "interrupted", "hpolab.epochs_run": str(r.epoch)})
-            self._queue_retry(r)
+                "hpolab.fail_reason": f"stopped by a second Ctrl-C/SIGTERM during epoch {r.epoch + 1}",
+                "hpolab.fail_kind": "interrupted", "hpolab.epochs_run": str(r.epoch)}, retry="interrupted")
             return
         self.finish(r, TrialState.FAIL, {"hpolab.fail_reason": exit_reason(code), "hpolab.fail_kind": "process", "hpolab.epochs_run": str(r.epoch)})
 

@@ -1,8 +1,9 @@
 """Heartbeats of the running trials, and the reaper of trials whose driver stopped beating.
 
 Optuna's heartbeat marks a RUNNING trial as alive; a trial without one for GRACE_PERIOD seconds is
-stale (its driver was killed or its machine lost). The reaper fails such trials, lets Optuna's retry
-callback queue a WAITING copy, and closes their MLflow runs so none stays RUNNING forever.
+stale (its driver was killed or its machine lost). A trial whose owner (owners.py) ran on this host
+and is gone is dead at once, without waiting for the grace period. The reaper fails dead trials,
+queues a WAITING retry copy (retry.py), and closes their MLflow runs so none stays RUNNING forever.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import optuna
 from optuna.trial import TrialState
 
 from hpolab.stores.optuna_storage import GRACE_PERIOD, HEARTBEAT_INTERVAL
+from hpolab.study.owners import age_since_start, describe, heartbeat_age, owner_gone, owner_of
+from hpolab.study.retry import RetryCopy
 from hpolab.study.runner import Running
 
 # We call Optuna's heartbeat API from an ask/tell driver on purpose (its built-in heartbeat only
@@ -60,30 +63,68 @@ class Heartbeats:
                     pass  # a transient store error; the next beat retries
 
 
-def reap_stale_trials(
+def _why_dead(t, stale_ids: set[int], storage) -> tuple[str, str] | None:
+    """(kind, reason) when RUNNING trial `t` of another driver is dead, else None (it may be alive)."""
+    owner = owner_of(t)
+    gone = owner_gone(owner)
+    if gone:
+        return "owner_gone", gone
+    if t._trial_id in stale_ids:
+        return "stale", f"its driver ({describe(owner)}) stopped sending heartbeats for {GRACE_PERIOD} s (killed or lost)"
+    # Optuna never calls a trial without any heartbeat stale: a driver killed between ask() and
+    # its first beat would leave it RUNNING forever.
+    if owner is None and age_since_start(t) > GRACE_PERIOD and heartbeat_age(storage, t._trial_id) is None:
+        return "stale", f"its driver never recorded an owner or a heartbeat in {GRACE_PERIOD} s (killed while starting it)"
+    return None
+
+
+def reap_dead_trials(
     study: optuna.Study,
+    storage,
     mine: dict[int, Running],
-    max_retries: int,
+    retry: RetryCopy,
     close_run: Callable[[str, TrialState, dict[str, str]], None],
     note: Callable[[str], None],
 ) -> None:
-    """Trials whose driver stopped heartbeating (killed, machine lost) -> FAIL, a WAITING retry
-    copy (Optuna's callback), and their MLflow runs closed with the reason, so none stays RUNNING.
+    """RUNNING trials of other drivers that are dead -> FAIL, a WAITING retry copy, and their MLflow
+    runs closed with the reason, so none stays RUNNING. Dead: an owner on this host that is gone
+    (at once), or no heartbeat for GRACE_PERIOD seconds (any host).
     `mine`: the trials this driver runs (alive by definition; never reaped here)."""
-    before = {t.number for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING}
-    optuna.storages.fail_stale_trials(study)
-    trials = study.get_trials(deepcopy=False)
-    for n in before:
-        t = trials[n]
-        if t.state != TrialState.FAIL or n in mine:
+    others = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.number not in mine]
+    if not others:
+        return
+    try:
+        stale_ids = set(storage._get_stale_trial_ids(study._study_id))
+    except Exception:
+        stale_ids = set()
+    for t in others:
+        why = _why_dead(t, stale_ids, storage)
+        if why is None:
             continue
-        retried_by = [w.number for w in trials if n in w.system_attrs.get("retry_history", []) and w.number != n]
-        reason = f"its driver stopped sending heartbeats for {GRACE_PERIOD} s (killed or lost)"
-        reason += f"; retried as trial {retried_by[0]}" if retried_by else f"; not retried (max_retries={max_retries} reached)"
+        kind, reason = why
+        try:
+            if not storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another driver reaped (or its owner finished) it first
+        copy = retry(study, storage.get_trial(t._trial_id), kind=kind)
+        reason += f"; retried as trial {copy}" if copy is not None else f"; not retried (max_retries={retry.max_retries} reached)"
         run_id = t.user_attrs.get("mlflow_run_id")
         if run_id:
             try:
-                close_run(run_id, TrialState.FAIL, {"hpolab.fail_reason": reason, "hpolab.fail_kind": "stale"})
+                close_run(run_id, TrialState.FAIL, {"hpolab.fail_reason": reason, "hpolab.fail_kind": kind})
             except Exception as e:
-                note(f"could not close the MLflow run of stale trial {n}: {e}")
-        note(f"trial {n} was stale: {reason}")
+                note(f"could not close the MLflow run of dead trial {t.number}: {e}")
+        note(f"trial {t.number} was left RUNNING: {reason}")
+
+
+def others_running(study: optuna.Study, storage, mine: dict[int, Running]) -> list[str]:
+    """RUNNING trials of other (live-looking) drivers, described with their owner and heartbeat age."""
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.number in mine:
+            continue
+        age = heartbeat_age(storage, t._trial_id)
+        beat_txt = f"last heartbeat {age:.0f} s ago" if age is not None else "no heartbeat yet"
+        out.append(f"trial {t.number} ({describe(owner_of(t))}, {beat_txt})")
+    return out

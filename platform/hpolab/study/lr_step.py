@@ -39,9 +39,13 @@ def _run_child(spec: StudySpec, out_dir: Path, runner: TrialRunner, project_dir:
         runner.context(), lr_find.run_in_process, "lr-range-test", lambda c, life: (c, job, life))
     msg = None
     while msg is None:
-        if conn.poll(1.0):
-            msg = conn.recv()
-        elif not proc.is_alive():
+        try:
+            if conn.poll(1.0):
+                msg = conn.recv()
+                continue
+        except (EOFError, OSError):  # it died: its pipe closed
+            proc.join(timeout=10)
+        if not proc.is_alive():
             msg = ("fail", {"reason": f"the LR range test process died (exit code {proc.exitcode})", "traceback": ""})
         elif aborting():
             proc.kill()

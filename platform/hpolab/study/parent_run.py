@@ -72,3 +72,10 @@ def close_parent_run(client, parent_run_id: str, study: optuna.Study, spec: Stud
     tr.set_tags(client, parent_run_id, tags)
     done = counts["finished"] >= spec.n_trials
     client.set_terminated(parent_run_id, status="FINISHED" if done else "KILLED")
+
+
+def fail_parent_run(client, parent_run_id: str, error: str) -> None:
+    """The driver stopped with an error: say so on the parent run and close it FAILED (a re-run of
+    the same command opens it again)."""
+    tr.set_tags(client, parent_run_id, {"hpolab.driver_error": error[:4000]})
+    client.set_terminated(parent_run_id, status="FAILED")

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -30,11 +31,11 @@ class Progress:
         )
 
     def note(self, text: str) -> None:
-        self._print(f"[yellow]{text}[/]")
+        self._print(f"[yellow]{escape(text)}[/]")  # reasons may hold [brackets]: never markup
 
     def trial_started(self, number: int, params: dict[str, Any], retry_of: int | None) -> None:
         self.epochs[number] = 0
-        shown = ", ".join(f"{k.split('.')[-1]}={fmt_value(v)}" for k, v in params.items())
+        shown = escape(", ".join(f"{k.split('.')[-1]}={fmt_value(v)}" for k, v in params.items()))
         extra = f" (retry of trial {retry_of}, resuming from its checkpoint)" if retry_of is not None else ""
         self._print(f"[dim]{self._clock()}[/] trial {number} started{extra}: {shown}")
 
@@ -49,7 +50,7 @@ class Progress:
                 self.best = value
         colour = {"COMPLETE": "green", "PRUNED": "yellow", "FAIL": "red"}[state]
         val = f" {self.spec.metric}={fmt_value(value)}" if value is not None else ""
-        why = f" -- {reason}" if reason else ""
+        why = f" -- {escape(reason)}" if reason else ""
         running = ", ".join(f"#{n}@ep{e}" for n, e in sorted(self.epochs.items())) or "none"
         self._print(
             f"[dim]{self._clock()}[/] trial {number} [{colour}]{state}[/]{val}{why}\n"

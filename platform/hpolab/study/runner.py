@@ -34,7 +34,6 @@ class Running:
     epoch: int = 0
     last_value: float | None = None
     pruned_at: int | None = None
-    oom_retried: bool = False
     last_heartbeat: float = 0.0
     gpu: int | None = None
 

@@ -9,6 +9,7 @@ behind an export. The parent run (one per study, shared by all its workers) is i
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass, field
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -19,29 +20,48 @@ from optuna.trial import TrialState
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.models import log_trial_model
 from hpolab.stores.paths import Stores
+from hpolab.study.retry import OVERRIDES
 from hpolab.study.runner import Running
 
 MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
 
 
-def retry_source(study: optuna.Study, stores: Stores, study_name: str, number: int) -> tuple[int | None, str | None, dict[str, str]]:
-    """(trial it retries, checkpoint to resume from, run tags saying so) for trial `number`.
+@dataclass
+class RetrySource:
+    """What a retry copy continues: the attempt it retries, the checkpoint to resume from, the run
+    tags saying so, and trainer overrides for this attempt (e.g. the halved micro-batch after an OOM)."""
 
-    A retry copy (of a stale or interrupted trial) resumes from the latest dead attempt."""
-    history = study.get_trials(deepcopy=False)[number].system_attrs.get("retry_history") or []
-    retry_of = history[-1] if history else None
-    tags: dict[str, str] = {}
-    resume_from = None
-    if retry_of is not None:
-        tags["hpolab.retry_of_trial"] = str(retry_of)
-        dead = study.get_trials(deepcopy=False)[retry_of]
-        if dead.user_attrs.get("mlflow_run_id"):
-            tags["hpolab.retry_of_run"] = dead.user_attrs["mlflow_run_id"]
-        last = stores.trial_dir(study_name, retry_of) / "last.pt"
+    retry_of: int | None = None
+    resume_from: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def retry_source(study: optuna.Study, stores: Stores, study_name: str, number: int) -> RetrySource:
+    """What trial `number` continues (all empty when it is not a retry copy).
+
+    It resumes from the newest last.pt of its chain: the attempt it retries, or an earlier one when
+    that attempt died before its first epoch ended."""
+    trials = study.get_trials(deepcopy=False)
+    me = trials[number]
+    history = me.system_attrs.get("retry_history") or []
+    if not history:
+        return RetrySource()
+    src = RetrySource(retry_of=history[-1], overrides=dict(me.system_attrs.get(OVERRIDES) or {}))
+    src.tags["hpolab.retry_of_trial"] = str(src.retry_of)
+    src.tags["hpolab.retry_kind"] = str(me.system_attrs.get("hpolab.retry_kind", "stale"))
+    dead = trials[src.retry_of]
+    if dead.user_attrs.get("mlflow_run_id"):
+        src.tags["hpolab.retry_of_run"] = dead.user_attrs["mlflow_run_id"]
+    for n in reversed(history):
+        last = stores.trial_dir(study_name, n) / "last.pt"
         if last.exists():
-            resume_from = str(last)
-            tags["hpolab.resumed_from"] = resume_from
-    return retry_of, resume_from, tags
+            src.resume_from = str(last)
+            src.tags["hpolab.resumed_from"] = src.resume_from
+            break
+    if src.overrides:
+        src.tags["hpolab.trainer_overrides"] = " ".join(f"{k}={v}" for k, v in sorted(src.overrides.items()))
+    return src
 
 
 class TrialTracker:

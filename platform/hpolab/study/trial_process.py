@@ -37,7 +37,9 @@ def _input_example(data, n: int = 2):
 
 def run(conn, lifeline, job: dict[str, Any]) -> None:
     """Process entry point. `job` is plain data (picklable): built by the driver's trial runner."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle (graceful stop)
+    # Ctrl-C (sent to the whole process group) and SIGTERM are the driver's to handle (graceful stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     watch_lifeline(lifeline)
     if job.get("cuda_device") is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(job["cuda_device"])  # before CUDA initializes
@@ -47,10 +49,10 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
         sys.path.insert(0, project_dir)
 
     def on_epoch(epoch: int, metrics: dict[str, float]) -> bool:
-        conn.send(("epoch", epoch, metrics))
         try:
+            conn.send(("epoch", epoch, metrics))
             return conn.recv() == "stop"
-        except EOFError:
+        except (EOFError, OSError):  # the driver is gone (its end closed or reset): nobody to train for
             os._exit(ORPHAN_EXIT_CODE)
 
     try:

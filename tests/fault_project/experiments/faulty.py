@@ -3,7 +3,9 @@
 Real data (sklearn digits, flattened) and a tiny MLP. `model.fault` picks the misbehaviour, after
 `model.fault_after` forward calls (about 9 per epoch at batch 128):
   none | raise (Python exception) | nan (NaN logits) | sigkill (the process kills itself) |
-  segfault (a real SIGSEGV) | hang (sleeps for an hour: for the per-trial timeout)
+  segfault (a real SIGSEGV) | hang (sleeps for an hour: for the per-trial timeout) |
+  exit_after_epoch (the process exits right after sending its first epoch to the driver, so the
+  driver's "continue" meets a closed pipe; fault_after is ignored)
 `model.sleep` slows every forward call (seconds), to make trials slow enough to interrupt.
 If HPOLAB_TEST_PID_DIR is set, each model writes its process id there (to find orphans).
 """
@@ -67,4 +69,21 @@ def build_model(model: dict, input_shape, num_classes) -> nn.Module:
     pid_dir = os.environ.get("HPOLAB_TEST_PID_DIR")
     if pid_dir:
         open(os.path.join(pid_dir, f"{os.getpid()}.pid"), "w").close()
+    if model["fault"] == "exit_after_epoch":
+        _exit_after_first_epoch_message()
+        return Faulty(int(model["hidden"]), "none", 0, float(model["sleep"]))
     return Faulty(int(model["hidden"]), model["fault"], int(model["fault_after"]), float(model["sleep"]))
+
+
+def _exit_after_first_epoch_message() -> None:
+    """Die the moment the trial has sent its ("epoch", ...) message: the driver answers a dead child."""
+    from multiprocessing.connection import Connection
+
+    send = Connection.send
+
+    def send_then_exit(self, obj):
+        send(self, obj)
+        if isinstance(obj, tuple) and obj and obj[0] == "epoch":
+            os._exit(3)
+
+    Connection.send = send_then_exit

@@ -1,0 +1,90 @@
+"""Who runs a trial: the driver process that owns it, recorded on the Optuna trial.
+
+Each RUNNING trial carries the user attr `hpolab.owner` = {host, boot_id, pid, start_time, trial}:
+the driver's host name, the kernel's boot id, its pid and the process start time (field 22 of
+/proc/<pid>/stat, so a recycled pid is not mistaken for the owner). A driver on the same host can
+then tell at once that an owner is gone, instead of waiting for its heartbeats to go stale.
+`trial` is the trial number the record was written for: a retry copy that inherited its dead
+original's attrs is not mistaken for owned.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+from typing import Any
+
+OWNER_ATTR = "hpolab.owner"
+
+
+def _boot_id() -> str:
+    try:
+        return open("/proc/sys/kernel/random/boot_id").read().strip()
+    except OSError:
+        return ""
+
+
+def process_start_time(pid: int) -> str | None:
+    """The start time of process `pid` (clock ticks since boot), or None if it is gone or a zombie."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "(comm) ": field 3 (state) onwards
+    if fields[0] in ("Z", "X"):
+        return None
+    return fields[19]  # field 22: starttime
+
+
+def owner_record(trial_number: int) -> dict[str, Any]:
+    """This driver, as the owner of trial `trial_number`."""
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "boot_id": _boot_id(), "pid": pid,
+            "start_time": process_start_time(pid), "trial": trial_number}
+
+
+def owner_of(trial) -> dict[str, Any] | None:
+    """The trial's own owner record (None when it has none, or only an inherited one)."""
+    rec = trial.user_attrs.get(OWNER_ATTR)
+    if not isinstance(rec, dict) or rec.get("trial") != trial.number:
+        return None
+    return rec
+
+
+def owner_gone(rec: dict[str, Any] | None) -> str | None:
+    """Why the owner is certainly gone (same host only), or None when it may be alive."""
+    if rec is None or rec.get("host") != socket.gethostname():
+        return None  # another host: only its heartbeats can tell
+    where = f"its driver (pid {rec.get('pid')} on {rec.get('host')})"
+    if rec.get("boot_id") and _boot_id() and rec["boot_id"] != _boot_id():
+        return f"{where} ran before this machine rebooted"
+    if process_start_time(int(rec["pid"])) != rec.get("start_time"):
+        return f"{where} is gone"
+    return None
+
+
+def describe(rec: dict[str, Any] | None) -> str:
+    return f"{rec.get('host')} pid {rec.get('pid')}" if rec else "an unknown driver"
+
+
+def heartbeat_age(storage, trial_id: int) -> float | None:
+    """Seconds since the trial's last heartbeat (None: none recorded, or the store cannot say)."""
+    try:
+        import sqlalchemy
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        with _create_scoped_session(storage.scoped_session) as session:
+            hb = models.TrialHeartbeatModel.where_trial_id(trial_id, session)
+            if hb is None:
+                return None
+            now = session.execute(sqlalchemy.func.now()).scalar()
+            return (now.replace(tzinfo=None) - hb.heartbeat.replace(tzinfo=None)).total_seconds()
+    except Exception:
+        return None
+
+
+def age_since_start(trial) -> float:
+    start = trial.datetime_start
+    return (dt.datetime.now() - start).total_seconds() if start else 0.0

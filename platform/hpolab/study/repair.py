@@ -1,0 +1,44 @@
+"""Trial runs a killed driver left open in MLflow, closed by the next driver on the same host.
+
+A driver tells Optuna first and closes the MLflow run after (a COMPLETE trial's model is logged in
+the background, seconds). Killed in between, it leaves a finished Optuna trial whose run says
+RUNNING; killed between creating a run and linking it to its trial, it leaves a run no trial
+points at. The next driver closes the first kind with the trial's state and deletes the second
+(empty: the trial that was starting is retried with a run of its own). Only runs whose owner is
+known to be gone (owners.py) are touched: another live driver may still be logging its model.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from hpolab.study.owners import owner_gone, owner_of
+
+
+def close_orphan_runs(client, experiment_id: str, study: optuna.Study, close_run: Callable, note: Callable[[str], None]) -> int:
+    """Close (or delete) the study's trial runs left RUNNING by a dead driver; returns how many."""
+    runs = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=5000)
+    trials = study.get_trials(deepcopy=False)
+    fixed = 0
+    for run in runs:
+        number = run.data.tags.get("optuna.trial_number")
+        if number is None or not number.isdigit() or int(number) >= len(trials):
+            continue
+        t = trials[int(number)]
+        if t.state in (TrialState.RUNNING, TrialState.WAITING) or not owner_gone(owner_of(t)):
+            continue  # running (the reaper's business) or its owner may be alive
+        run_id = run.info.run_id
+        if t.user_attrs.get("mlflow_run_id") != run_id:
+            client.delete_run(run_id)  # never linked to its trial: empty
+        else:
+            tags = {"hpolab.closed_by": "a later driver (the trial's driver died before closing its run)"}
+            if t.state == TrialState.COMPLETE:
+                tags["hpolab.model_error"] = "the driver died before the model was logged"
+            close_run(run_id, t.state, tags)
+        fixed += 1
+    if fixed:
+        note(f"closed {fixed} MLflow run(s) that a killed driver had left RUNNING")
+    return fixed
