@@ -214,7 +214,11 @@ def _descendants(pid: int) -> list[int]:
 
 @pytest.mark.skipif(not HAVE_POSTGRES, reason=NO_POSTGRES)
 def test_ui_puts_no_password_on_the_server_command_line(tmp_path):
+    """(With the same PostgreSQL: a refused login is bad input, exit 2, the password still redacted.)"""
     with postgres_cluster(user="hpolab", password=PASSWORD) as (_, pg_port, _data):
+        wrong = f"postgresql+psycopg2://hpolab:{PASSWORD}x@127.0.0.1:{pg_port}/postgres"
+        line = one_line_error(run_cli("--store", str(tmp_path / "s"), "--storage", wrong, "study", "list", check=False, timeout=120), 2)
+        assert "password authentication failed" in line and f"hpolab:***@127.0.0.1:{pg_port}" in line
         uri = f"postgresql+psycopg2://hpolab:{PASSWORD}@127.0.0.1:{pg_port}/postgres"
         port = free_port()
         exe = Path(sys.executable).with_name("hpolab")
