@@ -103,19 +103,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _stores(args):
+def _stores(args, optuna: bool = True, tracking: bool = True):
+    """The stores of the command line/environment, checked before use (one line, within seconds, if
+    a URL is malformed, a driver is missing or a server does not answer). optuna/tracking: which of
+    the two the command opens (False, False: resolve only)."""
     from hpolab.stores.paths import resolve_stores
+    from hpolab.stores.preflight import check_stores
 
-    return resolve_stores(getattr(args, "store", None), getattr(args, "storage", None), getattr(args, "tracking_uri", None))
+    stores = resolve_stores(getattr(args, "store", None), getattr(args, "storage", None), getattr(args, "tracking_uri", None))
+    if optuna or tracking:
+        check_stores(stores, optuna=optuna, tracking=tracking)
+    return stores
 
 
 def cmd_study_run(args) -> int:
+    stores = _stores(args)  # first: a wrong or down store is said in seconds, before torch/mlflow are imported
+
     from hpolab.config.spec import load_spec
     from hpolab.study.driver import Driver
     from hpolab.study.progress import Progress
 
     spec = load_spec(args.spec, args.overrides)
-    stores = _stores(args)
     # `hpolab worker` joins a study that other drivers are running now: mix the pid into the
     # sampler seed so two workers started together do not propose identical trials.
     worker_seed = os.getpid() if args.command == "worker" else 0
@@ -158,25 +166,28 @@ def cmd_study_validate(args) -> int:
 
 
 def cmd_study_status(args) -> int:
+    stores = _stores(args)  # checked before the heavy imports: a bad store is said in seconds
     from hpolab.analysis.status import print_status
 
-    return print_status(args.name, _stores(args))
+    return print_status(args.name, stores)
 
 
 def cmd_study_list(args) -> int:
+    stores = _stores(args)
     from hpolab.analysis.status import print_study_list
 
-    return print_study_list(_stores(args))
+    return print_study_list(stores)
 
 
 def cmd_study_delete(args) -> int:
+    stores = _stores(args)
+    from hpolab.stores.paths import redact
     from hpolab.stores.studies import delete_study, study_names
 
-    stores = _stores(args)
     names = study_names(stores)
     if args.name not in names:
-        raise UserError(f"no study named {args.name!r} in {stores.optuna_url} (studies there: {', '.join(names) or 'none'})")
-    what = (f"study {args.name!r}: its Optuna study in {stores.optuna_url}, its MLflow experiment in {stores.tracking_uri} "
+        raise UserError(f"no study named {args.name!r} in {redact(stores.optuna_url)} (studies there: {', '.join(names) or 'none'})")
+    what = (f"study {args.name!r}: its Optuna study in {redact(stores.optuna_url)}, its MLflow experiment in {redact(stores.tracking_uri)} "
             f"(soft delete) and {stores.trials_dir / args.name} and {stores.root / 'lr-find' / args.name}")
     if not args.yes:
         if not sys.stdin.isatty():
@@ -193,7 +204,7 @@ def cmd_study_delete(args) -> int:
     elif d.experiment_id:
         print(f"MLflow experiment {d.experiment_id} was already deleted")
     else:
-        print(f"no MLflow experiment named {d.name!r} in {stores.tracking_uri}")
+        print(f"no MLflow experiment named {d.name!r} in {redact(stores.tracking_uri)}")
     for f in d.folders:
         print(f"removed {f}")
     print("registered models and their versions are kept")
@@ -201,9 +212,10 @@ def cmd_study_delete(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    from hpolab.tools.ui import serve
+    from hpolab.tools.ui import check_address, serve
 
-    return serve(_stores(args), host=args.host, port=args.port)
+    check_address(args.host, args.port)  # a bad or busy port is said before the store is opened
+    return serve(_stores(args, optuna=False), host=args.host, port=args.port)
 
 
 def cmd_env(args) -> int:
@@ -215,7 +227,7 @@ def cmd_env(args) -> int:
 # Commands whose module exposes `<name>(args, stores) -> exit code`; imported only when used, so
 # `hpolab --help` and light commands do not pay for torch/mlflow imports.
 STORE_COMMANDS = {
-    "doctor": "hpolab.tools.doctor:doctor_cmd",
+    "doctor": "hpolab.tools.doctor:doctor_cmd",  # writes to no store: not checked
     "reproduce": "hpolab.analysis.reproduce:reproduce_cmd",
     "lr-find": "hpolab.tools.lr_find:lr_find_cmd",
     "promote": "hpolab.registry.promote:promote_cmd",
@@ -226,13 +238,18 @@ STORE_COMMANDS = {
 }
 
 
-def _store_command(target: str):
+def _store_command(name: str, target: str):
     import importlib
 
     module, func = target.split(":")
 
+    # Which stores each command opens: doctor none, predict only MLflow (models:/ URIs), the rest both.
+    # storage-proxy serves the database (checked) and opens no MLflow store.
+    needs = {"doctor": (False, False), "predict": (False, True), "storage-proxy": (True, False)}.get(name, (True, True))
+
     def handler(args) -> int:
-        return getattr(importlib.import_module(module), func)(args, _stores(args))
+        stores = _stores(args, *needs)  # before the command's (heavy) imports: a bad store is said in seconds
+        return getattr(importlib.import_module(module), func)(args, stores)
 
     return handler
 
@@ -268,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         ("worker", None): cmd_study_run,
         ("ui", None): cmd_ui,
         ("env", None): cmd_env,
-        **{(name, None): _store_command(target) for name, target in STORE_COMMANDS.items()},
+        **{(name, None): _store_command(name, target) for name, target in STORE_COMMANDS.items()},
     }[(args.command, getattr(args, "study_command", None))]
     try:
         _resolve_study_names(args)

@@ -22,6 +22,10 @@ class StudyError(Exception):
     """The study cannot go on (e.g. its LR range test failed); one message, exit code 1."""
 
 
+class StoreUnreachable(StudyError):
+    """A store's URL is well formed but its server does not answer (exit 1): one line, the URL redacted."""
+
+
 class SpecError(Exception):
     """A spec that cannot be used. `problems` are 'path: message' lines, all of them (exit 2)."""
 

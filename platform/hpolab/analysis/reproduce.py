@@ -28,6 +28,7 @@ def reproduce_cmd(args, stores) -> int:
     from hpolab.config.experiment import load_experiment
     from hpolab.train.config import trainer_config
     from hpolab.stores import mlflow_runs as tr
+    from hpolab.stores.paths import redact
     from hpolab.stores.environment import capture_environment
     from hpolab.train import fit, seed_everything
 
@@ -36,7 +37,7 @@ def reproduce_cmd(args, stores) -> int:
     try:
         run = client.get_run(args.run_id)
     except MlflowException as e:
-        raise UserError(f"no run {args.run_id} in {stores.tracking_uri} ({e.message}); is --store/--tracking-uri right?") from None
+        raise UserError(f"no run {args.run_id} in {redact(stores.tracking_uri)} ({e.message}); is --store/--tracking-uri right?") from None
     tags = run.data.tags
     with tempfile.TemporaryDirectory() as tmp:
         try:

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from hpolab.stores.optuna_storage import load_study
 from hpolab.study.progress import fmt_value
-from hpolab.stores.paths import Stores
+from hpolab.stores.paths import Stores, redact
 
 
 def print_status(name: str, stores: Stores) -> int:
@@ -48,9 +48,9 @@ def print_study_list(stores: Stores) -> int:
     rows = list_studies(stores)
     console = Console(highlight=False, width=200 if not Console().is_terminal else None)
     if not rows:
-        console.print(f"no studies in {stores.optuna_url}; start one with: hpolab study run studies/digits_cnn.yaml")
+        console.print(f"no studies in {redact(stores.optuna_url)}; start one with: hpolab study run studies/digits_cnn.yaml")
         return 0
-    table = Table(title=f"studies in {stores.optuna_url}")
+    table = Table(title=f"studies in {redact(stores.optuna_url)}")
     for col in ("study", "direction", "metric", "complete", "pruned", "fail", "running", "best", "last activity"):
         table.add_column(col, justify="left" if col in ("study", "direction", "metric", "last activity") else "right")
     for r in rows:

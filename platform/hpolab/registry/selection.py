@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpolab.stores.paths import Stores
+from hpolab.stores.paths import Stores, redact
 
 
 @dataclass
@@ -47,7 +47,7 @@ def load_study(name: str, stores: Stores, client):
     except Exception:
         parent = None
     if parent is None:
-        raise UserError(f"study {name!r} has no MLflow parent run in {stores.tracking_uri}; is --tracking-uri the one the study used?")
+        raise UserError(f"study {name!r} has no MLflow parent run in {redact(stores.tracking_uri)}; is --tracking-uri the one the study used?")
     p = parent.data.params
     info = StudyInfo(
         name=name,

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from hpolab.errors import UserError
 
 DEFAULT_PORT = 13000
-READY_TIMEOUT = 15  # seconds a worker waits for the proxy before saying it is unreachable
+READY_TIMEOUT = 10  # seconds a worker waits for the proxy before saying it is unreachable
 
 
 def is_grpc_url(url: str) -> bool:
@@ -42,9 +42,9 @@ def grpc_storage(url: str):
     try:
         storage.wait_server_ready(timeout=READY_TIMEOUT)
     except ConnectionError:
-        from hpolab.errors import StudyError
+        from hpolab.errors import StoreUnreachable
 
-        raise StudyError(f"no Optuna storage proxy answers at {url} (waited {READY_TIMEOUT} s); "
+        raise StoreUnreachable(f"no Optuna storage proxy answers at {url} (waited {READY_TIMEOUT} s); "
                          "start one with `hpolab storage-proxy --storage DATABASE_URL`") from None
     return storage
 

@@ -16,7 +16,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
-from hpolab.stores.paths import Stores
+from hpolab.stores.paths import Stores, redact
 
 PARAM_BATCH = 100  # MLflow's log_batch limit for params
 MAX_PARAM_LEN = 6000
@@ -81,13 +81,15 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
     existing = client.get_run(run_id).data.params
-    items = [Param(k, v) for k, v in params.items() if k not in existing]  # params are write-once
+    # params are write-once; a value holding a URL never records its password
+    items = [Param(k, redact(str(v))) for k, v in params.items() if k not in existing]
     for i in range(0, len(items), PARAM_BATCH):
         client.log_batch(run_id, params=items[i : i + PARAM_BATCH])
 
 
 def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
-    client.log_batch(run_id, tags=[RunTag(k, str(v)[:MAX_PARAM_LEN]) for k, v in tags.items()])
+    # A tag (a fail reason quoting an exception, say) never records a URL's password.
+    client.log_batch(run_id, tags=[RunTag(k, redact(str(v))[:MAX_PARAM_LEN]) for k, v in tags.items()])
 
 
 def log_epoch(client: MlflowClient, run_id: str, epoch: int, metrics: dict[str, float]) -> None:

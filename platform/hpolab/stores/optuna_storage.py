@@ -8,11 +8,20 @@ import time
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 
-from hpolab.errors import UserError
-from hpolab.stores.paths import Stores
+from hpolab.errors import StudyError, UserError
+from hpolab.stores.paths import Stores, redact
+from hpolab.stores.preflight import OPTUNA_FIX, one_line, check_database, connect_args_for
 
 HEARTBEAT_INTERVAL = int(os.environ.get("HPOLAB_HEARTBEAT_INTERVAL", "10"))  # seconds between heartbeats
 GRACE_PERIOD = int(os.environ.get("HPOLAB_GRACE_PERIOD", str(6 * HEARTBEAT_INTERVAL)))  # then a trial is stale
+
+
+def engine_kwargs(url: str) -> dict:
+    """SQLite waits for a writer's lock (seconds); a database server gets bounded connects and a
+    liveness check of pooled connections (a long study outlives server restarts and idle timeouts)."""
+    if url.startswith("sqlite"):
+        return {"connect_args": {"timeout": 60}}
+    return {"pool_pre_ping": True, "connect_args": connect_args_for(url)}
 
 
 def make_storage(url: str, max_retries: int = 1) -> optuna.storages.BaseStorage:
@@ -25,23 +34,25 @@ def make_storage(url: str, max_retries: int = 1) -> optuna.storages.BaseStorage:
 
     from sqlalchemy.exc import SQLAlchemyError
 
-    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     for attempt in range(6):
         try:
             return optuna.storages.RDBStorage(
                 url,
-                engine_kwargs=engine_kwargs,
+                engine_kwargs=engine_kwargs(url),
                 heartbeat_interval=HEARTBEAT_INTERVAL,
                 grace_period=GRACE_PERIOD,
                 # A stale trial (its driver died) comes back as a WAITING copy with the same params;
                 # start_trial() resumes it from the dead trial's last checkpoint.
                 heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retries),
             )
-        except SQLAlchemyError:
+        except SQLAlchemyError as e:
             # Workers started together on an empty database race to create Optuna's tables; the
             # loser sees a duplicate-key error. Once the winner is done the schema is simply there.
+            # Only that race is retried: a database that cannot be reached (or refuses us) is said
+            # at once, in one line.
+            check_database(url, "Optuna storage", OPTUNA_FIX)
             if attempt == 5:
-                raise
+                raise StudyError(f"cannot create Optuna's tables in {redact(url)}: {one_line(e)}") from None
             time.sleep(0.5 + random.random())
     raise AssertionError("unreachable")
 
@@ -54,7 +65,7 @@ def load_study(name: str, stores: Stores) -> optuna.Study:
     names = [s.study_name for s in optuna.get_all_study_summaries(storage=storage)]
     if name not in names:
         known = ", ".join(names) or "none"
-        raise UserError(f"no study named {name!r} in {stores.optuna_url} (studies there: {known})")
+        raise UserError(f"no study named {name!r} in {redact(stores.optuna_url)} (studies there: {known})")
     return optuna.load_study(study_name=name, storage=storage)
 
 
@@ -62,4 +73,4 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     """For reading a study back: a database URL, or grpc://HOST:PORT of `hpolab storage-proxy`."""
     from hpolab.stores.grpc_proxy import grpc_storage, is_grpc_url
 
-    return grpc_storage(url) if is_grpc_url(url) else optuna.storages.RDBStorage(url)
+    return grpc_storage(url) if is_grpc_url(url) else optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))

@@ -8,6 +8,7 @@ MLFLOW_TRACKING_URI point at servers instead (the multi-host case) without chang
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,22 @@ class Stores:
         return self.trials_dir / study / f"trial-{trial_number}"
 
     def describe(self) -> str:
-        return f"optuna: {self.optuna_url}\nmlflow: {self.tracking_uri}"
+        return f"optuna: {redact(self.optuna_url)}\nmlflow: {redact(self.tracking_uri)}"
+
+
+# scheme://user:PASSWORD@host  and  ?password=PASSWORD / &pass=... / &token=... in query strings
+_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):(?P<secret>[^/?#\s]*)@")
+_QUERY_SECRET = re.compile(r"(?P<head>[?&;](?:password|passwd|pass|pwd|secret|token|access_token|api_key|apikey)=)(?P<secret>[^&;#\s]*)", re.I)
+
+
+def redact(text: str) -> str:
+    """A URL (or any text holding URLs) safe to print or log: passwords become ***.
+
+    `postgresql://hpolab:s3cret@db:5432/optuna` -> `postgresql://hpolab:***@db:5432/optuna`;
+    `...?user=hpolab&password=s3cret` -> `...?user=hpolab&password=***`.
+    """
+    text = _USERINFO.sub(lambda m: f"{m['head']}:***@", str(text))
+    return _QUERY_SECRET.sub(lambda m: f"{m['head']}***", text)
 
 
 def resolve_stores(store: str | None = None, storage: str | None = None, tracking_uri: str | None = None) -> Stores:

@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 
 from hpolab.errors import UserError
-from hpolab.stores.paths import Stores
+from hpolab.stores.paths import Stores, redact
 
 STATES = ("complete", "pruned", "fail", "running")
 
@@ -110,7 +110,7 @@ def delete_study(name: str, stores: Stores) -> Deleted:
     """
     names = study_names(stores)
     if name not in names:
-        raise UserError(f"no study named {name!r} in {stores.optuna_url} (studies there: {', '.join(names) or 'none'})")
+        raise UserError(f"no study named {name!r} in {redact(stores.optuna_url)} (studies there: {', '.join(names) or 'none'})")
     storage = _storage_or_none(stores)
     study = optuna.load_study(study_name=name, storage=storage)
     n_trials = len(study.get_trials(deepcopy=False))

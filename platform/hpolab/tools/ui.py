@@ -7,6 +7,7 @@ it, prints "MLflow UI stopped" and exits 0, so no server is left holding the por
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -15,37 +16,56 @@ import sys
 import time
 import urllib.request
 
-from hpolab.stores.paths import Stores
+from hpolab.stores.paths import Stores, redact
 
 STOP_GRACE_SECONDS = 10  # after SIGTERM, then SIGKILL
 READY_TIMEOUT_SECONDS = 120  # the server imports a lot; a loaded laptop can take a minute
 
 
 def mlflow_server_command(stores: Stores, host: str, port: int) -> list[str]:
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", stores.tracking_uri, "--host", host, "--port", str(port), "--workers", "1"]
+    # The backend store URI (it may hold a password) goes through the environment, never the
+    # command line, which every user of the machine can read (`ps`): see server_env().
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port), "--workers", "1"]
     if stores.artifact_location:
         # Serve artifacts through the server so the browser can open them (plots, reports, models).
         cmd += ["--artifacts-destination", stores.artifact_location]
     return cmd
 
 
-def server_env() -> dict[str, str]:
+def server_env(stores: Stores) -> dict[str, str]:
     env = dict(os.environ)
+    env["MLFLOW_BACKEND_STORE_URI"] = stores.tracking_uri  # `mlflow server --backend-store-uri`'s envvar
     # MLflow's background job runner (GenAI scorers, trace rollups) starts eight more processes;
     # nothing hpolab logs needs it. A user can still turn it on by setting the variable.
     env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     return env
 
 
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+def check_address(host: str, port: int) -> None:
+    """UserError (one line, exit 2) unless the server could listen on host:port now."""
+    from hpolab.errors import UserError
+
+    if not 1 <= port <= 65535:
+        raise UserError(f"--port {port} is not a TCP port: pick one in 1..65535 (e.g. --port 5000)")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise UserError(f"--host {host!r} is not an address of this machine ({e}); use --host 127.0.0.1 (this machine only) "
+                        "or --host 0.0.0.0 (every interface)") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         # Like the server itself: connections of a previous server in TIME_WAIT do not count.
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
+            s.bind(addr)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise UserError(f"port {port} on {host} is in use (another `hpolab ui`?); pick another with --port N") from None
+            if e.errno == errno.EACCES:
+                raise UserError(f"port {port} on {host} needs privileges (ports below 1024); pick another with --port N "
+                                "(e.g. --port 5000)") from None
+            raise UserError(f"cannot listen on {host}:{port} ({e.strerror}); use --host 127.0.0.1 or an address of this "
+                            "machine, and --port N") from None
 
 
 def _ready(url: str) -> bool:
@@ -78,17 +98,14 @@ class _Stop(Exception):
 
 
 def serve(stores: Stores, host: str = "127.0.0.1", port: int = 5000) -> int:
-    from hpolab.errors import UserError
-
     if stores.tracking_uri.startswith(("http://", "https://")):
-        print(f"the tracking store is already a server: open {stores.tracking_uri}")
+        print(f"the tracking store is already a server: open {redact(stores.tracking_uri)}")
         return 0
+    check_address(host, port)
     if stores.tracking_uri.startswith("sqlite:///"):
         stores.root.mkdir(parents=True, exist_ok=True)
-    if not _port_free(host, port):
-        raise UserError(f"port {port} on {host} is in use (another `hpolab ui`?); pick another with --port")
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    print(f"MLflow UI for {stores.tracking_uri}\n  open {url}   (Ctrl-C to stop)", flush=True)
+    print(f"MLflow UI for {redact(stores.tracking_uri)}\n  open {url}   (Ctrl-C to stop)", flush=True)
 
     def on_signal(signum, frame):
         raise _Stop()
@@ -97,7 +114,7 @@ def serve(stores: Stores, host: str = "127.0.0.1", port: int = 5000) -> int:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     proc = None
     try:
-        proc = subprocess.Popen(mlflow_server_command(stores, host, port), env=server_env(), start_new_session=True)
+        proc = subprocess.Popen(mlflow_server_command(stores, host, port), env=server_env(stores), start_new_session=True)
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         announced = False
         while True:
