@@ -70,11 +70,11 @@ def selection_metric(metric_option: str | None, info: StudyInfo) -> tuple[str, s
     if metric == info.metric:
         return metric, info.direction
     name = metric.lower()
-    if any(k in name for k in ("loss", "err")):
+    if any(k in name for k in ("loss", "err", "rmse", "mae", "mse")):
         return metric, "minimize"
-    if any(k in name for k in ("acc", "f1", "recall", "precision", "auc")):
+    if any(k in name for k in ("acc", "f1", "recall", "precision", "auc", "r2", "map")):
         return metric, "maximize"
-    raise UserError(f"--metric {metric}: cannot tell whether it should be maximized or minimized; use a *_loss, *_acc or *_f1 metric")
+    raise UserError(f"--metric {metric}: cannot tell whether it should be maximized or minimized; use a *_loss, *_rmse, *_acc, *_f1 or *_map metric")
 
 
 def pick(client, study, info: StudyInfo, metric: str, direction: str) -> Challenger:
