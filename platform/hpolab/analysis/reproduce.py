@@ -13,7 +13,7 @@ import math
 import tempfile
 from pathlib import Path
 
-COMPARED = ("train_loss", "val_loss", "val_acc")
+COMPARED = ("train_loss", "val_loss")  # + the run's study metric (val_acc, val_rmse, val_map, ...)
 ENV_KEYS = ("env.python", "env.torch", "env.cuda", "env.cudnn", "env.gpu", "env.numpy", "env.git_commit", "env.git_dirty")
 
 
@@ -27,6 +27,7 @@ def reproduce_cmd(args, stores) -> int:
     from hpolab.errors import UserError
     from hpolab.config.experiment import load_experiment
     from hpolab.train.config import trainer_config
+    from hpolab.train.tasks import task_for
     from hpolab.stores import mlflow_runs as tr
     from hpolab.stores.paths import redact
     from hpolab.stores.environment import capture_environment
@@ -57,7 +58,8 @@ def reproduce_cmd(args, stores) -> int:
 
     # Same epochs as the original: a pruned or early-stopped trial ran fewer than max_epochs. It keeps
     # its configured max_epochs (the LR schedule is a function of it) and stops after those epochs.
-    history = {m: {h.step: h.value for h in client.get_metric_history(args.run_id, m)} for m in COMPARED}
+    compared = tuple(dict.fromkeys((*COMPARED, config["metric"])))
+    history = {m: {h.step: h.value for h in client.get_metric_history(args.run_id, m)} for m in compared}
     epochs = max(history["val_loss"], default=0)
     if epochs == 0:
         raise UserError(f"run {args.run_id} logged no epochs: nothing to compare")
@@ -72,18 +74,19 @@ def reproduce_cmd(args, stores) -> int:
     model = exp.build_model(config["model"], data.input_shape, data.num_classes)
     with tempfile.TemporaryDirectory() as ckpt:
         result = fit(trainer_config(trainer), model, data, metric=config["metric"], direction=config["direction"],
-                     seed=config["seed"], checkpoint_dir=ckpt, on_epoch=lambda epoch, _metrics: epoch >= epochs)
+                     seed=config["seed"], checkpoint_dir=ckpt, task=task_for(exp),
+                     on_epoch=lambda epoch, _metrics: epoch >= epochs)
 
     table = Table(title=f"{run.info.run_name}: original vs reproduced")
     table.add_column("epoch", justify="right")
-    for m in COMPARED:
+    for m in compared:
         table.add_column(f"{m} original", justify="right")
         table.add_column("reproduced", justify="right")
     worst = 0.0
     for h in result.history:
         e = int(h["epoch"])
         row = [str(e)]
-        for m in COMPARED:
+        for m in compared:
             orig = history[m].get(e)
             new = h.get(m)
             if orig is not None and new is not None:

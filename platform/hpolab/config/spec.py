@@ -240,6 +240,7 @@ def _messages(err: ValidationError) -> list[str]:
 
 
 def _check_experiment(spec: StudySpec, search_from: Path | None = None) -> list[str]:
+    """The experiment's names, the spec's model/data/search_space keys, the metric against its task."""
     try:
         exp = load_experiment(spec.experiment, search_from=search_from)
     except ModuleNotFoundError as e:
@@ -270,10 +271,18 @@ def _check_experiment(spec: StudySpec, search_from: Path | None = None) -> list[
                 f"search_space.{path}: from_lr_range_test needs the range test; set lr_range_test.enabled: true "
                 "(or give low/high)"
             )
-    return problems
+    return problems + _check_task(spec, exp)
 
 
-METRICS = {"val_acc", "val_loss", "train_loss", "val_macro_f1"}
+def _check_task(spec: StudySpec, exp: ModuleType) -> list[str]:
+    """metric + direction against the experiment's task, and trainer options foreign to it."""
+    from hpolab.train.tasks import metric_problems, task_for
+
+    try:
+        task = task_for(exp)
+    except ValueError as e:
+        return [f"experiment: {e}"]
+    return metric_problems(task, spec.trainer, spec.metric, spec.direction) + task.check_config(spec.trainer)
 
 
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> StudySpec:
@@ -293,12 +302,6 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> StudySpec
     except ValidationError as e:
         raise SpecError(source, _messages(e)) from None
     problems = _check_experiment(spec, search_from=p.resolve().parent)
-    if spec.metric not in METRICS:
-        problems.append(f"metric: {spec.metric!r} is not logged per epoch; use one of {', '.join(sorted(METRICS))}")
-    elif (spec.metric == "val_acc" or spec.metric == "val_macro_f1") and spec.direction != "maximize":
-        problems.append(f"direction: {spec.metric} should be maximized; set direction: maximize")
-    elif spec.metric.endswith("loss") and spec.direction != "minimize":
-        problems.append(f"direction: {spec.metric} should be minimized; set direction: minimize")
     problems += check_named(spec)
     if problems:
         raise SpecError(source, problems)

@@ -32,11 +32,12 @@ def existing_version(client, model_name: str, run_id: str):
     return min(mine, key=lambda v: int(v.version)) if mine else None
 
 
-def evaluate_holder(holder, model_name: str, experiment: str, config: dict, x_raw, y, num_classes: int, fp: str):
-    """(metrics, None) or (None, why they are not comparable)."""
+def evaluate_holder(holder, model_name: str, experiment: str, config: dict, x_raw, y, bound, fp: str):
+    """(metrics, None) or (None, why they are not comparable). `bound`: the challenger's task: the holder's
+    served predictions on the same split are scored the same way."""
     import mlflow.pytorch
 
-    from hpolab.registry.serving import TAG_EXPERIMENT, TAG_TEST_FINGERPRINT, classification_metrics, predict_logits
+    from hpolab.registry.serving import TAG_EXPERIMENT, TAG_TASK, TAG_TEST_FINGERPRINT, predict_logits
 
     tags = holder.tags
     if tags.get(TAG_TEST_FINGERPRINT) != fp:
@@ -48,8 +49,10 @@ def evaluate_holder(holder, model_name: str, experiment: str, config: dict, x_ra
             why = (f"its test split differs (seed {tags.get('hpolab.seed')}, data {tags.get('hpolab.data')}; the challenger's: "
                    f"seed {config['seed']}, data {json.dumps(config['data'], sort_keys=True)}): its score there could include its own training data")
         return None, why
+    if tags.get(TAG_TASK, "classification") != bound.task.name:
+        return None, f"it serves task {tags.get(TAG_TASK, 'classification')}, the challenger task {bound.task.name}"
     try:
         model = mlflow.pytorch.load_model(f"models:/{model_name}/{holder.version}", map_location="cpu")
-        return classification_metrics(predict_logits(model, x_raw), y, num_classes), None
+        return bound.evaluate_served(predict_logits(model, x_raw), y), None
     except Exception as e:  # noqa: BLE001 -- reported; --force may still move the alias
         return None, f"loading/evaluating it failed: {type(e).__name__}: {e}"

@@ -28,14 +28,15 @@ class PromotionFailed(RuntimeError):
 class Evaluation:
     """The challenger's serving model on the raw held-out test split."""
 
-    serving: Any  # serving.ServingModel: raw inputs in, logits out
+    serving: Any  # serving.ServingModel: raw inputs in, the task's predictions out
     num_classes: int
     class_names: tuple[str, ...]
     x_raw: np.ndarray
     y: np.ndarray
     fingerprint: str  # of x_raw and y: a champion is comparable only on the same split
-    logits: Any  # torch.Tensor (N, num_classes)
-    metrics: dict[str, float]  # acc, loss, macro_f1, n
+    logits: Any  # torch.Tensor (N, num_classes): the served predictions (logits for classification)
+    metrics: dict[str, float]  # the task's test metrics: loss, n, and e.g. acc, macro_f1 | rmse, mae, r2 | micro_f1, map
+    bound: Any = None  # the task bound to the data (tasks.py)
 
 
 @dataclass
@@ -47,10 +48,10 @@ class Exports:
     torchscript_diff: float
 
 
-def evaluate_challenger(exp, config: dict, splits, model, serving) -> Evaluation:
-    from hpolab.registry.serving import classification_metrics, fingerprint, predict_logits, raw_test_split
+def evaluate_challenger(exp, config: dict, splits, model, serving, bound) -> Evaluation:
+    from hpolab.registry.serving import fingerprint, predict_logits, raw_test_split
 
-    x_raw, y = raw_test_split(exp, config)
+    x_raw, y = raw_test_split(exp, config, bound.task.numpy_target_dtype)
     check_raw_test(splits, model, serving, x_raw, y)
     logits = predict_logits(serving, x_raw)
     return Evaluation(
@@ -61,7 +62,8 @@ def evaluate_challenger(exp, config: dict, splits, model, serving) -> Evaluation
         y=y,
         fingerprint=fingerprint(x_raw, y),
         logits=logits,
-        metrics=classification_metrics(logits, y, splits.num_classes),
+        metrics=bound.evaluate_served(logits, y),
+        bound=bound,
     )
 
 
@@ -69,14 +71,16 @@ def check_raw_test(splits, model, serving, x_raw: np.ndarray, y: np.ndarray) -> 
     """raw_test + preprocess must reproduce the test split the experiment feeds the model."""
     import torch
 
-    from hpolab.train.data import labels_of
+    from hpolab.train.data import targets_of
 
-    if len(x_raw) != len(splits.test) or not np.array_equal(labels_of(splits.test).numpy(), y):
-        raise PromotionFailed("the experiment's raw_test() does not match its load_data().test (sizes or labels differ); fix the experiment")
+    if len(x_raw) != len(splits.test) or not np.array_equal(targets_of(splits.test).numpy().astype(y.dtype), y):
+        raise PromotionFailed("the experiment's raw_test() does not match its load_data().test (sizes or targets differ); fix the experiment")
     n = min(PREPROCESS_CHECK_ROWS, len(x_raw))
     inputs = torch.stack([torch.as_tensor(splits.test[i][0]) for i in range(n)]).float()
     with torch.inference_mode():
         a = model(inputs).float()
+        if serving.head is not None:
+            a = serving.head(a).float()  # compared as served: predictions in the task's units
         b = serving(torch.from_numpy(x_raw[:n])).float()
     diff = float((a - b).abs().max())
     if diff > PREPROCESS_TOLERANCE:
@@ -102,11 +106,14 @@ def export_and_check(ev: Evaluation, folder: Path) -> Exports:
         ts_diff = torchscript_max_abs_diff(ts_path, ev.x_raw, reference)
     except ExportError as e:
         raise PromotionFailed(f"{e}; nothing was registered") from e
+    # Logits and probabilities are O(1); regression values are in the target's units (e.g. 300), where
+    # float32 alone differs by ~1e-5: the limit scales with the largest served value.
+    limit = ONNX_TOLERANCE * (max(1.0, float(np.abs(reference).max())) if ev.bound.task.name != "classification" else 1.0)
     print(f"exports: ONNX ({exporter} exporter) max abs diff vs PyTorch {onnx_diff:.3g} on {len(ev.x_raw)} test inputs "
-          f"(limit {ONNX_TOLERANCE:g}); TorchScript {ts_diff:.3g}")
-    if not onnx_diff <= ONNX_TOLERANCE:
+          f"(limit {limit:.3g}); TorchScript {ts_diff:.3g}")
+    if not onnx_diff <= limit:
         raise PromotionFailed(
-            f"ONNX parity: ONNX Runtime's logits differ from PyTorch's by up to {onnx_diff:.3g} on the test inputs "
-            f"(limit {ONNX_TOLERANCE:g}); nothing was registered"
+            f"ONNX parity: ONNX Runtime's outputs differ from PyTorch's by up to {onnx_diff:.3g} on the test inputs "
+            f"(limit {limit:.3g}); nothing was registered"
         )
     return Exports(onnx_path, ts_path, exporter, onnx_diff, ts_diff)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from hpolab.errors import EXIT_OK, EXIT_REFUSED
 
-# val_* metric a study selects on -> the test metric that gates promotion, and its direction
+# Classification's names (the defaults). Other tasks pass their own directions (tasks.py, val_ prefix
+# dropped): val_* metric a study selects on -> the test metric that gates promotion, and its direction
 TEST_METRIC_FOR = {"val_acc": "acc", "val_loss": "loss", "val_macro_f1": "macro_f1"}
 TEST_DIRECTION = {"acc": "maximize", "loss": "minimize", "macro_f1": "maximize"}
 # An exact tie on the gate metric (likely with accuracy on a small test set, e.g. two models at
@@ -53,19 +54,38 @@ class Decision:
         return EXIT_REFUSED if self.outcome == REFUSE else EXIT_OK
 
 
-def gate_metric(selection_metric: str, study_metric: str) -> str:
-    """The test metric that gates promotion: the one matching the selection metric, else the study's, else acc."""
+def gate_metric(selection_metric: str, study_metric: str, test_metrics: Mapping[str, float] | None = None) -> str:
+    """The test metric that gates promotion: the one matching the selection metric, else the study's.
+
+    With `test_metrics` (any task: val_rmse -> rmse when "rmse" is among them), else loss; without,
+    the classification names (TEST_METRIC_FOR), else acc."""
+    if test_metrics is not None:
+        for m in (selection_metric, study_metric):
+            if m.startswith("val_") and m[len("val_"):] in test_metrics:
+                return m[len("val_"):]
+        return "loss"
     return TEST_METRIC_FOR.get(selection_metric) or TEST_METRIC_FOR.get(study_metric) or "acc"
 
 
-def better(challenger: Mapping[str, float], holder: Mapping[str, float], gate: str) -> bool:
-    """Strictly better on the gate metric; on an exact tie, strictly better on TIE_BREAK[gate].
-    NaN on either side is never better (every comparison with NaN is false)."""
+def tie_break(gate: str, directions: Mapping[str, str]) -> str:
+    """The second test metric that decides an exact tie on `gate` (loss, or for a loss gate the task's first other metric)."""
+    if gate in TIE_BREAK and TIE_BREAK[gate] in directions:
+        return TIE_BREAK[gate]
+    if gate != "loss" and "loss" in directions:
+        return "loss"
+    return next((m for m in directions if m != gate), gate)
+
+
+def better(challenger: Mapping[str, float], holder: Mapping[str, float], gate: str,
+           directions: Mapping[str, str] = TEST_DIRECTION) -> bool:
+    """Strictly better on the gate metric; on an exact tie, strictly better on the tie-break metric.
+    NaN on either side is never better (every comparison with NaN is false). `directions`: the task's
+    test metrics -> maximize | minimize (classification's by default)."""
 
     def key(m: Mapping[str, float], name: str) -> float:
-        return m[name] if TEST_DIRECTION[name] == "maximize" else -m[name]
+        return m[name] if directions[name] == "maximize" else -m[name]
 
-    tie = TIE_BREAK[gate]
+    tie = tie_break(gate, directions)
     return (key(challenger, gate), key(challenger, tie)) > (key(holder, gate), key(holder, tie))
 
 
@@ -86,8 +106,10 @@ def decide(
     gate: str,
     force: bool,
     contest: Contest,
+    directions: Mapping[str, str] = TEST_DIRECTION,
 ) -> Decision:
-    """Promote, refuse or nothing to do; `champion` is None when there is none or it cannot be compared."""
+    """Promote, refuse or nothing to do; `champion` is None when there is none or it cannot be compared.
+    `directions`: the task's test metrics -> maximize | minimize (classification's by default)."""
     already = already_champion(contest)
     if already is not None:
         return already
@@ -99,11 +121,11 @@ def decide(
         if not force:
             return Decision(REFUSE, f"REFUSED: {verdict}. Nothing changed; --force moves the alias anyway.")
         return Decision(PROMOTE, verdict + "; --force: moving the alias anyway")
-    cmp = f"test_{gate} {challenger[gate]:.4f} vs {champion[gate]:.4f} ({TEST_DIRECTION[gate]})"
+    cmp = f"test_{gate} {challenger[gate]:.4f} vs {champion[gate]:.4f} ({directions[gate]})"
     if challenger[gate] == champion[gate]:
-        tie = TIE_BREAK[gate]
-        cmp += f", tied: test_{tie} {challenger[tie]:.4f} vs {champion[tie]:.4f} ({TEST_DIRECTION[tie]})"
-    if better(challenger, champion, gate):
+        tie = tie_break(gate, directions)
+        cmp += f", tied: test_{tie} {challenger[tie]:.4f} vs {champion[tie]:.4f} ({directions[tie]})"
+    if better(challenger, champion, gate, directions):
         return Decision(PROMOTE, f"the challenger beats {c.alias} version {c.champion_version}: {cmp}")
     if not force:
         return Decision(

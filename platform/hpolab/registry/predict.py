@@ -11,8 +11,10 @@ INPUT is
 - or a folder of images, for models whose raw input is uint8 images ((H, W) grayscale, or (C, H, W)
   with C = 1 or 3): each file is converted to that many channels and resized to H x W.
 
-Output: one line per input (index or file name, class index, class name, probability), or --out
-FILE.csv (same columns) / FILE.npy (the class indices, int64).
+Output: one line per input, by the model's task (tag hpolab.task): classification: index or file name,
+class index, class name, probability (.npy: class indices, int64); regression: the predicted values in
+the target's units; multilabel: each label's probability and the predicted labels; custom: the served
+outputs. --out FILE.csv (same columns) / FILE.npy (the array).
 """
 
 from __future__ import annotations
@@ -33,10 +35,9 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 def predict_cmd(args, stores: Stores) -> int:
     import mlflow
     import mlflow.pytorch
-    import torch
 
     from hpolab.errors import UserError
-    from hpolab.registry.serving import TAG_CLASS_NAMES, TAG_RAW_DTYPE, TAG_RAW_SHAPE, predict_logits
+    from hpolab.registry.serving import TAG_CLASS_NAMES, TAG_RAW_DTYPE, TAG_RAW_SHAPE, TAG_TASK, TAG_THRESHOLD, predict_logits
     from hpolab.stores.mlflow_runs import client_for
 
     out = Path(args.out) if args.out else None
@@ -61,30 +62,57 @@ def predict_cmd(args, stores: Stores) -> int:
         raise UserError(f"{source}: expected a .npy file of raw inputs or a folder of images")
 
     model = mlflow.pytorch.load_model(args.model_uri, map_location="cpu")
-    probs = torch.softmax(predict_logits(model, x), dim=1)
-    conf, pred = probs.max(dim=1)
-    pred_np = pred.numpy().astype(np.int64)
-    labels = [class_names[i] if i < len(class_names) else str(i) for i in pred_np]
-    print(f"{len(x)} predictions from {what}", file=sys.stderr)
+    served = predict_logits(model, x)
+    task = tags.get(TAG_TASK, "classification")
+    array, header, rows = _task_rows(task, served, names, class_names, float(tags.get(TAG_THRESHOLD, "0.5")))
+    print(f"{len(x)} predictions ({task}) from {what}", file=sys.stderr)
+    _write(out, array, header, rows)
+    return 0
 
-    if out is not None and out.suffix.lower() == ".npy":
-        out.parent.mkdir(parents=True, exist_ok=True)
-        np.save(out, pred_np)
-    else:
+
+def _task_rows(task: str, served, names: list[str], class_names: list[str], threshold: float):
+    """(the .npy array, CSV header, CSV rows) of the task's predictions.
+
+    classification: class index, name, probability (.npy: class indices, int64); regression: the values in
+    the target's units (.npy: float32 (N, k)); multilabel: each label's probability and the labels at or
+    above the threshold (.npy: probabilities (N, k)); custom: the served outputs (.npy: them)."""
+    import torch
+
+    if task == "classification":
+        conf, pred = torch.softmax(served, dim=1).max(dim=1)
+        pred_np = pred.numpy().astype(np.int64)
+        labels = [class_names[i] if i < len(class_names) else str(i) for i in pred_np]
         rows = [(n, int(p), lab, f"{float(c):.4f}") for n, p, lab, c in zip(names, pred_np, labels, conf)]
-        if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            with open(out, "w", newline="") as f:
-                w = csv.writer(f)
-                w.writerow(["input", "class", "label", "probability"])
-                w.writerows(rows)
-        else:
-            w = csv.writer(sys.stdout, delimiter="\t", lineterminator="\n")
-            w.writerow(["input", "class", "label", "probability"])
+        return pred_np, ["input", "class", "label", "probability"], rows
+    values = served.reshape(len(served), -1).numpy()
+    cols = [class_names[j] if j < len(class_names) else f"output_{j}" for j in range(values.shape[1])]
+    if task == "regression" and values.shape[1] == 1:
+        cols = ["prediction"]
+    header = ["input", *cols]
+    if task == "multilabel":
+        header.append(f"labels (p >= {threshold:g})")
+        rows = [(n, *(f"{v:.4f}" for v in row), "|".join(c for c, v in zip(cols, row) if v >= threshold)) for n, row in zip(names, values)]
+    else:
+        rows = [(n, *(f"{v:.6g}" for v in row)) for n, row in zip(names, values)]
+    return values, header, rows
+
+
+def _write(out: Path | None, array: np.ndarray, header: list[str], rows: list[tuple]) -> None:
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    if out is not None and out.suffix.lower() == ".npy":
+        np.save(out, array)
+    elif out is not None:
+        with open(out, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(header)
             w.writerows(rows)
+    else:
+        w = csv.writer(sys.stdout, delimiter="\t", lineterminator="\n")
+        w.writerow(header)
+        w.writerows(rows)
     if out is not None:
         print(f"wrote {out}", file=sys.stderr)
-    return 0
 
 
 def _model_tags(client, uri: str) -> tuple[dict[str, str], str]:

@@ -82,16 +82,17 @@ def promote(args, stores: Stores) -> int:
     with tempfile.TemporaryDirectory(prefix="hpolab-promote-") as tmp_name:
         tmp = Path(tmp_name)
         # 2. its serving model on the held-out test split
-        exp, splits, model, serving = selection.load_challenger(client, stores, info, ch, tmp)
-        ev = evaluation.evaluate_challenger(exp, ch.config, splits, model, serving)
+        exp, splits, model, serving, bound = selection.load_challenger(client, stores, info, ch, tmp)
+        ev = evaluation.evaluate_challenger(exp, ch.config, splits, model, serving, bound)
 
-        # 3. the alias holder on the same split, and the gate
-        gate_name = gate.gate_metric(metric, info.metric)
+        # 3. the alias holder on the same split, and the gate (on the study metric's test counterpart)
+        gate_name = gate.gate_metric(metric, info.metric, ev.metrics)
+        directions = _test_directions(bound, ch.config)
         held, why_not = None, None
         if holder is not None:
-            held, why_not = champion.evaluate_holder(holder, model_name, info.experiment, ch.config, ev.x_raw, ev.y, ev.num_classes, ev.fingerprint)
+            held, why_not = champion.evaluate_holder(holder, model_name, info.experiment, ch.config, ev.x_raw, ev.y, bound, ev.fingerprint)
         _print_table(info, ch, ev.metrics, alias, holder, held, len(ev.x_raw))
-        decision = gate.decide(ev.metrics, held, gate_name, bool(args.force), replace(contest, not_comparable=why_not))
+        decision = gate.decide(ev.metrics, held, gate_name, bool(args.force), replace(contest, not_comparable=why_not), directions)
         print(decision.reason)
         if not decision.promote:
             return decision.exit_code
@@ -123,15 +124,27 @@ def promote(args, stores: Stores) -> int:
     return EXIT_OK
 
 
+def _test_directions(bound, config: dict) -> dict[str, str]:
+    """The task's test metrics -> maximize | minimize (val_rmse -> rmse ...), loss always minimized."""
+    from hpolab.train.config import trainer_config
+
+    val = bound.task.metric_directions(trainer_config(config["trainer"]))
+    return {"loss": "minimize", **{k.removeprefix("val_"): v for k, v in val.items() if not k.startswith("val_recall_")},
+            **({"macro_f1": "maximize"} if bound.task.name == "classification" else {})}
+
+
 def _print_table(info, ch, test: dict, alias: str, holder, held: dict | None, n: int) -> None:
     vm = info.metric
     rows = [(f"challenger: trial {ch.trial_number}", ch.val_value, test)]
     if holder is not None:
         val = holder.tags.get(f"hpolab.{vm}")
         rows.append((f"{alias}: version {holder.version}", float(val) if val else None, held))
+    names = [k for k in test if k not in ("n", "recall") and isinstance(test[k], (int, float))]
+    # classification keeps its columns: acc, loss, macro_f1
+    names = sorted(names, key=lambda k: (k != "acc", k != "loss", k))
     print(f"held-out test split: {n} samples (no trial trained or selected on them)")
-    print(f"  {'':28s} {vm:>10s} {'test_acc':>10s} {'test_loss':>10s} {'test_macro_f1':>14s}")
+    print(f"  {'':28s} {vm:>10s} " + " ".join(f"{'test_' + k:>{max(10, len(k) + 5)}s}" for k in names))
     for label, val, m in rows:
-        f = (lambda k: f"{m[k]:.4f}") if m else (lambda k: "-")
+        f = (lambda k: f"{m[k]:.4f}" if k in m else "-") if m else (lambda k: "-")
         v = f"{val:.4f}" if val is not None else "-"
-        print(f"  {label:28s} {v:>10s} {f('acc'):>10s} {f('loss'):>10s} {f('macro_f1'):>14s}")
+        print(f"  {label:28s} {v:>10s} " + " ".join(f"{f(k):>{max(10, len(k) + 5)}s}" for k in names))

@@ -70,11 +70,11 @@ def selection_metric(metric_option: str | None, info: StudyInfo) -> tuple[str, s
     if metric == info.metric:
         return metric, info.direction
     name = metric.lower()
-    if any(k in name for k in ("loss", "err")):
+    if any(k in name for k in ("loss", "err", "rmse", "mae", "mse")):
         return metric, "minimize"
-    if any(k in name for k in ("acc", "f1", "recall", "precision", "auc")):
+    if any(k in name for k in ("acc", "f1", "recall", "precision", "auc", "r2", "map")):
         return metric, "maximize"
-    raise UserError(f"--metric {metric}: cannot tell whether it should be maximized or minimized; use a *_loss, *_acc or *_f1 metric")
+    raise UserError(f"--metric {metric}: cannot tell whether it should be maximized or minimized; use a *_loss, *_rmse, *_acc, *_f1 or *_map metric")
 
 
 def pick(client, study, info: StudyInfo, metric: str, direction: str) -> Challenger:
@@ -125,8 +125,10 @@ def _metric_at_best_epoch(client, run_id: str, metric: str) -> tuple[float | Non
 
 
 def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp: Path):
-    """(experiment, splits, model, serving model) from the trial's config.yaml and checkpoints/best.pt;
-    fills ch.config and ch.run_tags."""
+    """(experiment, splits, model, serving model, bound task) from the trial's config.yaml and
+    checkpoints/best.pt; fills ch.config and ch.run_tags. The task is bound to the data as in training
+    (target standardisation from the train split), so serving returns values in the target's units."""
+    import torch
     import mlflow.artifacts
     import yaml
 
@@ -134,6 +136,8 @@ def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp
     from hpolab.errors import UserError
     from hpolab.registry.serving import ServingModel
     from hpolab.train import load_checkpoint, load_model_state
+    from hpolab.train.config import trainer_config
+    from hpolab.train.tasks import task_for
 
     run = client.get_run(ch.run_id)
     ch.run_tags = dict(run.data.tags)
@@ -151,4 +155,5 @@ def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp
     model = exp.build_model(ch.config["model"], tuple(splits.input_shape), splits.num_classes)
     load_model_state(model, ckpt["model"])
     model.eval()
-    return exp, splits, model, ServingModel(splits.preprocess, model).eval()
+    bound = task_for(exp).bind(trainer_config(ch.config["trainer"]), splits, torch.device("cpu"))
+    return exp, splits, model, ServingModel(splits.preprocess, model, bound.head()).eval(), bound

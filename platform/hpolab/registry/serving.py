@@ -1,4 +1,6 @@
-"""The serving model: raw inputs in, logits out, with the experiment's own preprocessing inside.
+"""The serving model: raw inputs in, the task's predictions out, with the experiment's own preprocessing
+inside (classification: logits; regression: values in the target's units; multilabel: per-label
+probabilities; custom: the experiment's predict(outputs), else its raw outputs).
 
 A trial's logged model takes *model inputs* (already preprocessed). What we deploy takes what the
 user has (digits: float32 (N, 8, 8) in 0..16; Fashion-MNIST: uint8 (N, 28, 28)), so promote wraps
@@ -36,23 +38,29 @@ TAG_RAW_DTYPE = "hpolab.raw_input_dtype"  # numpy dtype name, e.g. float32 / uin
 TAG_CLASS_NAMES = "hpolab.class_names"  # JSON list
 TAG_NUM_CLASSES = "hpolab.num_classes"
 TAG_TEST_FINGERPRINT = "hpolab.test_fingerprint"  # sha256 of the raw test inputs and labels
+TAG_TASK = "hpolab.task"  # classification | regression | multilabel | custom (what predict prints)
+TAG_THRESHOLD = "hpolab.multilabel_threshold"
 
 
 class ServingModel(nn.Module):
-    """raw batch -> logits: `preprocess` (the experiment's, as in training), then the trained model."""
+    """raw batch -> predictions: `preprocess` (the experiment's, as in training), the trained model, then
+    the task's `head` (None for classification: logits)."""
 
-    def __init__(self, preprocess: Callable[[torch.Tensor], torch.Tensor] | None, model: nn.Module):
+    def __init__(self, preprocess: Callable[[torch.Tensor], torch.Tensor] | None, model: nn.Module, head: nn.Module | None = None):
         super().__init__()
         self.preprocess = preprocess  # a plain function, not a module: it has no state
         self.model = model
+        self.head = head
 
     def forward(self, raw: torch.Tensor) -> torch.Tensor:
         x = self.preprocess(raw) if self.preprocess is not None else raw
-        return self.model(x)
+        out = self.model(x)
+        return self.head(out) if self.head is not None else out
 
 
-def raw_test_split(experiment: ModuleType, config: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """The experiment's test split as raw inputs (what predict accepts) and labels."""
+def raw_test_split(experiment: ModuleType, config: dict[str, Any], target_dtype: str | None = "int64") -> tuple[np.ndarray, np.ndarray]:
+    """The experiment's test split as raw inputs (what predict accepts) and targets in the task's dtype
+    (int64 labels for classification, float32 for regression/multilabel, as given for custom)."""
     from hpolab.errors import UserError
 
     fn = getattr(experiment, "raw_test", None)
@@ -62,7 +70,7 @@ def raw_test_split(experiment: ModuleType, config: dict[str, Any]) -> tuple[np.n
             "split through the experiment's preprocessing (see experiments/README.md)"
         )
     x, y = fn(config["data"], config["seed"])
-    return np.ascontiguousarray(x), np.asarray(y, dtype=np.int64)
+    return np.ascontiguousarray(x), (np.asarray(y, dtype=target_dtype) if target_dtype else np.asarray(y))
 
 
 def fingerprint(x: np.ndarray, y: np.ndarray) -> str:
@@ -70,7 +78,7 @@ def fingerprint(x: np.ndarray, y: np.ndarray) -> str:
     h = hashlib.sha256()
     h.update(json.dumps([str(x.dtype), list(x.shape)]).encode())
     h.update(np.ascontiguousarray(x).tobytes())
-    h.update(np.ascontiguousarray(y, dtype=np.int64).tobytes())
+    h.update(np.ascontiguousarray(y).tobytes())  # int64 labels for classification, as always
     return h.hexdigest()
 
 
@@ -91,8 +99,11 @@ def predict_logits(model: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray,
     return torch.cat(outs)
 
 
-def serving_tags(experiment_name: str, x_raw: np.ndarray, y: np.ndarray, num_classes: int, class_names: tuple[str, ...]) -> dict[str, str]:
+def serving_tags(experiment_name: str, x_raw: np.ndarray, y: np.ndarray, num_classes: int, class_names: tuple[str, ...],
+                 task: str = "classification", threshold: float | None = None) -> dict[str, str]:
     return {
+        TAG_TASK: task,
+        **({TAG_THRESHOLD: repr(threshold)} if threshold is not None else {}),
         TAG_EXPERIMENT: experiment_name,
         TAG_RAW_SHAPE: json.dumps(list(x_raw.shape[1:])),
         TAG_RAW_DTYPE: str(x_raw.dtype),

@@ -43,7 +43,8 @@ def write_version(client, model_name: str, alias: str, info: StudyInfo, ch: Chal
 
     run_id = _create_promote_run(client, model_name, info, ch)
     try:
-        s_tags = serving_tags(info.experiment, ev.x_raw, ev.y, ev.num_classes, ev.class_names)
+        threshold = getattr(ev.bound, "threshold", None)
+        s_tags = serving_tags(info.experiment, ev.x_raw, ev.y, ev.num_classes, ev.class_names, ev.bound.task.name, threshold)
         logged, served_diff = _log_serving_model(client, run_id, ev, ch.run_tags, s_tags)
         for f in (exports.onnx, exports.torchscript):
             client.log_artifact(run_id, str(f), EXPORT_DIR)
@@ -115,7 +116,9 @@ def _log_serving_model(client, run_id: str, ev: Evaluation, trial_tags: dict[str
     )
     # The registered artifact (torch.export "pt2") must predict exactly what we evaluated.
     served = predict_logits(mlflow.pytorch.load_model(logged.model_uri, map_location="cpu"), ev.x_raw)
-    if not torch.equal(served.argmax(1), ev.logits.argmax(1)):
+    same = torch.equal(served.argmax(1), ev.logits.argmax(1)) if ev.bound.task.name == "classification" else \
+        bool(torch.allclose(served, ev.logits, rtol=1e-4, atol=1e-4))
+    if not same:
         raise PromotionFailed("the logged serving model's predictions differ from the evaluated model's; nothing was registered")
     return logged, float((served - ev.logits).abs().max())
 
@@ -162,6 +165,7 @@ def _register(client, model_name: str, info: StudyInfo, ch: Challenger, ev: Eval
         run_id=run_id,
         tags=lineage,
         model_id=logged.model_id,
-        description=f"study {info.name}, trial {ch.trial_number}: {info.metric} {ch.val_value:.4f}, test_acc {ev.metrics['acc']:.4f}",
+        description=f"study {info.name}, trial {ch.trial_number}: {info.metric} {ch.val_value:.4f}, "
+                    f"{lineage[TAG_GATE]} {ev.metrics[lineage[TAG_GATE].removeprefix('test_')]:.4f}",
     )
     return str(mv.version)

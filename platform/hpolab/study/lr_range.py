@@ -299,6 +299,7 @@ def run_lr_find(spec, stores=None, out_dir: str | Path | None = None, threads: i
 
     from hpolab.config.spec import load_experiment
     from hpolab.train.seeding import seed_everything
+    from hpolab.train.tasks import task_for
 
     if out_dir is None:
         if stores is None:
@@ -324,6 +325,7 @@ def run_lr_find(spec, stores=None, out_dir: str | Path | None = None, threads: i
         smoothing=t.smoothing,
         diverge_factor=t.diverge_factor,
         seed=spec.seed,
+        task=task_for(exp),  # the sweep minimizes the experiment's task loss
     )
     paths = write_outputs(result, out_dir, title=spec.name)
     return result, paths

@@ -26,6 +26,7 @@ import torch._dynamo  # noqa: F401  -- torch.optim's constructors import it lazi
 from hpolab.study.lifeline import ORPHAN_EXIT_CODE, watch_lifeline
 from hpolab.train import NonFiniteLossError, fit, seed_everything
 from hpolab.train.config import trainer_config
+from hpolab.train.tasks import task_for
 
 
 
@@ -78,6 +79,7 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
             checkpoint_dir=job["checkpoint_dir"],
             resume_from=job.get("resume_from"),
             log=notes.append,
+            task=task_for(exp),  # the experiment's TASK: its loss, metrics and target checks
         )
         example = _input_example(data)
         model_cpu = model.to("cpu").eval()

@@ -1,12 +1,14 @@
 """`hpolab doctor SPEC`: cheap sanity checks before a costly study (the design's practices, "Troubleshooting built in").
 
-1. data: the splits load, a sample has the declared input_shape, labels lie in [0, num_classes),
-   inputs are finite, and how the classes are balanced;
+1. data: the splits load, a sample has the declared input_shape, the targets fit the experiment's task
+   (classification: labels in [0, num_classes); regression: float (N,) or (N, k); multilabel: 0/1
+   (N, k)), inputs are finite, and (classification) how the classes are balanced;
 2. model: every trainable weight is registered (the "python list of layers" bug), and a batch
-   gives (N, num_classes) finite logits;
-3. "can it overfit a tiny batch?": the shared training routine, with the spec's trainer settings,
-   trains on 32 training samples and evaluates on the same 32; a working model/loss/optimizer reaches
-   ~100% accuracy there. If it can't, the full study won't learn either (bad LR, broken labels,
+   gives (N, num_classes) finite outputs;
+3. "can it overfit a tiny batch?": the shared training routine, with the spec's trainer settings and
+   the task's loss, trains on 32 training samples and evaluates on the same 32; a working
+   model/loss/optimizer reaches ~100% accuracy there (classification), or cuts its training loss by
+   90% (every other task). If it can't, the full study won't learn either (bad LR, broken labels,
    a frozen or disconnected layer, a loss that does not match the outputs).
 
 Nothing is written to the stores. Exit 0 when every check passes, 1 otherwise.
@@ -20,7 +22,8 @@ from typing import Any
 
 TINY = 32  # samples in the overfit batch
 OVERFIT_EPOCHS = 150  # full passes over the tiny batch (one optimizer step each)
-OVERFIT_TARGET = 0.99  # accuracy on the tiny batch that counts as "it can overfit"
+OVERFIT_TARGET = 0.99  # accuracy on the tiny batch that counts as "it can overfit" (classification)
+OVERFIT_LOSS_DROP = 0.9  # other tasks: the training loss must fall by this fraction of its first epoch
 
 
 def _check(results: list[tuple[str, bool, str]], name: str, ok: bool, detail: str) -> bool:
@@ -33,6 +36,7 @@ def run_doctor(spec, threads: int | None = None) -> tuple[list[tuple[str, bool, 
     import torch
 
     from hpolab.config.experiment import load_experiment
+    from hpolab.train.tasks import task_for
 
     if threads:
         torch.set_num_threads(threads)
@@ -40,10 +44,12 @@ def run_doctor(spec, threads: int | None = None) -> tuple[list[tuple[str, bool, 
     cfg = spec.resolved_config(exp)
     results: list[tuple[str, bool, str]] = []
     facts: dict[str, Any] = {}
+    task = task_for(exp)
     data = exp.load_data(cfg["data"], spec.seed)
-    probe = _check_data(results, facts, data)
+    probe, targets_ok = _check_data(results, facts, data, task)
     _check_model(results, exp.build_model(cfg["model"], data.input_shape, data.num_classes), probe, data)
-    _check_overfit(results, facts, spec, exp, cfg, data)
+    if targets_ok:  # training on targets the task cannot read would only repeat that finding
+        _check_overfit(results, facts, spec, exp, cfg, data, task)
     if spec.trainer.batch_size > 0:
         eff = spec.trainer.batch_size * spec.trainer.grad_accum_steps
         facts["lr_rule_of_thumb"] = (
@@ -53,11 +59,11 @@ def run_doctor(spec, threads: int | None = None) -> tuple[list[tuple[str, bool, 
     return results, facts
 
 
-def _check_data(results, facts, data):
-    """Splits, input shape, labels, class balance, finite inputs; returns a probe batch of inputs."""
+def _check_data(results, facts, data, task):
+    """Splits, input shape, targets, class balance, finite inputs; returns (a probe batch of inputs, targets ok)."""
     import torch
 
-    from hpolab.train.data import labels_of
+    from hpolab.train.tasks import sample_targets
 
     sizes = {k: len(getattr(data, k)) for k in ("train", "val", "test")}
     _check(results, "data: splits load", min(sizes.values()) > 0, ", ".join(f"{k} {v}" for k, v in sizes.items()))
@@ -65,17 +71,29 @@ def _check_data(results, facts, data):
     x0 = torch.as_tensor(x0)
     _check(results, "data: input shape", tuple(x0.shape) == tuple(data.input_shape),
            f"sample {tuple(x0.shape)}, declared {tuple(data.input_shape)}")
-    labels = labels_of(data.train)
-    in_range = bool(((labels >= 0) & (labels < data.num_classes)).all())
-    counts = torch.bincount(labels.clamp(0, data.num_classes - 1), minlength=data.num_classes)
-    _check(results, "data: labels in range", in_range, f"{data.num_classes} classes; train labels {int(labels.min())}..{int(labels.max())}")
+    targets = torch.as_tensor(sample_targets(data.train))
+    try:
+        task.check_targets(targets, data.num_classes)
+        targets_ok, detail = True, f"{tuple(targets.shape)} {targets.dtype}, {data.num_classes} output(s)"
+    except ValueError as e:
+        targets_ok, detail = False, str(e)
+    _check(results, f"data: targets fit task {task.name}", targets_ok, detail)
+    if targets_ok and task.name == "classification":
+        _check_class_balance(results, facts, targets.long(), data.num_classes)
+    probe = torch.stack([torch.as_tensor(data.train[i][0]) for i in range(min(TINY, sizes["train"]))]).float()
+    _check(results, "data: inputs finite", bool(torch.isfinite(probe).all()), f"mean {probe.mean():.3g}, std {probe.std():.3g}")
+    return probe, targets_ok
+
+
+def _check_class_balance(results, facts, labels, num_classes: int) -> None:
+    import torch
+
+    counts = torch.bincount(labels, minlength=num_classes)
+    _check(results, "data: labels in range", True, f"{num_classes} classes; train labels {int(labels.min())}..{int(labels.max())}")
     ratio = float(counts.max() / counts.clamp(min=1).min())
     facts["class_imbalance"] = ratio
     _check(results, "data: class balance", True,
            f"largest/smallest class = {ratio:.1f}" + (" (consider trainer.class_weighting or balanced_sampler)" if ratio > 3 else ""))
-    probe = torch.stack([torch.as_tensor(data.train[i][0]) for i in range(min(TINY, sizes["train"]))]).float()
-    _check(results, "data: inputs finite", bool(torch.isfinite(probe).all()), f"mean {probe.mean():.3g}, std {probe.std():.3g}")
-    return probe
 
 
 def _check_model(results, model, probe, data) -> None:
@@ -92,10 +110,10 @@ def _check_model(results, model, probe, data) -> None:
     with torch.no_grad():
         out = model(probe[:2])
     _check(results, "model: output shape", tuple(out.shape) == (2, data.num_classes) and bool(torch.isfinite(out).all()),
-           f"logits {tuple(out.shape)} for a batch of 2, expected (2, {data.num_classes})")
+           f"outputs {tuple(out.shape)} for a batch of 2, expected (2, {data.num_classes}) (num_classes = model outputs)")
 
 
-def _check_overfit(results, facts, spec, exp, cfg, data) -> None:
+def _check_overfit(results, facts, spec, exp, cfg, data, task) -> None:
     """Overfit a tiny batch with the spec's trainer (its optimizer, lr, AMP, clipping ...)."""
     from torch.utils.data import Subset, TensorDataset
 
@@ -116,18 +134,24 @@ def _check_overfit(results, facts, spec, exp, cfg, data) -> None:
     )
     seed_everything(spec.seed)  # a seeded initialization: the same check gives the same answer
     fresh = exp.build_model(cfg["model"], data.input_shape, data.num_classes)
+    classify = task.name == "classification"
+    metric, direction = ("val_acc", "maximize") if classify else ("val_loss", "minimize")
     try:
-        result = fit(tcfg, fresh, tiny_splits, metric="val_acc", direction="maximize", seed=spec.seed)
+        result = fit(tcfg, fresh, tiny_splits, metric=metric, direction=direction, seed=spec.seed, task=task)
         first, last = result.history[0]["train_loss"], result.history[-1]["train_loss"]
         best = result.best_value
-        facts.update({"overfit_acc": best, "overfit_loss_first": first, "overfit_loss_last": last})
-        ok = best >= OVERFIT_TARGET
+        facts.update({"overfit_loss_first": first, "overfit_loss_last": last})
+        if classify:
+            facts["overfit_acc"] = best
+            ok, reached = best >= OVERFIT_TARGET, f"accuracy {best:.3f}, "
+        else:
+            ok, reached = last <= (1 - OVERFIT_LOSS_DROP) * first, f"training loss down {1 - last / first:.1%} (needs {OVERFIT_LOSS_DROP:.0%}), "
         hint = "" if ok else (
             f" -- it cannot fit {len(idx)} samples: try another trainer.lr (now {spec.trainer.lr:g}; `hpolab lr-find` helps), "
             "check that labels match inputs, and that no layer is frozen or disconnected"
         )
         _check(results, "training: overfits a tiny batch", ok,
-               f"{len(idx)} samples, {OVERFIT_EPOCHS} steps at lr {spec.trainer.lr:g}: accuracy {best:.3f}, "
+               f"{len(idx)} samples, {OVERFIT_EPOCHS} steps at lr {spec.trainer.lr:g}: {reached}"
                f"loss {first:.3g} -> {last:.3g}{hint}")
     except Exception as e:  # NaN, a shape error in the loss ... is the finding
         _check(results, "training: overfits a tiny batch", False, f"{type(e).__name__}: {e}")

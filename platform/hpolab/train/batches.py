@@ -87,6 +87,7 @@ def train_batches(
     device: torch.device,
     generator: torch.Generator,
     note: Callable[[str], None] = lambda message: None,
+    target_dtype: torch.dtype | None = torch.long,
 ) -> TensorBatches | DataLoader:
     """One epoch of training micro-batches per pass: shuffled (or balanced), drop_last (keeping >= 1 batch).
 
@@ -98,7 +99,7 @@ def train_batches(
         # Moved to the device once; every batch is then a gather on the device.
         return TensorBatches(
             x.to(device),
-            y.to(device).long(),
+            as_targets(y.to(device), target_dtype),
             cfg.batch_size,
             shuffle=True,
             generator=generator,
@@ -131,11 +132,12 @@ def forever(batches: Batches) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         yield from batches
 
 
-def eval_batches(dataset: Dataset, batch_size: int, device: torch.device, num_workers: int = 0, seed: int = 0):
+def eval_batches(dataset: Dataset, batch_size: int, device: torch.device, num_workers: int = 0, seed: int = 0,
+                 target_dtype: torch.dtype | None = torch.long):
     """Batches of a validation/test split, in stored order, keeping every sample."""
     if is_in_memory(dataset):
         x, y = dataset.tensors
-        return TensorBatches(x.to(device), y.to(device).long(), batch_size)
+        return TensorBatches(x.to(device), as_targets(y.to(device), target_dtype), batch_size)
     return DataLoader(
         dataset,
         batch_size=batch_size,
@@ -150,10 +152,15 @@ def eval_batches(dataset: Dataset, batch_size: int, device: torch.device, num_wo
     )
 
 
-def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device, channels_last: bool):
+def as_targets(y: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """Targets in the task's dtype (int64 labels for classification, float32 values otherwise; None: as given)."""
+    return y.long() if dtype == torch.long else (y if dtype is None else y.to(dtype))
+
+
+def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device, channels_last: bool, target_dtype: torch.dtype | None = torch.long):
     # non_blocking: with pinned host memory the copy overlaps compute; a no-op for on-device tensors.
     x = x.to(device, non_blocking=True)
-    y = y.to(device, non_blocking=True).long()
+    y = as_targets(y.to(device, non_blocking=True), target_dtype)
     if channels_last and x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
     return x, y

@@ -40,9 +40,15 @@ class TrainConfig:
     label_smoothing: float = 0.0
 
     # Class imbalance. Any of these on => per-class recall and macro-F1 are reported.
+    # class_weighting also applies to multilabel: BCE pos_weight = negatives/positives per label.
     class_weighting: Literal["none", "inverse_freq"] = "none"
     balanced_sampler: bool = False  # WeightedRandomSampler over the train split
     focal_gamma: float = 0.0  # > 0 switches to focal loss
+
+    # Task options (experiments/README.md "Your own task"); each applies to one task only.
+    regression_loss: Literal["mse", "huber", "l1"] = "mse"  # regression: training loss (and val_loss)
+    standardize_targets: bool = False  # regression: train on (y - mean) / std of the train split; metrics, serving and predict in your units
+    multilabel_threshold: float = 0.5  # multilabel: probability at or above which a label is predicted (F1 metrics, predict)
 
     early_stopping_patience: int | None = None  # epochs without improvement; None = off
     early_stopping_min_delta: float = 0.0  # improvement smaller than this does not count
@@ -79,6 +85,8 @@ class TrainConfig:
             raise ValueError("label_smoothing must be in [0, 1)")
         if self.focal_gamma < 0:
             raise ValueError("focal_gamma must be >= 0")
+        if not 0 < self.multilabel_threshold < 1:
+            raise ValueError("multilabel_threshold must be in (0, 1)")
         if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
             raise ValueError("early_stopping_patience must be >= 1, or null to turn it off")
 

@@ -11,9 +11,11 @@ from torch.utils.data import Dataset, TensorDataset
 
 @dataclass(frozen=True)
 class DataSplits:
-    """Classification data for one trial.
+    """The data of one trial.
 
-    `train`, `val`, `test` are torch Datasets yielding (input, int label). A `TensorDataset`
+    `train`, `val`, `test` are torch Datasets yielding (input, target): an int label for classification,
+    float values for regression, a 0/1 row for multilabel (the experiment's TASK says which).
+    `num_classes` is the number of model outputs: classes, regression targets or labels. A `TensorDataset`
     (inputs, labels) is treated as in-memory data: the routine indexes the tensors directly
     (kept on the GPU when one is used) instead of going through a DataLoader.
     `train_transform`, for in-memory data only, is applied to each training batch (augmentation);
@@ -35,6 +37,16 @@ class DataSplits:
 
 def is_in_memory(ds: Dataset) -> bool:
     return isinstance(ds, TensorDataset) and len(ds.tensors) == 2
+
+
+def targets_of(ds: Dataset) -> torch.Tensor:
+    """All targets of a split as one tensor, as the experiment made them (any task)."""
+    if is_in_memory(ds):
+        return ds.tensors[1]
+    targets = getattr(ds, "targets", None)
+    if targets is not None:
+        return torch.as_tensor(targets)
+    return torch.stack([torch.as_tensor(ds[i][1]) for i in range(len(ds))])
 
 
 def labels_of(ds: Dataset) -> torch.Tensor:

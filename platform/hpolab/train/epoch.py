@@ -77,7 +77,7 @@ def train_epoch(
 
     t_wait = time.perf_counter()
     for i, (x, y) in enumerate(batches):
-        x, y = to_device(x, y, step.device, channels_last)
+        x, y = to_device(x, y, step.device, channels_last, step.target_dtype)
         data_wait += time.perf_counter() - t_wait
 
         group_start = i - i % accum

@@ -41,11 +41,12 @@ from .optim import LRSchedule, check_trainable_parameters, schedule_from_config
 from .seeding import make_generator, seed_everything
 from .state import Checkpointed, LoopState, restore, write_checkpoints
 from .step import TrainStep, make_train_step
+from .tasks import Classification, sample_targets
 
 BASE_METRICS = (
     "train_loss",  # mean training criterion over the epoch's samples (incl. smoothing/weights/focal)
-    "val_loss",  # plain cross-entropy on the val split (comparable across trials whatever the criterion)
-    "val_acc",
+    "val_loss",  # the task's validation loss (classification: plain cross-entropy, comparable across trials whatever the criterion)
+    # ... then the task's val_* metrics (classification: val_acc; see tasks.py), then:
     "lr",  # LR of the first param group at the end of the epoch
     "grad_norm",  # mean global L2 norm of the gradients over the epoch's optimizer steps, before clipping
     "grad_norm_max",
@@ -73,30 +74,32 @@ def imbalance_handling_on(cfg: TrainConfig) -> bool:
     return cfg.class_weighting != "none" or cfg.balanced_sampler or cfg.focal_gamma > 0
 
 
-def epoch_metric_names(cfg: TrainConfig, num_classes: int) -> list[str]:
-    """The keys of each epoch's metrics dict for this config (what `metric` may name)."""
-    names = list(BASE_METRICS)
-    if imbalance_handling_on(cfg):
-        names += ["val_macro_f1"] + [f"val_recall_{c}" for c in range(num_classes)]
-    return names
+def epoch_metric_names(cfg: TrainConfig, num_classes: int, task: Any = None) -> list[str]:
+    """The keys of each epoch's metrics dict for this config and task (what `metric` may name)."""
+    task = task if task is not None else Classification()
+    val = [m for m in task.metric_directions(cfg, num_classes) if m != "val_loss"]
+    return list(BASE_METRICS[:2]) + val + list(BASE_METRICS[2:])
 
 
 # ---------------------------------------------------------------- set-up
 
 
-def _check_arguments(cfg: TrainConfig, data: DataSplits, metric: str, direction: str, resume_from) -> None:
-    available = epoch_metric_names(cfg, data.num_classes)
+def _check_arguments(cfg: TrainConfig, data: DataSplits, metric: str, direction: str, resume_from, task) -> None:
+    available = epoch_metric_names(cfg, data.num_classes, task)
     if metric not in available:
-        hint = ""
-        if metric == "val_macro_f1" or metric.startswith("val_recall_"):
-            hint = " (val_macro_f1 and val_recall_<class> exist when an imbalance option is on: class_weighting, balanced_sampler or focal_gamma)"
-        raise ValueError(f"metric {metric!r} is not an epoch metric of this run; available: {', '.join(available)}{hint}")
+        raise ValueError(f"metric {metric!r} is not an epoch metric of this run (task {task.name}); "
+                         f"available: {', '.join(available)}{task.metric_hint(metric)}")
+    problems = task.check_config(cfg)
+    if problems:
+        raise ValueError("; ".join(problems))
     if direction not in ("maximize", "minimize"):
         raise ValueError(f"direction must be 'maximize' or 'minimize', got {direction!r}")
     if len(data.train) == 0 or len(data.val) == 0:
         raise ValueError(f"the train and val splits must not be empty (train={len(data.train)}, val={len(data.val)})")
     if resume_from is not None and not Path(resume_from).is_file():
         raise FileNotFoundError(f"resume_from: no checkpoint at {resume_from}")
+    # Wrong targets for the task fail here, once and clearly, not as an index error deep in a loss.
+    task.check_targets(sample_targets(data.train), data.num_classes)
 
 
 def _place_model(cfg: TrainConfig, model: nn.Module, data: DataSplits, device: torch.device, note) -> tuple[nn.Module, nn.Module, bool]:
@@ -126,16 +129,19 @@ class _Run:
     step: TrainStep
     schedule: LRSchedule
     parts: Checkpointed  # what a checkpoint saves besides LoopState (parts.model: the plain module)
+    bound: Any  # the task bound to the data: loss, metrics (tasks.py)
 
 
-def _set_up(cfg: TrainConfig, model: nn.Module, data: DataSplits, *, seed: int, direction: str, device: torch.device, amp: str, note) -> _Run:
+def _set_up(cfg: TrainConfig, model: nn.Module, data: DataSplits, *, seed: int, direction: str, device: torch.device, amp: str, note, task) -> _Run:
     """Model on the device, then data, then loss, optimizer, schedule, scaler (this order: RNG use)."""
     raw_model, net, channels_last = _place_model(cfg, model, data, device, note)
     generator = make_generator(seed)  # the train split's order (and DataLoader worker seeds)
-    train_data = train_batches(cfg, data, device, generator, note)
-    val_data = eval_batches(data.val, cfg.eval_batch_size, device, cfg.num_workers, seed)
+    dtype = task.target_dtype
+    train_data = train_batches(cfg, data, device, generator, note, target_dtype=dtype)
+    val_data = eval_batches(data.val, cfg.eval_batch_size, device, cfg.num_workers, seed, target_dtype=dtype)
     steps_per_epoch = math.ceil(len(train_data) / cfg.grad_accum_steps)  # optimizer steps
-    step = make_train_step(cfg, data, raw_model, net=net, device=device, amp=amp, lr=cfg.lr)
+    bound = task.bind(cfg, data, device)  # class weights / target standardisation from the train split
+    step = make_train_step(cfg, data, raw_model, net=net, device=device, amp=amp, lr=cfg.lr, bound=bound)
     if cfg.scheduler == "onecycle" and cfg.warmup_epochs > 0:
         note("warmup_epochs ignored with scheduler=onecycle (OneCycle has its own warm-up)")
     schedule = schedule_from_config(cfg, step.optimizer, steps_per_epoch=steps_per_epoch, direction=direction)
@@ -146,7 +152,7 @@ def _set_up(cfg: TrainConfig, model: nn.Module, data: DataSplits, *, seed: int, 
         f"effective_batch={cfg.batch_size * cfg.grad_accum_steps} deterministic={cfg.deterministic}"
     )
     parts = Checkpointed(raw_model, step.optimizer, schedule, step.scaler, generator)
-    return _Run(net, channels_last, train_data, val_data, step, schedule, parts)
+    return _Run(net, channels_last, train_data, val_data, step, schedule, parts, bound)
 
 
 @contextlib.contextmanager
@@ -166,13 +172,13 @@ def _explain_nondeterministic_ops(deterministic: bool, device: torch.device) -> 
 # ---------------------------------------------------------------- per epoch
 
 
-def _epoch_metrics(trained: EpochTraining, val: dict[str, Any], imbalance: bool) -> dict[str, float]:
-    """The epoch's metrics, in BASE_METRICS order; "lr" and "epoch_seconds" are filled in by the caller."""
+def _epoch_metrics(trained: EpochTraining, val: dict[str, Any], bound) -> dict[str, float]:
+    """The epoch's metrics, in epoch_metric_names order; "lr" and "epoch_seconds" are filled in by the caller."""
     n_norms = float(trained.norms.count)
     metrics: dict[str, float] = {
         "train_loss": float(trained.loss_sum) / trained.samples,
         "val_loss": val["loss"],
-        "val_acc": val["acc"],
+        **bound.epoch_metrics(val),
         "lr": math.nan,  # set around the epoch-end scheduler step
         "grad_norm": float(trained.norms.total) / n_norms if n_norms else math.nan,
         "grad_norm_max": float(trained.norms.max) if n_norms else math.nan,
@@ -180,10 +186,6 @@ def _epoch_metrics(trained: EpochTraining, val: dict[str, Any], imbalance: bool)
         "samples_per_second": trained.samples / trained.seconds,
         "data_wait_fraction": trained.data_wait / trained.seconds,
     }
-    if imbalance:
-        metrics["val_macro_f1"] = val["macro_f1"]
-        for c, r in enumerate(val["recall"]):
-            metrics[f"val_recall_{c}"] = r
     return metrics
 
 
@@ -238,6 +240,7 @@ def fit(
     checkpoint_dir: str | Path | None = None,
     resume_from: str | Path | None = None,
     log: Callable[[str], None] | None = None,
+    task: Any = None,
 ) -> FitResult:
     """Train `model` on `data` as `cfg` says; select the best epoch by `metric` (`direction`).
 
@@ -251,14 +254,17 @@ def fit(
 
     "Best" (best_value, best.pt) is any strict improvement of the metric; early stopping counts
     epochs without an improvement larger than cfg.early_stopping_min_delta.
+    task: what the outputs and targets mean (tasks.py; `tasks.task_for(experiment)`); classification
+    when None. It owns the loss, the val_* metrics and the target checks.
     The model is trained in place and left on the training device, in eval mode.
     """
     note = log if log is not None else (lambda message: None)
-    _check_arguments(cfg, data, metric, direction, resume_from)  # all checked before any work
+    task = task if task is not None else Classification()
+    _check_arguments(cfg, data, metric, direction, resume_from, task)  # all checked before any work
     device = resolve_device(cfg.device)
     amp = resolve_amp(cfg.amp, device)
     seed_everything(seed, deterministic=cfg.deterministic)
-    run = _set_up(cfg, model, data, seed=seed, direction=direction, device=device, amp=amp, note=note)
+    run = _set_up(cfg, model, data, seed=seed, direction=direction, device=device, amp=amp, note=note, task=task)
 
     # ---- restore
     state, best_path, last_path = LoopState(), None, None
@@ -280,9 +286,10 @@ def fit(
             )
             state.micro_step, state.global_step = trained.micro_step, trained.global_step
 
-            val = evaluate_batches(run.net, run.val, num_classes=data.num_classes, device=device, amp=amp, channels_last=run.channels_last)
+            val = evaluate_batches(run.net, run.val, num_classes=data.num_classes, device=device, amp=amp,
+                                   channels_last=run.channels_last, bound=run.bound)
             check_val_loss(val["loss"], epoch=epoch, micro_step=state.micro_step, amp=amp)
-            metrics = _epoch_metrics(trained, val, imbalance_handling_on(cfg))
+            metrics = _epoch_metrics(trained, val, run.bound)
             _step_schedule_at_epoch_end(metrics, run.schedule, run.step.optimizer, metric)
             metrics["epoch_seconds"] = time.perf_counter() - trained.started
             improved = state.record(epoch, metrics, metrics[metric], direction, cfg.early_stopping_min_delta)

@@ -189,7 +189,7 @@ def _sweep(
         step.zero_grad()
         step_loss = torch.zeros((), dtype=torch.float64, device=step.device)
         for _ in range(accum):
-            x, y = to_device(*next(batches), step.device, channels_last)
+            x, y = to_device(*next(batches), step.device, channels_last, step.target_dtype)
             loss = step.loss(x, y)
             step.backward(loss, accum)  # micro-batches are equal-sized: the step's loss is the mean of theirs
             step_loss += loss.detach().double() / accum
@@ -286,6 +286,7 @@ def lr_range_test(
     smoothing: float = 0.05,
     diverge_factor: float = 4.0,
     seed: int = 0,
+    task: Any = None,
 ) -> LRRangeResult:
     """Run the LR range test on a deep copy of `model` with the trainer settings `cfg`.
 
@@ -310,11 +311,12 @@ def lr_range_test(
 
     # ---- the trainer's loss, optimizer, scaler and batches (no scheduler: the sweep sets the LR itself)
     lrs_planned = lr_schedule(min_lr, max_lr, num_steps, mode)
-    step = make_train_step(cfg, data, net, device=device, amp=amp, lr=lrs_planned[0])
+    bound = task.bind(cfg, data, device) if task is not None else None  # the task's loss (classification: None)
+    step = make_train_step(cfg, data, net, device=device, amp=amp, lr=lrs_planned[0], bound=bound)
     if len(data.train) == 0:
         raise ValueError("the train split is empty")
     # fit()'s training batches (shuffled or balanced, drop_last), reshuffled when the split is exhausted
-    batches = forever(train_batches(cfg, data, device, make_generator(seed)))
+    batches = forever(train_batches(cfg, data, device, make_generator(seed), target_dtype=step.target_dtype))
     curve = _sweep(
         step, batches, lrs_planned, accum=cfg.grad_accum_steps, channels_last=channels_last, smoothing=smoothing, diverge_factor=diverge_factor
     )

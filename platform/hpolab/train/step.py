@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -17,20 +18,20 @@ from torch import nn
 from .config import TrainConfig
 from .data import DataSplits
 from .device import autocast, make_grad_scaler
-from .losses import criterion_from_config
 from .optim import check_optimizer_covers, optimizer_from_config
 
 
 @dataclass
 class TrainStep:
     net: nn.Module  # what runs forward (a torch.compile'd wrapper, or the plain module)
-    criterion: nn.Module  # the trainer's loss (smoothing, class weights or focal)
+    criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # the task's training loss (a mean over the batch)
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler  # pass-through unless amp=fp16
     params: list[nn.Parameter]  # every parameter the optimizer updates: clipped as one vector
     max_norm: float  # clipping threshold for the global L2 norm; inf: measure, never clip
     device: torch.device
     amp: str  # resolved: off | bf16 | fp16
+    target_dtype: torch.dtype | None = torch.long  # the task's: batches convert targets to it
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)  # once per optimizer step
@@ -64,12 +65,18 @@ def make_train_step(
     amp: str,
     lr: float,
     net: nn.Module | None = None,
+    bound: Any = None,
 ) -> TrainStep:
-    """The trainer's criterion, optimizer (over `model`, the plain module, at `lr`) and GradScaler.
+    """The task's training criterion, the optimizer (over `model`, the plain module, at `lr`) and GradScaler.
 
-    `net` is what runs forward when it is not `model` itself (e.g. torch.compile(model)).
+    `net` is what runs forward when it is not `model` itself (e.g. torch.compile(model)). `bound`: the
+    task bound to `data` (tasks.py); classification with the trainer's options when None.
     """
-    criterion = criterion_from_config(cfg, data, device)
+    if bound is None:
+        from .tasks import Classification
+
+        bound = Classification().bind(cfg, data, device)
+    criterion = bound.criterion
     optimizer = optimizer_from_config(cfg, model, lr=lr)
     check_optimizer_covers(model, optimizer)
     return TrainStep(
@@ -81,4 +88,5 @@ def make_train_step(
         max_norm=cfg.grad_clip_norm if cfg.grad_clip_norm is not None else math.inf,
         device=device,
         amp=amp,
+        target_dtype=bound.task.target_dtype,
     )
