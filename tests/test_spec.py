@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from hpolab.config.spec import SpecError, load_spec, parse_overrides
 
 DEFAULT = "studies/digits_cnn.yaml"
@@ -81,3 +81,11 @@ def test_cli_reports_spec_errors_without_traceback(store):
 def test_cli_validate_prints_resolved_spec():
     out = run_cli("study", "validate", DEFAULT, "n_trials=7")
     assert "valid" in out.stdout and "n_trials: 7" in out.stdout
+
+
+def test_amp_off_reads_as_the_mode_not_as_false(tmp_path):
+    # YAML 1.1 reads a bare `off` as false; both the file and a key=value override must mean amp "off".
+    spec = tmp_path / "s.yaml"
+    spec.write_text((ROOT / "studies" / "digits_cnn.yaml").read_text().replace("trainer:", "trainer:\n  amp: off", 1))
+    assert load_spec(spec).trainer.amp == "off"
+    assert load_spec(ROOT / "studies" / "digits_cnn.yaml", ["trainer.amp=off"]).trainer.amp == "off"

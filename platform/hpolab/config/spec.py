@@ -133,6 +133,14 @@ class StudySpec(_Frozen):
     # project). Not a field: it is where this spec was found, not part of the study's definition.
     _project_dir: Path | None = PrivateAttr(default=None)
 
+    @field_validator("trainer", mode="before")
+    @classmethod
+    def _amp_off_is_a_word(cls, v: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false: `amp: off` and `trainer.amp=off` mean the mode "off".
+        if isinstance(v, dict) and v.get("amp") is False:
+            return {**v, "amp": "off"}
+        return v
+
     @property
     def project_dir(self) -> Path | None:
         """The project the experiment was found in (trial processes import it from there); None if unknown."""
