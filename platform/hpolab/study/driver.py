@@ -45,6 +45,7 @@ from hpolab.study.parent_run import close_parent_run, open_parent_run
 from hpolab.study.events import TrialEvents
 from hpolab.study.runner import Running, TrialRunner
 from hpolab.study.search_space import optuna_distributions
+from hpolab.study.spec_guard import check_spec, record_spec
 from hpolab.study.tracker import TrialTracker, retry_source
 
 __all__ = ["Driver", "FINISHED", "Outcome", "Running", "optuna_distributions", "trial_counts"]
@@ -57,8 +58,10 @@ class Outcome:
 
 
 class Driver:
-    def __init__(self, spec: StudySpec, stores: Stores, progress: Progress | None = None, project_dir: Path | None = None, worker_seed: int = 0):
+    def __init__(self, spec: StudySpec, stores: Stores, progress: Progress | None = None, project_dir: Path | None = None, worker_seed: int = 0,
+                 allow_spec_change: bool = False):
         self.spec = spec
+        self.allow_spec_change = allow_spec_change  # accept a changed spec that keeps the search space valid (spec_guard.py)
         self.worker_seed = worker_seed  # mixed into the sampler seed so concurrent workers draw differently
         self.stores = stores
         self.progress = progress or Progress(spec, quiet=True)
@@ -92,6 +95,7 @@ class Driver:
             direction=self.spec.direction,
             load_if_exists=True,
         )
+        spec_change = check_spec(self.study, self.spec, self.allow_spec_change)  # refused: UserError, nothing written
         if self.study.direction.name.lower() != self.spec.direction:
             raise StudyError(
                 f"study {self.spec.name!r} already exists with direction {self.study.direction.name.lower()}; "
@@ -102,6 +106,7 @@ class Driver:
         self.experiment_id = tr.get_or_create_experiment(self.client, self.spec.name, self.stores)
         self.env_tags = capture_environment(self.project_dir)
         self.parent_run_id = open_parent_run(self.client, self.experiment_id, self.study, self.spec, self.env_tags)
+        record_spec(self.study, self.client, self.parent_run_id, self.spec, spec_change, self.progress.note)
         self.tracker = TrialTracker(self.client, self.experiment_id, self.parent_run_id, self.spec.name,
                                     self.experiment, self.env_tags, self.progress.note)
         self.events = TrialEvents(self.study, self.storage, self.running, self.tracker, self.runner, self.progress,
