@@ -45,7 +45,9 @@ from hpolab.study.parent_run import close_parent_run, open_parent_run
 from hpolab.study.events import TrialEvents
 from hpolab.study.runner import Running, TrialRunner
 from hpolab.study.search_space import optuna_distributions
+from hpolab.study.enqueue import enqueue_known_good
 from hpolab.study.spec_guard import check_spec, record_spec
+from hpolab.study.stopping import NoImprovementStop
 from hpolab.study.tracker import TrialTracker, retry_source
 
 __all__ = ["Driver", "FINISHED", "Outcome", "Running", "optuna_distributions", "trial_counts"]
@@ -107,6 +109,7 @@ class Driver:
         self.env_tags = capture_environment(self.project_dir)
         self.parent_run_id = open_parent_run(self.client, self.experiment_id, self.study, self.spec, self.env_tags)
         record_spec(self.study, self.client, self.parent_run_id, self.spec, spec_change, self.progress.note)
+        self.no_improvement = NoImprovementStop(self.spec, self.study, self.client, self.parent_run_id, self.progress.note)
         self.tracker = TrialTracker(self.client, self.experiment_id, self.parent_run_id, self.spec.name,
                                     self.experiment, self.env_tags, self.progress.note)
         self.events = TrialEvents(self.study, self.storage, self.running, self.tracker, self.runner, self.progress,
@@ -178,6 +181,7 @@ class Driver:
         self._open()
         ensure_lr_range_test(self.spec, self.study, self.stores, self.runner, self.project_dir, self.client,
                              self.experiment_id, self.parent_run_id, self.progress.note, lambda: self.aborting)
+        enqueue_known_good(self.study, self.storage, self.spec, lr_bounds(self.study), self.progress.note)
         outcome = Outcome()
         previous = self._install_sigint()
         self.heartbeats.start()
@@ -190,6 +194,8 @@ class Driver:
                     outcome.timed_out = True
                     self.draining = True
                     self.progress.note(f"timeout ({self.spec.timeout:g} s) reached: no new trials; running ones finish")
+                if not self.draining and self.no_improvement.should_stop():
+                    self.draining = True  # stop_after_no_improvement: no new trials; running ones finish
                 self._start_trials()
                 if not self.running:
                     break
@@ -222,5 +228,5 @@ class Driver:
     def _close(self) -> None:
         self.tracker.shutdown()  # every trial's model is logged before the study closes
         counts = trial_counts(self.study)
-        close_parent_run(self.client, self.parent_run_id, self.study, self.spec, counts)
+        close_parent_run(self.client, self.parent_run_id, self.study, self.spec, counts, self.no_improvement.reason)
         self.progress.end(self.study, counts, self.spec)
