@@ -92,7 +92,8 @@ class TrialEvents:
             except OSError:
                 pass
         self.tracker.finish(r, state, tags, model_info)
-        self.progress.trial_finished(number, state.name, value if value is not None else r.last_value, tags.get("hpolab.fail_reason"), trial_counts(self.study))
+        history = self.storage.get_trial(r.trial._trial_id).intermediate_values  # the line says best and last, like the table
+        self.progress.trial_finished(number, state.name, value if value is not None else r.last_value, tags.get("hpolab.fail_reason"), trial_counts(self.study), history)
 
     def _queue_retry(self, r: Running) -> None:
         # Queue a copy with the same params; the next `study run` resumes it from last.pt.
