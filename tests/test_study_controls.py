@@ -58,6 +58,16 @@ def test_the_same_spec_and_run_controls_are_no_change(base):
     assert check_spec(study, controls, allow_change=False) is None
 
 
+def test_a_field_added_to_hpolab_since_the_study_was_recorded_is_no_change(base):
+    study = _study_with_trial(base, 0.02, 16)
+    recorded = defining_spec(base)
+    del recorded["trainer"]["compile"]  # as if recorded by an hpolab that had no trainer.compile yet (default False)
+    study.set_user_attr("hpolab.spec", recorded)
+    assert check_spec(study, base, allow_change=False) is None
+    with pytest.raises(UserError, match=r"trainer.compile: \(absent\) -> true"):
+        check_spec(study, _edit("trainer.compile=true"), allow_change=False)
+
+
 def test_a_new_study_records_version_0(base):
     change = check_spec(optuna.create_study(), base, allow_change=False)
     assert change.version == 0 and change.defining == defining_spec(base) and change.diff == []

@@ -64,6 +64,20 @@ def spec_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> lis
     return out
 
 
+def _only_a_new_default(change: tuple[str, Any, Any]) -> bool:
+    """A key one side lacks and the other has at its default: a field hpolab added (or dropped) since
+    the study was recorded, not an edit (upgrading hpolab must not make every study refuse its spec)."""
+    path, a, b = change
+    if a is not _ABSENT and b is not _ABSENT:
+        return False
+    node: Any = defining_spec(StudySpec(name="defaults", experiment="defaults"))
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return node == (b if a is _ABSENT else a)
+
+
 def _show(v: Any) -> str:
     return "(absent)" if v is _ABSENT else json.dumps(v)
 
@@ -83,7 +97,7 @@ def check_spec(study: optuna.Study, spec: StudySpec, allow_change: bool) -> Spec
     old = study.user_attrs.get("hpolab.spec")
     if old is None:  # a new study, or one created before specs were recorded: this one is its spec
         return SpecChange(version=0, defining=new, diff=[])
-    diff = spec_diff(old, new)
+    diff = [d for d in spec_diff(old, new) if not _only_a_new_default(d)]
     if not diff:
         return None
     fixed = [d for d in diff if d[0].split(".")[0] in FIXED]
