@@ -88,9 +88,10 @@ def mixed_study_template(tmp_path_factory, migrated_store: Path) -> Path:
         s = ["--store", str(store), "study", "run", *SPEC]
         run_cli(*s, "n_trials=2", "pruner={type: none}")
         # NaN loss at micro-step 2 -> the trial fails with a reason, before any epoch ends.
-        run_cli(*s, "n_trials=3", "trainer.inject_nan_at_step=2", "pruner={type: none}")
+        # (Changing trainer/pruner values of a study needs --allow-spec-change: they change what a trial means.)
+        run_cli(*s, "n_trials=3", "trainer.inject_nan_at_step=2", "pruner={type: none}", "--allow-spec-change")
         # ThresholdPruner: val_acc below 0.99 after epoch 1 (a 3-epoch digits CNN never reaches it) -> pruned.
-        run_cli(*s, "n_trials=4", "pruner={type: threshold, kwargs: {lower: 0.99}}")
+        run_cli(*s, "n_trials=4", "pruner={type: threshold, kwargs: {lower: 0.99}}", "--allow-spec-change")
         _TEMPLATE["store"] = store
     return _TEMPLATE["store"]
 

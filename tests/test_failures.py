@@ -221,5 +221,5 @@ def test_direction_change_of_an_existing_study_is_refused(store):
     run_cli("--store", str(store), "study", "run", SPEC, "n_trials=1", "trainer.max_epochs=1", cwd=PROJECT)
     out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=2", "metric=val_loss", "direction=minimize",
                   cwd=PROJECT, check=False)
-    assert out.returncode == 1
-    assert "already exists with direction maximize" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2  # the study remembers its spec: refused with the diff (test_study_controls.py)
+    assert 'direction: "maximize" -> "minimize"' in out.stderr and "--new-study" in out.stderr and "Traceback" not in out.stderr

@@ -33,7 +33,8 @@ def test_study_run_end_to_end(store):
     parent = client.get_run(parent_id)
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["hpolab.trials_finished"] == "3"
-    assert "study.yaml" in [a.path for a in client.list_artifacts(parent_id)]
+    assert "spec.yaml" in [a.path for a in client.list_artifacts(parent_id)]
+    assert parent.data.tags["hpolab.spec_hash"] == study.user_attrs["hpolab.spec_hash"]
 
     children = client.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
     assert sorted(r.info.run_name for r in children) == ["trial-0", "trial-1", "trial-2"]

@@ -23,6 +23,12 @@ def _add_store_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     p.add_argument("--tracking-uri", default=d, metavar="URI", help="MLflow tracking URI (default: env MLFLOW_TRACKING_URI, else sqlite in the store)")
 
 
+def _add_spec_change_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--new-study", metavar="NAME", help="run this spec as a new study named NAME (e.g. after editing the spec of an existing study)")
+    p.add_argument("--allow-spec-change", action="store_true",
+                   help="continue an existing study with a changed spec (recorded as spec-<n>.yaml); refused if a sampled value no longer fits the search space")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpolab", description="Hyperparameter studies for PyTorch on Optuna + MLflow.")
     _add_store_options(parser, suppress=False)
@@ -40,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(ssub, "run", "run (or continue) a study up to its n_trials budget")
     p.add_argument("spec", help="study spec YAML, e.g. studies/digits_cnn.yaml")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. n_trials=4 trainer.lr=0.01")
+    _add_spec_change_options(p)
     p = command(ssub, "status", "trial table of a study, from the stores")
     p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file (its name: is used)")
     command(ssub, "list", "the studies in the store: direction, metric, trials by state, best value, last activity")
@@ -53,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(sub, "worker", "join a study as one more worker (same as `study run`)")
     p.add_argument("spec")
     p.add_argument("overrides", nargs="*")
+    _add_spec_change_options(p)
 
     p = command(sub, "ui", "serve the MLflow UI for the store in use")
     p.add_argument("--host", default="127.0.0.1")
@@ -123,13 +131,18 @@ def cmd_study_run(args) -> int:
     from hpolab.study.driver import Driver
     from hpolab.study.progress import Progress
 
-    spec = load_spec(args.spec, args.overrides)
+    import json
+
+    # --new-study NAME: the spec under another name (JSON-quoted: a YAML scalar like `1` or `yes` stays a string)
+    rename = [f"name={json.dumps(args.new_study)}"] if args.new_study else []
+    spec = load_spec(args.spec, [*args.overrides, *rename])
     # `hpolab worker` joins a study that other drivers are running now: mix the pid into the
     # sampler seed so two workers started together do not propose identical trials.
     worker_seed = os.getpid() if args.command == "worker" else 0
     # The spec's project (the folder holding its experiments/): trial processes import the
     # experiment from there, whatever the working directory.
-    outcome = Driver(spec, stores, Progress(spec), project_dir=spec.project_dir, worker_seed=worker_seed).run()
+    outcome = Driver(spec, stores, Progress(spec), project_dir=spec.project_dir, worker_seed=worker_seed,
+                     allow_spec_change=args.allow_spec_change).run()
     code, message = study_exit(outcome)
     if message:
         print(f"hpolab: {message}", file=sys.stderr)

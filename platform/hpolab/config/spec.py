@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from hpolab.config.controls import NoImprovementStop, check_enqueue
 from hpolab.config.experiment import load_experiment, project_root_of
 from hpolab.config.samplers import check_named
 from hpolab.errors import SpecError
@@ -129,6 +130,9 @@ class StudySpec(_Frozen):
     data: dict[str, Any] = Field(default_factory=dict)
     search_space: dict[str, Distribution] = Field(default_factory=dict)
     lr_range_test: LRRangeTestSpec = LRRangeTestSpec()
+    # Run controls (config/controls.py): known-good configurations evaluated first, and when to stop.
+    enqueue: list[dict[str, Any]] = Field(default_factory=list)
+    stop_after_no_improvement: NoImprovementStop | None = None
     # Set by load_spec: the folder holding the experiments/ the experiment came from (the spec's
     # project). Not a field: it is where this spec was found, not part of the study's definition.
     _project_dir: Path | None = PrivateAttr(default=None)
@@ -311,6 +315,7 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> StudySpec
         raise SpecError(source, _messages(e)) from None
     problems = _check_experiment(spec, search_from=p.resolve().parent)
     problems += check_named(spec)
+    problems += check_enqueue(spec.search_space, spec.enqueue)
     if problems:
         raise SpecError(source, problems)
     return spec

@@ -60,6 +60,9 @@ from hpolab.study.retry import RetryCopy
 from hpolab.study.runner import Running, TrialRunner
 from hpolab.study.search_space import optuna_distributions
 from hpolab.study.signals import StopSignals
+from hpolab.study.enqueue import enqueue_known_good
+from hpolab.study.spec_guard import check_spec, record_spec
+from hpolab.study.stopping import NoImprovementStop
 from hpolab.study.tracker import TrialTracker, retry_source
 
 __all__ = ["Driver", "FINISHED", "Outcome", "Running", "optuna_distributions", "trial_counts"]
@@ -79,8 +82,10 @@ class Outcome:
 
 
 class Driver:
-    def __init__(self, spec: StudySpec, stores: Stores, progress: Progress | None = None, project_dir: Path | None = None, worker_seed: int = 0):
+    def __init__(self, spec: StudySpec, stores: Stores, progress: Progress | None = None, project_dir: Path | None = None, worker_seed: int = 0,
+                 allow_spec_change: bool = False):
         self.spec = spec
+        self.allow_spec_change = allow_spec_change  # accept a changed spec that keeps the search space valid (spec_guard.py)
         self.worker_seed = worker_seed  # mixed into the sampler seed so concurrent workers draw differently
         self.stores = stores
         self.progress = progress or Progress(spec, quiet=True)
@@ -122,6 +127,7 @@ class Driver:
         self.study = optuna.create_study(
             storage=self.storage, study_name=self.spec.name, sampler=make_sampler(self.spec, seed_offset=self._seed_offset()),
             pruner=make_pruner(self.spec), direction=self.spec.direction, load_if_exists=True)
+        spec_change = check_spec(self.study, self.spec, self.allow_spec_change)  # refused: UserError, nothing written
         if self.study.direction.name.lower() != self.spec.direction:
             raise StudyError(
                 f"study {self.spec.name!r} already exists with direction {self.study.direction.name.lower()}; "
@@ -132,6 +138,8 @@ class Driver:
         self.experiment_id = tr.get_or_create_experiment(self.client, self.spec.name, self.stores)
         self.env_tags = capture_environment(self.project_dir)
         self.parent_run_id = open_parent_run(self.client, self.experiment_id, self.study, self.spec, self.env_tags)
+        record_spec(self.study, self.client, self.parent_run_id, self.spec, spec_change, self.progress.note)
+        self.no_improvement = NoImprovementStop(self.spec, self.study, self.client, self.parent_run_id, self.progress.note)
         self.tracker = TrialTracker(self.client, self.experiment_id, self.parent_run_id, self.spec.name,
                                     self.experiment, self.env_tags, self.progress.note)
         self.events = TrialEvents(self.study, self.storage, self.running, self.tracker, self.runner, self.progress,
@@ -218,6 +226,7 @@ class Driver:
             self._open()
             ensure_lr_range_test(self.spec, self.study, self.stores, self.runner, self.project_dir, self.client,
                                  self.experiment_id, self.parent_run_id, self.progress.note, lambda: self.signals.aborting)
+            enqueue_known_good(self.study, self.storage, self.spec, lr_bounds(self.study), self.progress.note)
             outcome = self._loop()
             self._close(outcome)
             return outcome
@@ -253,6 +262,8 @@ class Driver:
                     outcome.failure_limit = (f"{self.streak.count} trials failed in a row (max_failures={self.spec.max_failures}); "
                                              f"the last: {self.streak.last_reason}")
                     self.progress.note(f"stopping: {outcome.failure_limit}; running trials finish")
+                if not self.draining and self.no_improvement.should_stop():
+                    self.draining = True  # stop_after_no_improvement: no new trials; running ones finish
                 self._start_trials()
                 if not self.running:
                     if self._others_still_running():
@@ -282,5 +293,5 @@ class Driver:
     def _close(self, outcome: Outcome) -> None:
         self.tracker.shutdown()  # every trial's model is logged before the study closes
         outcome.counts = trial_counts(self.study)
-        close_parent_run(self.client, self.parent_run_id, self.study, self.spec, outcome.counts)
+        close_parent_run(self.client, self.parent_run_id, self.study, self.spec, outcome.counts, self.no_improvement.reason)
         self.progress.end(self.study, outcome.counts, self.spec)

@@ -112,7 +112,8 @@ class TrialEvents:
                 tags["hpolab.retried_as_trial"] = str(copy)
         self.streak.record(state, copy is not None, tags.get("hpolab.fail_kind"), tags.get("hpolab.fail_reason"))
         self.tracker.finish(r, state, tags, model_info)
-        self.progress.trial_finished(number, state.name, value if value is not None else r.last_value, tags.get("hpolab.fail_reason"), trial_counts(self.study))
+        history = self.storage.get_trial(r.trial._trial_id).intermediate_values  # the line says best and last, like the table
+        self.progress.trial_finished(number, state.name, value if value is not None else r.last_value, tags.get("hpolab.fail_reason"), trial_counts(self.study), history)
 
     def on_done(self, r: Running, info: dict[str, Any]) -> None:
         tags = {

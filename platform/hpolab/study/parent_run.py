@@ -1,17 +1,15 @@
 """The study's parent run in MLflow: one per study, shared by every worker that joins it.
 
-Its id is the Optuna study user attr `mlflow_parent_run_id`; it carries the spec (params and
-study.yaml) and, when a driver closes, the trial counts and the best trial so far.
+Its id is the Optuna study user attr `mlflow_parent_run_id`; it carries the spec (params, logged
+once; spec.yaml and accepted changes spec-<n>.yaml: spec_guard.py) and, when a driver closes, the
+trial counts, the best trial so far and why the study stopped early (`hpolab.stop_reason`).
 """
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import optuna
 
-from hpolab.config.spec import StudySpec, spec_to_yaml
+from hpolab.config.spec import StudySpec
 from hpolab.stores import mlflow_runs as tr
 
 
@@ -44,17 +42,14 @@ def open_parent_run(client, experiment_id: str, study: optuna.Study, spec: Study
         client.delete_run(mine)
         return chosen
     study.set_user_attr("mlflow_parent_run_id", mine)
-    tr.log_params(client, mine, tr.flatten(spec.model_dump(mode="json", exclude={"search_space"})))
-    with tempfile.TemporaryDirectory() as tmp:
-        p = Path(tmp) / "study.yaml"
-        p.write_text(spec_to_yaml(spec))
-        client.log_artifact(mine, str(p))
+    tr.log_params(client, mine, tr.flatten(spec.model_dump(mode="json", exclude={"search_space", "enqueue"})))
     return mine
 
 
-def close_parent_run(client, parent_run_id: str, study: optuna.Study, spec: StudySpec, counts: dict[str, int]) -> None:
-    """Tag the trial counts and the best trial; FINISHED when the budget is spent, else KILLED
-    (a re-run of the same command continues the study)."""
+def close_parent_run(client, parent_run_id: str, study: optuna.Study, spec: StudySpec, counts: dict[str, int],
+                     stop_reason: str | None = None) -> None:
+    """Tag the trial counts and the best trial; FINISHED when the budget is spent or the study was
+    stopped (`stop_reason`: stop_after_no_improvement), else KILLED (a re-run continues the study)."""
     tags = {f"hpolab.trials_{k}": str(v) for k, v in counts.items()}
     tags["hpolab.n_trials"] = str(spec.n_trials)  # the budget now (a re-run may raise it)
     try:
@@ -69,8 +64,10 @@ def close_parent_run(client, parent_run_id: str, study: optuna.Study, spec: Stud
         client.log_metric(parent_run_id, f"best_{spec.metric}", float(best.value))
     except ValueError:
         pass  # no COMPLETE trial yet
+    if stop_reason:
+        tags["hpolab.stop_reason"] = stop_reason
     tr.set_tags(client, parent_run_id, tags)
-    done = counts["finished"] >= spec.n_trials
+    done = counts["finished"] >= spec.n_trials or stop_reason is not None
     client.set_terminated(parent_run_id, status="FINISHED" if done else "KILLED")
 
 

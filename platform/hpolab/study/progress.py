@@ -42,14 +42,21 @@ class Progress:
     def epoch(self, number: int, epoch: int) -> None:
         self.epochs[number] = epoch
 
-    def trial_finished(self, number: int, state: str, value: float | None, reason: str | None, counts: dict[str, int]) -> None:
+    def trial_finished(self, number: int, state: str, value: float | None, reason: str | None, counts: dict[str, int],
+                       history: dict[int, float] | None = None) -> None:
+        """`value`: the trial's value (COMPLETE) or last reported one; `history`: its reported values by epoch."""
         self.epochs.pop(number, None)
         if state == "COMPLETE" and value is not None:
             better = self.best is None or (value > self.best if self.spec.direction == "maximize" else value < self.best)
             if better:
                 self.best = value
         colour = {"COMPLETE": "green", "PRUNED": "yellow", "FAIL": "red"}[state]
-        val = f" {self.spec.metric}={fmt_value(value)}" if value is not None else ""
+        best, last = best_and_last(state, value, history, self.spec.direction == "maximize")
+        if history is None:  # no history given: `value` is all we know, say which it is
+            best, last = (value, None) if state == "COMPLETE" else (None, value)
+        shown = ([f"best={fmt_value(best)}"] if best is not None else []) + (
+            [f"(last {fmt_value(last)})" if best is not None else f"last={fmt_value(last)}"] if last is not None else [])
+        val = f" {self.spec.metric} {' '.join(shown)}" if shown else ""
         why = f" -- {escape(reason)}" if reason else ""
         running = ", ".join(f"#{n}@ep{e}" for n, e in sorted(self.epochs.items())) or "none"
         self._print(
@@ -66,7 +73,10 @@ class Progress:
         table = Table(title=f"study {spec.name}: {counts['finished']}/{spec.n_trials} finished", show_lines=False)
         table.add_column("trial", justify="right")
         table.add_column("state")
-        table.add_column(spec.metric, justify="right")
+        # A trial's best epoch (its Optuna value when COMPLETE) and its last reported epoch: a pruned
+        # trial's last value is what the pruner judged, its best what it reached (the progress line says both).
+        table.add_column(f"best {spec.metric}", justify="right")
+        table.add_column(f"last {spec.metric}", justify="right")
         for p in spec.search_space:
             table.add_column(p.split(".")[-1], justify="right")
         table.add_column("epochs", justify="right")
@@ -77,11 +87,12 @@ class Progress:
         others = [t for t in trials if t.state != TrialState.COMPLETE]
         for t in complete + others:
             secs = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
-            value = t.value if t.state == TrialState.COMPLETE else (max(t.intermediate_values.values(), default=None) if reverse else min(t.intermediate_values.values(), default=None))
+            best, last = best_and_last(t.state.name, t.value, t.intermediate_values, reverse)
             table.add_row(
                 str(t.number),
                 t.state.name,
-                fmt_value(value),
+                fmt_value(best),
+                fmt_value(last),
                 *[fmt_value(t.params.get(p)) for p in spec.search_space],
                 str(len(t.intermediate_values)),
                 f"{secs:.1f}" if secs is not None else "-",
@@ -98,6 +109,18 @@ def _console() -> Console:
     c = Console(highlight=False)
     # Piped output (CI logs, tests) defaults to 80 columns and truncates the table; give it room.
     return c if c.is_terminal else Console(highlight=False, width=160)
+
+
+def best_and_last(state: str, value: float | None, history: dict[int, float] | None, maximize: bool) -> tuple[float | None, float | None]:
+    """(best, last) reported value of a trial: best is its Optuna value when COMPLETE (the routine's
+    best epoch), else the best of its reported epochs; last is the value of its last reported epoch."""
+    values = {e: v for e, v in (history or {}).items() if v == v}  # NaN reports are not values
+    last = values[max(values)] if values else None
+    if state == "COMPLETE" and value is not None:
+        return value, last
+    if not values:
+        return None, None
+    return (max(values.values()) if maximize else min(values.values())), last
 
 
 def fmt_value(v: Any) -> str:

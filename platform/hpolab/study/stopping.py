@@ -1,0 +1,83 @@
+"""`stop_after_no_improvement`: stop a study that has stopped getting better.
+
+Counted are the study's finished trials that produced a result, COMPLETE and PRUNED, in the order
+they finished (FAIL trials are neither an improvement nor a miss: failures are their own matter).
+A COMPLETE trial improves when its value beats the best value before it by more than `min_delta`;
+a PRUNED trial never does. Once `trials` of them in a row did not improve, the study starts no new
+trial; running ones finish. The reason is recorded once: tag `hpolab.stop_reason` on the parent
+run, Optuna study user attr `hpolab.stop` ({reason, n_trials, results}).
+
+A re-run of a stopped study says so and runs nothing (exit 0), unless n_trials was raised above
+the budget it stopped at: then the count starts again from the trials after the stop (the best
+value so far still counts). Removing `stop_after_no_improvement` from the spec also lets it go on.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from hpolab.config.spec import StudySpec
+from hpolab.stores import mlflow_runs as tr
+
+
+def no_improvement_streak(values: list[float | None], maximize: bool, min_delta: float, start: int = 0) -> tuple[int, int | None]:
+    """(trials in a row without an improvement at the end of `values`, index of the best value).
+
+    `values`: results in finishing order, None for a pruned trial. Results before `start` set the
+    best value but are not counted in the streak.
+    """
+    best: float | None = None
+    best_at: int | None = None
+    streak = 0
+    for i, v in enumerate(values):
+        improved = v is not None and (best is None or (v - best > min_delta if maximize else best - v > min_delta))
+        if v is not None and (best is None or (v > best if maximize else v < best)):
+            best, best_at = v, i
+        if improved:
+            streak = 0
+        elif i >= start:
+            streak += 1
+    return streak, best_at
+
+
+def results_in_order(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The COMPLETE and PRUNED trials, in the order they finished."""
+    done = [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    return sorted(done, key=lambda t: (t.datetime_complete is None, t.datetime_complete, t.number))
+
+
+class NoImprovementStop:
+    """The driver asks `should_stop()` before starting trials; it records and prints the reason once."""
+
+    def __init__(self, spec: StudySpec, study: optuna.Study, client, parent_run_id: str, note: Callable[[str], None]):
+        self.spec, self.study, self.client, self.parent_run_id, self.note = spec, study, client, parent_run_id, note
+        self.reason: str | None = None
+
+    def should_stop(self) -> bool:
+        rule = self.spec.stop_after_no_improvement
+        if self.reason is not None or rule is None:
+            return self.reason is not None
+        record = self.study.user_attrs.get("hpolab.stop")
+        if record and self.spec.n_trials <= record["n_trials"]:
+            self.reason = record["reason"]
+            self.note(f"study {self.spec.name} stopped earlier: {self.reason}. "
+                      f"Raise n_trials above {record['n_trials']} to continue it.")
+            tr.set_tags(self.client, self.parent_run_id, {"hpolab.stop_reason": self.reason})
+            return True
+        trials = results_in_order(self.study)
+        start = record["results"] if record else 0
+        streak, best_at = no_improvement_streak([t.value if t.state == TrialState.COMPLETE else None for t in trials],
+                                                self.spec.direction == "maximize", rule.min_delta, start)
+        if streak < rule.trials:
+            return False
+        best = trials[best_at] if best_at is not None else None
+        since = f"the best {self.spec.metric} {best.value:.6g} (trial {best.number})" if best else "any result"
+        self.reason = (f"stop_after_no_improvement: {streak} finished trials in a row brought no improvement "
+                       f"larger than {rule.min_delta:g} over {since}")
+        self.study.set_user_attr("hpolab.stop", {"reason": self.reason, "n_trials": self.spec.n_trials, "results": len(trials)})
+        tr.set_tags(self.client, self.parent_run_id, {"hpolab.stop_reason": self.reason})
+        self.note(f"{self.reason}: starting no new trials; running ones finish")
+        return True
