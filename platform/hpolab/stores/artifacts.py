@@ -38,7 +38,16 @@ def fetch_checkpoint(tracking_uri: str, run_id: str, dst: Path) -> Path | None:
         if name in names:  # best.pt beside last.pt: the resumed routine keeps the best epoch's weights
             download_artifacts(run_id=run_id, artifact_path=f"{CHECKPOINTS}/{name}", dst_path=str(dst), tracking_uri=tracking_uri)
     last = dst / "last.pt"
-    return last if last.is_file() else None
+    if not last.is_file():
+        return None
+    from hpolab.train.checkpoint import load_checkpoint
+
+    try:  # a driver killed in the middle of an upload to a plain folder can leave a partial file
+        load_checkpoint(last, map_location="cpu")
+    except Exception as e:
+        shutil.rmtree(dst, ignore_errors=True)
+        raise ValueError(f"the uploaded checkpoint is unreadable ({type(e).__name__}: {e})") from None
+    return last
 
 
 def delete_checkpoints(client, run_id: str) -> None:

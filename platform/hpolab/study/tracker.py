@@ -77,6 +77,7 @@ class TrialTracker:
                 r.trial.report(value, epoch)
                 r.last_value = value
             r.epoch = epoch
+        tr.set_tags(self.client, r.run_id, {"hpolab.resumed_after_epoch": str(r.epoch)})
 
     def log_epoch(self, run_id: str, epoch: int, metrics: dict[str, float]) -> None:
         tr.log_epoch(self.client, run_id, epoch, metrics)
