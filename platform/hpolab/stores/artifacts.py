@@ -65,4 +65,11 @@ def delete_logged_model(client, model_id: str) -> None:
 
     model = client.get_logged_model(model_id)
     get_artifact_repository(model.artifact_location).delete_artifacts()
+    if model.artifact_location.startswith("file:"):  # a local folder: its now empty models/<id>/ too
+        from mlflow.utils.file_utils import local_file_uri_to_path
+
+        try:
+            Path(local_file_uri_to_path(model.artifact_location)).parent.rmdir()
+        except OSError:
+            pass
     client.delete_logged_model(model_id)
