@@ -111,6 +111,15 @@ class LRRangeTestSpec(_Frozen):
         return self
 
 
+class TopK(_Frozen):
+    """Keep only the N best finished trials' files (by the study metric)."""
+
+    top_k: int = Field(ge=1)
+
+
+RETENTION_WORDS = {"log_models": ("all", "complete", "none"), "keep_checkpoints": ("all",)}
+
+
 class StudySpec(_Frozen):
     name: str
     experiment: str
@@ -133,6 +142,14 @@ class StudySpec(_Frozen):
     # Run controls (config/controls.py): known-good configurations evaluated first, and when to stop.
     enqueue: list[dict[str, Any]] = Field(default_factory=list)
     stop_after_no_improvement: NoImprovementStop | None = None
+    # Retention (like Ray Tune's num_to_keep, Determined's checkpoint GC): which trials log a model
+    # (all = COMPLETE + PRUNED; complete = COMPLETE only; none; {top_k: N} = the N best COMPLETE), and
+    # whose last.pt/best.pt (trial folder + uploaded checkpoints/) survive once the trial has finished.
+    log_models: Union[Literal["all", "complete", "none"], TopK] = "complete"
+    keep_checkpoints: Union[Literal["all"], TopK] = "all"
+    # Seconds between uploads of a running trial's last.pt to its run's checkpoints/ (latest only),
+    # so a retry on any worker can resume it; 0 = after every epoch; null = only when it is retried.
+    checkpoint_upload_every: float | None = Field(default=30.0, ge=0)
     # Set by load_spec: the folder holding the experiments/ the experiment came from (the spec's
     # project). Not a field: it is where this spec was found, not part of the study's definition.
     _project_dir: Path | None = PrivateAttr(default=None)
@@ -156,6 +173,17 @@ class StudySpec(_Frozen):
         if not STUDY_NAME.match(v):
             raise ValueError("use letters, digits, '.', '_' or '-' (it names the Optuna study and the MLflow experiment)")
         return v
+
+    @field_validator("log_models", "keep_checkpoints", mode="before")
+    @classmethod
+    def _retention(cls, v: Any, info) -> Any:
+        words = RETENTION_WORDS[info.field_name]
+        if isinstance(v, str) and v in words:
+            return v
+        n = v.get("top_k") if isinstance(v, dict) and set(v) == {"top_k"} else None
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+            return v
+        raise ValueError(f"use {' | '.join(words)} or {{top_k: N}} with N >= 1, got {v!r}")
 
     def resolved_config(self, experiment: ModuleType, params: dict[str, Any] | None = None) -> dict[str, Any]:
         """The full config a trial runs with: experiment defaults < spec < sampled params."""

@@ -50,13 +50,24 @@ def resolve_stores(store: str | None = None, storage: str | None = None, trackin
     root = Path(store or os.environ.get("HPOLAB_STORE") or "mlruns").resolve()
     optuna_url = storage or os.environ.get("OPTUNA_STORAGE") or f"sqlite:///{root / 'optuna.db'}"
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
-    local_tracking = uri.startswith("sqlite:")
-    artifact_location = (root / "artifacts").as_uri() if local_tracking else None
-    return Stores(root=root, optuna_url=optuna_url, tracking_uri=uri, artifact_location=artifact_location)
+    return Stores(root=root, optuna_url=optuna_url, tracking_uri=uri, artifact_location=artifact_root(uri))
+
+
+def artifact_root(tracking_uri: str) -> str | None:
+    """Artifacts of experiments we create on a SQLite tracking DB live in `artifacts/` beside that DB
+    (the store's by default). Workers that share the DB (`--tracking-uri sqlite:///shared/mlflow.db`)
+    but each keep their own `--store` then share the artifacts too: a retry on one worker can fetch the
+    checkpoint another uploaded. None: a tracking server decides (its --artifacts-destination)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    db = Path(tracking_uri[len("sqlite:///"):]).resolve()
+    return (db.parent / "artifacts").as_uri()
 
 
 def ensure_local(stores: Stores) -> None:
     """Create the local folders the default stores need (nothing else is created)."""
     stores.root.mkdir(parents=True, exist_ok=True)
     if stores.artifact_location:
-        (stores.root / "artifacts").mkdir(exist_ok=True)
+        from urllib.parse import unquote, urlparse
+
+        Path(unquote(urlparse(stores.artifact_location).path)).mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,8 @@ is the only writer to the Optuna storage and to MLflow. It composes small parts:
     runner.py        trial processes forked from a warm forkserver, each with a lifeline and a GPU
     heartbeat.py     heartbeats of running trials; the reaper of stale ones
     tracker.py       the MLflow run of each trial (parent_run.py: the study's parent run)
+    uploads.py       one background thread: checkpoint uploads, models, run closes (bounded queue)
+    retention.py     log_models / keep_checkpoints: which finished trials keep models and checkpoints
     events.py        a trial's messages and exit -> Optuna reports/state + its MLflow run
     lr_step.py       the LR range test, once, before the first trial
     search_space.py  the spec's search space as Optuna distributions
@@ -56,6 +58,7 @@ from hpolab.study.owners import owner_gone, owner_of, owner_record
 from hpolab.study.parent_run import close_parent_run, fail_parent_run, open_parent_run
 from hpolab.study.events import TrialEvents
 from hpolab.study.repair import close_orphan_runs
+from hpolab.study.retention import Retention
 from hpolab.study.retry import RetryCopy
 from hpolab.study.runner import Running, TrialRunner
 from hpolab.study.search_space import optuna_distributions
@@ -140,8 +143,10 @@ class Driver:
         self.parent_run_id = open_parent_run(self.client, self.experiment_id, self.study, self.spec, self.env_tags)
         record_spec(self.study, self.client, self.parent_run_id, self.spec, spec_change, self.progress.note)
         self.no_improvement = NoImprovementStop(self.spec, self.study, self.client, self.parent_run_id, self.progress.note)
+        retention = Retention(self.spec, self.study, lambda n: self.stores.trial_dir(self.spec.name, n))
         self.tracker = TrialTracker(self.client, self.experiment_id, self.parent_run_id, self.spec.name,
-                                    self.experiment, self.env_tags, self.progress.note)
+                                    self.experiment, self.env_tags, self.progress.note, retention,
+                                    self.spec.checkpoint_upload_every)
         self.events = TrialEvents(self.study, self.storage, self.running, self.tracker, self.runner, self.progress,
                                   self.spec.metric, self.retry, self.streak,
                                   stopping=lambda: self.signals.stopping, aborting=lambda: self.signals.aborting)

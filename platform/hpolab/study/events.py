@@ -56,19 +56,19 @@ class TrialEvents:
             kind = msg[0]
             if kind == "epoch":
                 self.on_epoch(r, msg[1], msg[2])
-            elif kind == "done":
-                r.process.join(timeout=30)
-                self.on_done(r, msg[1])
-            elif kind == "fail":
-                r.process.join(timeout=30)
-                self.on_fail(r, msg[1])
+            elif kind in ("done", "fail"):
+                # Its result is in: the process exits by itself; not waited for here (runner.retire).
+                if kind == "done":
+                    self.on_done(r, msg[1])
+                else:
+                    self.on_fail(r, msg[1])
+                self.runner.retire(r)
         if r.number in self.running and r.process is not None and not r.process.is_alive():
             r.process.join()
             self.on_exit_without_result(r)
 
     def on_epoch(self, r: Running, epoch: int, metrics: dict[str, float]) -> None:
         r.epoch = epoch
-        self.tracker.log_epoch(r.run_id, epoch, metrics)
         value = metrics.get(self.metric)
         if value is not None and value == value:  # not NaN
             r.last_value = value
@@ -78,10 +78,14 @@ class TrialEvents:
         # After its last epoch a trial is done anyway: a Ctrl-C then must not make it an interrupted one.
         last = epoch >= int(r.config["trainer"]["max_epochs"])
         reply = "stop" if r.pruned_at is not None or (self.stopping() and not last) else "continue"
+        staged = self.tracker.stage_upload(r)  # before the reply: the child cannot overwrite last.pt yet
         try:
             r.conn.send(reply)
         except OSError:  # BrokenPipe/ConnectionReset: the child died after its epoch; handle() sees its exit
             pass
+        # The child trains its next epoch while we write this one (the pruner needed Optuna's report only).
+        self.tracker.log_epoch(r.run_id, epoch, metrics)
+        self.tracker.upload(r, staged)
         beat(self.storage, r, force=True)
         self.progress.epoch(r.number, epoch)
 
@@ -111,7 +115,7 @@ class TrialEvents:
             if copy is not None:
                 tags["hpolab.retried_as_trial"] = str(copy)
         self.streak.record(state, copy is not None, tags.get("hpolab.fail_kind"), tags.get("hpolab.fail_reason"))
-        self.tracker.finish(r, state, tags, model_info)
+        self.tracker.finish(r, state, tags, model_info, upload_last=copy is not None)
         history = self.storage.get_trial(r.trial._trial_id).intermediate_values  # the line says best and last, like the table
         self.progress.trial_finished(number, state.name, value if value is not None else r.last_value, tags.get("hpolab.fail_reason"), trial_counts(self.study), history)
 
@@ -127,7 +131,7 @@ class TrialEvents:
             self.tracker.log_file(r.run_id, info["best_checkpoint"], "checkpoints")
         if r.pruned_at is not None:
             tags["hpolab.pruned_at_epoch"] = str(r.pruned_at)
-            self.finish(r, TrialState.PRUNED, tags)
+            self.finish(r, TrialState.PRUNED, tags, model_info=info)  # a model only with log_models: all
             return
         if info["stop_reason"] == "stopped_by_caller" and info["epochs_run"] < int(r.config["trainer"]["max_epochs"]):
             tags["hpolab.fail_reason"] = f"interrupted (Ctrl-C or SIGTERM) after epoch {info['epochs_run']}"
@@ -160,7 +164,7 @@ class TrialEvents:
     def on_timeout(self, r: Running, limit: float) -> None:
         """Past trial_timeout: killed, FAIL, and retried from its last checkpoint (up to max_retries)."""
         r.process.kill()
-        r.process.join(timeout=10)
+        self.runner.retire(r)  # SIGKILL: gone in a moment; not waited for on the loop
         self.finish(r, TrialState.FAIL, {"hpolab.fail_reason": f"trial exceeded trial_timeout ({limit:g} s) and was stopped",
                                          "hpolab.fail_kind": "timeout", "hpolab.epochs_run": str(r.epoch)}, retry="timeout")
 

@@ -5,16 +5,21 @@ attrs, so its helpers read ours), with three differences: the copy does not inhe
 attempt's `mlflow_run_id` or owner record; it may carry trainer overrides for the next attempt
 (`hpolab.trainer_overrides`, e.g. the halved micro-batch after a CUDA OOM); and the caller learns
 the new trial's number (None when max_retries is spent). The next driver to ask() picks the copy up
-and resumes it from the latest checkpoint of its chain (tracker.retry_source).
+and resumes it from the latest checkpoint of its chain (retry_source): the dead attempt's last.pt
+in this worker's trial folder, or else the one it uploaded to its MLflow run's checkpoints/ (any
+worker: the attempt may have run on another machine).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from hpolab.stores.artifacts import CHECKPOINTS, fetch_checkpoint
+from hpolab.stores.paths import Stores
 from hpolab.study.owners import OWNER_ATTR
 
 NOT_INHERITED = ("mlflow_run_id", OWNER_ATTR)
@@ -41,3 +46,55 @@ class RetryCopy:
             if t.system_attrs.get("retry_history") == history:
                 return t.number
         return None
+
+
+@dataclass
+class RetrySource:
+    """What a retry copy continues: the attempt it retries, the checkpoint to resume from, the run
+    tags saying so, and trainer overrides for this attempt (e.g. the halved micro-batch after an OOM)."""
+
+    retry_of: int | None = None
+    resume_from: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def retry_source(study: optuna.Study, stores: Stores, study_name: str, number: int) -> RetrySource:
+    """What trial `number` continues (all empty when it is not a retry copy).
+
+    It resumes from the newest last.pt of its chain: the attempt it retries, or an earlier one when
+    that attempt died before its first epoch ended (or before its first upload). Per attempt, newest
+    first: the local trial folder (same worker: at least as new as any upload), else the attempt's
+    uploaded checkpoints/last.pt, downloaded into this trial's folder (`fetched/`)."""
+    trials = study.get_trials(deepcopy=False)
+    me = trials[number]
+    history = me.system_attrs.get("retry_history") or []
+    if not history:
+        return RetrySource()
+    src = RetrySource(retry_of=history[-1], overrides=dict(me.system_attrs.get(OVERRIDES) or {}))
+    src.tags["hpolab.retry_of_trial"] = str(src.retry_of)
+    src.tags["hpolab.retry_kind"] = str(me.system_attrs.get("hpolab.retry_kind", "stale"))
+    dead = trials[src.retry_of]
+    if dead.user_attrs.get("mlflow_run_id"):
+        src.tags["hpolab.retry_of_run"] = dead.user_attrs["mlflow_run_id"]
+    for n in reversed(history):
+        last = stores.trial_dir(study_name, n) / "last.pt"
+        run_id = trials[n].user_attrs.get("mlflow_run_id")
+        if last.exists():
+            src.resume_from, where, kind = str(last), str(last), "local"
+        elif run_id:
+            try:
+                fetched = fetch_checkpoint(stores.tracking_uri, run_id, stores.trial_dir(study_name, number) / "fetched")
+            except Exception as e:  # an unreachable artifact store: try older attempts, else start over (said in a tag)
+                src.tags["hpolab.resume_error"] = f"fetching runs:/{run_id}/{CHECKPOINTS}/last.pt: {type(e).__name__}: {e}"
+                fetched = None
+            if fetched is None:
+                continue
+            src.resume_from, where, kind = str(fetched), f"runs:/{run_id}/{CHECKPOINTS}/last.pt", "artifact"
+        else:
+            continue
+        src.tags.update({"hpolab.resumed_from": where, "hpolab.resume_source": kind})
+        break
+    if src.overrides:
+        src.tags["hpolab.trainer_overrides"] = " ".join(f"{k}={v}" for k, v in sorted(src.overrides.items()))
+    return src

@@ -36,6 +36,9 @@ class Running:
     pruned_at: int | None = None
     last_heartbeat: float = 0.0
     gpu: int | None = None
+    uploaded_at: float = field(default_factory=time.monotonic)  # the last checkpoint upload (or the start)
+    uploaded_epoch: int = 0  # the epoch of that upload
+    best_inode: int | None = None  # best.pt's inode at that upload (a new one is uploaded only when it changed)
 
     @property
     def number(self) -> int:
@@ -78,6 +81,17 @@ class TrialRunner:
         self.project_dir = project_dir
         self._ctx = None
         self._n_gpus: int | None = None
+        self._retired: list[tuple[Any, int | None]] = []  # (process, gpu) of finished trials still exiting
+
+    def retire(self, r: Running) -> None:
+        """A trial that has reported its result: its process exits by itself (it has nothing left to
+        do, and its lifeline is closed); it is not waited for on the driver's loop, only checked
+        without blocking (its GPU counts as used until it is gone)."""
+        if r.process is not None and r.process.is_alive():
+            self._retired.append((r.process, r.gpu))
+
+    def reap_retired(self) -> None:
+        self._retired = [(p, gpu) for p, gpu in self._retired if p.is_alive()]
 
     def context(self):
         if self._ctx is None:
@@ -115,6 +129,10 @@ class TrialRunner:
         if not n:
             return None
         load = [0] * n
+        self.reap_retired()
+        for _, gpu in self._retired:
+            if gpu is not None:
+                load[gpu] += 1
         for other in running:
             if other.gpu is not None:
                 load[other.gpu] += 1

@@ -13,7 +13,8 @@ Re-running with a different definition is refused (exit 2, nothing written) with
       already sampled still lies inside the new distribution (and Optuna can store it: same kind,
       same log scale, same categorical choices). Accepted changes are recorded as `spec-<n>.yaml`.
 Run controls never count: name, n_trials, timeout, trial_timeout, parallel, max_retries, enqueue,
-stop_after_no_improvement.
+stop_after_no_improvement,
+log_models, keep_checkpoints, checkpoint_upload_every.
 """
 
 from __future__ import annotations

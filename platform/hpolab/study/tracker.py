@@ -1,16 +1,17 @@
 """The MLflow side of a study's trials: one child run per trial under the study's parent run.
 
 The driver is the only writer to MLflow (trial processes never touch it). A trial's run gets its
-params and config.yaml when it starts, its epochs as they arrive, and on the end its state and tags;
-a COMPLETE trial's model is logged by one background thread first, so running trials never wait
-behind an export. The parent run (one per study, shared by all its workers) is in parent_run.py.
+params and config.yaml when it starts (on the loop: the run id is needed), its epochs as they arrive
+(after the child got its reply), and everything slower in the background, in order, on one upload
+thread (uploads.py): checkpoint uploads (at most every `checkpoint_upload_every` seconds, latest
+only), artifacts, the model (per `log_models`), the close, and retention (retention.py). The parent
+run (one per study, shared by all its workers) is in parent_run.py.
 """
 
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass, field
-from concurrent.futures import ThreadPoolExecutor
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,57 +19,22 @@ import optuna
 from optuna.trial import TrialState
 
 from hpolab.stores import mlflow_runs as tr
+from hpolab.stores.artifacts import upload_checkpoints
 from hpolab.stores.models import log_trial_model
-from hpolab.stores.paths import Stores
-from hpolab.study.retry import OVERRIDES
+from hpolab.study.retention import Retention
+from hpolab.study.retry import RetrySource, retry_source  # noqa: F401  (re-exported: the driver imports them here)
 from hpolab.study.runner import Running
+from hpolab.study.uploads import Uploader, stage_checkpoints, upload_due
 
 MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
-
-
-@dataclass
-class RetrySource:
-    """What a retry copy continues: the attempt it retries, the checkpoint to resume from, the run
-    tags saying so, and trainer overrides for this attempt (e.g. the halved micro-batch after an OOM)."""
-
-    retry_of: int | None = None
-    resume_from: str | None = None
-    tags: dict[str, str] = field(default_factory=dict)
-    overrides: dict[str, Any] = field(default_factory=dict)
-
-
-def retry_source(study: optuna.Study, stores: Stores, study_name: str, number: int) -> RetrySource:
-    """What trial `number` continues (all empty when it is not a retry copy).
-
-    It resumes from the newest last.pt of its chain: the attempt it retries, or an earlier one when
-    that attempt died before its first epoch ended."""
-    trials = study.get_trials(deepcopy=False)
-    me = trials[number]
-    history = me.system_attrs.get("retry_history") or []
-    if not history:
-        return RetrySource()
-    src = RetrySource(retry_of=history[-1], overrides=dict(me.system_attrs.get(OVERRIDES) or {}))
-    src.tags["hpolab.retry_of_trial"] = str(src.retry_of)
-    src.tags["hpolab.retry_kind"] = str(me.system_attrs.get("hpolab.retry_kind", "stale"))
-    dead = trials[src.retry_of]
-    if dead.user_attrs.get("mlflow_run_id"):
-        src.tags["hpolab.retry_of_run"] = dead.user_attrs["mlflow_run_id"]
-    for n in reversed(history):
-        last = stores.trial_dir(study_name, n) / "last.pt"
-        if last.exists():
-            src.resume_from = str(last)
-            src.tags["hpolab.resumed_from"] = src.resume_from
-            break
-    if src.overrides:
-        src.tags["hpolab.trainer_overrides"] = " ".join(f"{k}={v}" for k, v in sorted(src.overrides.items()))
-    return src
 
 
 class TrialTracker:
     """MLflow runs of trials: start, epochs, artifacts, and close (with the model, in the background)."""
 
     def __init__(self, client, experiment_id: str, parent_run_id: str, study_name: str, experiment: Any,
-                 env_tags: dict[str, str], note: Callable[[str], None]):
+                 env_tags: dict[str, str], note: Callable[[str], None], retention: Retention | None = None,
+                 upload_every: float | None = None):
         self.client = client
         self.experiment_id = experiment_id
         self.parent_run_id = parent_run_id
@@ -76,7 +42,9 @@ class TrialTracker:
         self.experiment = experiment  # the loaded module: log_trial_model rebuilds the model from it
         self.env_tags = env_tags
         self.note = note
-        self._model_logger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-logger")
+        self.retention = retention
+        self.upload_every = upload_every  # seconds between checkpoint uploads of a running trial (None: never)
+        self.uploads = Uploader(note)
 
     def start_run(self, trial: optuna.Trial, config: dict[str, Any], trial_dir: Path, tags: dict[str, str]) -> str:
         """The trial's child run with its params and config.yaml; its id goes on the Optuna trial."""
@@ -109,17 +77,41 @@ class TrialTracker:
                 r.trial.report(value, epoch)
                 r.last_value = value
             r.epoch = epoch
+        tr.set_tags(self.client, r.run_id, {"hpolab.resumed_after_epoch": str(r.epoch)})
 
     def log_epoch(self, run_id: str, epoch: int, metrics: dict[str, float]) -> None:
         tr.log_epoch(self.client, run_id, epoch, metrics)
+
+    def stage_upload(self, r: Running, force: bool = False) -> Path | None:
+        """When an upload is due (or `force`): hard-link the trial's checkpoints for upload (O(1)).
+        Call before replying to the child, so what is staged is exactly epoch `r.epoch`."""
+        now = time.monotonic()
+        if not (force or upload_due(r.uploaded_at, self.upload_every, now)) or r.uploaded_epoch >= r.epoch:
+            return None
+        folder, r.best_inode = stage_checkpoints(r.trial_dir, r.epoch, r.best_inode)
+        if folder is not None:
+            r.uploaded_at, r.uploaded_epoch = now, r.epoch
+        return folder
+
+    def upload(self, r: Running, folder: Path | None) -> None:
+        """Queue the staged checkpoints' upload to the run's checkpoints/ (overwrites: latest only)."""
+        if folder is not None:
+            self.uploads.submit(f"trial {r.number}: uploading its checkpoint", self._upload, r.run_id, folder, r.uploaded_epoch)
+
+    def _upload(self, run_id: str, folder: Path, epoch: int) -> None:
+        upload_checkpoints(self.client, run_id, folder)
+        tr.set_tags(self.client, run_id, {"hpolab.checkpoint_epoch": str(epoch)})
 
     def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
         tr.set_tags(self.client, run_id, tags)
 
     def log_file(self, run_id: str, path: str, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(run_id, path, artifact_path)
+        self.uploads.submit(f"uploading {path}", self.client.log_artifact, run_id, path, artifact_path)
 
     def log_text(self, run_id: str, name: str, text: str) -> None:
+        self.uploads.submit(f"uploading {name}", self._log_text, run_id, name, text)
+
+    def _log_text(self, run_id: str, name: str, text: str) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             p = Path(tmp) / name
             p.write_text(text)
@@ -129,23 +121,42 @@ class TrialTracker:
         tr.set_tags(self.client, run_id, {"hpolab.state": state.name, **tags})
         self.client.set_terminated(run_id, status=MLFLOW_STATUS[state])
 
-    def finish(self, r: Running, state: TrialState, tags: dict[str, str], model_info: dict | None = None) -> None:
-        """Close the trial's run now, or after its model is logged (in the background)."""
+    def finish(self, r: Running, state: TrialState, tags: dict[str, str], model_info: dict | None = None,
+               upload_last: bool = False) -> None:
+        """Queue the trial's last checkpoint (`upload_last`: a retry, maybe on another worker, resumes
+        from it), its model (per log_models), its run's close, then retention."""
+        if upload_last:
+            self.upload(r, self.stage_upload(r, force=True))
         if model_info is not None:
-            # Exporting + logging a model takes seconds; a single background thread does it so the
-            # running trials' epochs (and pruning decisions) never wait behind it.
-            self._model_logger.submit(self._log_model_then_close, r, model_info, tags, state)
-        else:
-            self.close_run(r.run_id, state, tags)
+            skip = self.retention.skip_model(state, r.number) if self.retention else (None if state == TrialState.COMPLETE else "not COMPLETE")
+            if skip:
+                if state == TrialState.COMPLETE:  # a COMPLETE trial without a model says why
+                    tags["hpolab.model_skipped"] = skip
+                model_info = None
+        # Exporting + logging a model takes seconds: on the upload thread, so the running trials'
+        # epochs (and pruning decisions) never wait behind it.
+        self.uploads.submit(f"trial {r.number}: closing its run", self._log_model_then_close, r, model_info, tags, state)
+        self._retain()
 
-    def _log_model_then_close(self, r: Running, info: dict[str, Any], tags: dict[str, str], state: TrialState) -> None:
-        try:
-            tags.update(log_trial_model(self.experiment, r.config, info, r.run_id, self.env_tags))
-        except Exception as e:  # the trial's result stands even if the model could not be logged
-            tags["hpolab.model_error"] = f"{type(e).__name__}: {e}"
-            self.note(f"trial {r.number}: logging the model failed: {e}")
+    def _log_model_then_close(self, r: Running, info: dict[str, Any] | None, tags: dict[str, str], state: TrialState) -> None:
+        if info is not None:
+            try:
+                tags.update(log_trial_model(self.experiment, r.config, info, r.run_id, self.env_tags))
+            except Exception as e:  # the trial's result stands even if the model could not be logged
+                tags["hpolab.model_error"] = f"{type(e).__name__}: {e}"
+                self.note(f"trial {r.number}: logging the model failed: {e}")
         self.close_run(r.run_id, state, tags)
 
+    def _retain(self) -> None:
+        items = self.retention.plan() if self.retention else []
+        if items:
+            self.uploads.submit("retention", self.retention.purge, self.client, items)
+
     def shutdown(self) -> None:
-        """Wait until every queued model is logged and its run closed."""
-        self._model_logger.shutdown(wait=True)
+        """A last retention pass (trials other workers finished), then wait until every queued
+        upload, model and close is done."""
+        try:
+            self._retain()
+        except Exception as e:  # e.g. the store is gone on the error path: still flush what is queued
+            self.note(f"retention: {e}")
+        self.uploads.close()

@@ -1,0 +1,117 @@
+"""Retention: which finished trials keep a logged model and their checkpoints (spec `log_models`,
+`keep_checkpoints`), as Ray Tune's `num_to_keep` and Determined's checkpoint GC do.
+
+Ranked by the study metric over the study's COMPLETE trials (every worker's: the ranking is read from
+Optuna). Running trials are never touched (a trial's running best is kept until it ends); neither is
+the chain of a retry that has not finished (it resumes from those checkpoints), nor the earlier
+attempts of a kept trial. Deleting is idempotent and marked on the run (`hpolab.checkpoints_deleted`,
+`hpolab.model_deleted`), so any worker can do it once the run is closed; a run still RUNNING (another
+worker may still be uploading or logging its model) is left for a later pass.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from optuna.trial import FrozenTrial, TrialState
+
+from hpolab.stores import mlflow_runs as tr
+from hpolab.stores.artifacts import delete_checkpoints, delete_logged_model
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+def top_k(trials: Iterable[FrozenTrial], k: int, direction: str) -> list[int]:
+    """Numbers of the k best COMPLETE trials (ties: the earlier trial first)."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+    sign = -1.0 if direction == "maximize" else 1.0
+    return [t.number for t in sorted(done, key=lambda t: (sign * t.value, t.number))[:k]]
+
+
+def checkpoints_to_delete(trials: list[FrozenTrial], k: int, direction: str) -> list[FrozenTrial]:
+    """Finished trials whose checkpoints go under `keep_checkpoints: {top_k: k}`."""
+    by_number = {t.number: t for t in trials}
+    keep = set(top_k(trials, k, direction))
+    for n in list(keep):  # a kept trial's earlier attempts (its best.pt may be an earlier attempt's)
+        keep.update(by_number[n].system_attrs.get("retry_history") or [])
+    for t in trials:  # a retry still to run or running resumes from its chain
+        if t.state in (TrialState.WAITING, TrialState.RUNNING):
+            keep.update(t.system_attrs.get("retry_history") or [])
+    return [t for t in trials if t.state in FINISHED and t.number not in keep]
+
+
+def model_skip_reason(policy: Any, state: TrialState, in_top_k: Callable[[int], bool], number: int) -> str | None:
+    """Why a finished trial logs no model under `log_models: policy` (None: log it)."""
+    if policy == "none":
+        return "log_models: none"
+    if policy == "all":
+        return None if state in (TrialState.COMPLETE, TrialState.PRUNED) else "not finished with a result"
+    if state != TrialState.COMPLETE:
+        return "not COMPLETE (log_models: complete)" if policy == "complete" else "not COMPLETE"
+    if policy == "complete" or in_top_k(number):
+        return None
+    return f"not in the top {policy.top_k} (log_models: top_k)"
+
+
+class Retention:
+    """The spec's retention policy applied to one study, from this driver."""
+
+    def __init__(self, spec, study, trial_dir: Callable[[int], Path]):
+        self.log_models = spec.log_models
+        self.keep = spec.keep_checkpoints
+        self.direction = spec.direction
+        self.study = study
+        self.trial_dir = trial_dir  # this worker's folder of a trial (other workers purge their own)
+        self._queued: set[tuple[str, int]] = set()  # (what, trial number) queued once per driver
+
+    @property
+    def active(self) -> bool:
+        return not isinstance(self.log_models, str) or not isinstance(self.keep, str)
+
+    def skip_model(self, state: TrialState, number: int) -> str | None:
+        def in_top_k(n: int) -> bool:
+            return n in top_k(self.study.get_trials(deepcopy=False), self.log_models.top_k, self.direction)
+
+        return model_skip_reason(self.log_models, state, in_top_k, number)
+
+    def plan(self) -> list[tuple[str, int, str | None, Path]]:
+        """(what, trial number, run id, trial folder) to delete now: what = "model" | "checkpoints".
+        Read on the driver's thread (Optuna); the deletes run on the upload thread (purge)."""
+        if not self.active:
+            return []
+        trials = self.study.get_trials(deepcopy=False)
+        todo: list[tuple[str, int]] = []
+        if not isinstance(self.log_models, str):
+            kept = set(top_k(trials, self.log_models.top_k, self.direction))
+            todo += [("model", t.number) for t in trials if t.state == TrialState.COMPLETE and t.number not in kept]
+        if not isinstance(self.keep, str):
+            todo += [("checkpoints", t.number) for t in checkpoints_to_delete(trials, self.keep.top_k, self.direction)]
+        out = []
+        for what, n in todo:
+            if (what, n) not in self._queued:
+                self._queued.add((what, n))
+                out.append((what, n, trials[n].user_attrs.get("mlflow_run_id"), self.trial_dir(n)))
+        return out
+
+    def purge(self, client, items: list[tuple[str, int, str | None, Path]]) -> None:
+        """Delete what plan() listed (upload thread). A run still RUNNING is left for a later pass."""
+        for what, n, run_id, folder in items:
+            if what == "checkpoints":
+                for name in ("last.pt", "best.pt", "fetched"):
+                    p = folder / name
+                    shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            if run_id is None:
+                continue
+            run = client.get_run(run_id)
+            if run.info.status == "RUNNING":
+                self._queued.discard((what, n))
+                continue
+            tags = run.data.tags
+            if what == "checkpoints" and "hpolab.checkpoints_deleted" not in tags:
+                delete_checkpoints(client, run_id)
+                tr.set_tags(client, run_id, {"hpolab.checkpoints_deleted": f"keep_checkpoints: top_k {self.keep.top_k}"})
+            elif what == "model" and tags.get("hpolab.model_id") and "hpolab.model_deleted" not in tags:
+                delete_logged_model(client, tags["hpolab.model_id"])
+                tr.set_tags(client, run_id, {"hpolab.model_deleted": f"pushed out of log_models: top_k {self.log_models.top_k}"})
