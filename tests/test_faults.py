@@ -157,10 +157,11 @@ def test_failure_limit_and_exit_codes(store):
     _, study = _open(store)
     assert len(study.get_trials()) == 2
 
+    # (each re-run changes the model's fault settings: a spec change the study must be told about)
     out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=3", "max_failures=null", "model.fault=raise",
-                  "model.fault_after=0", cwd=PROJECT, check=False)
+                  "model.fault_after=0", "--allow-spec-change", cwd=PROJECT, check=False)
     assert out.returncode == 1 and "no trial completed (3 failed" in out.stderr, out.stderr
-    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=4", cwd=PROJECT, check=False)
+    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=4", "--allow-spec-change", cwd=PROJECT, check=False)
     assert out.returncode == 0, out.stderr
     out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=4", "max_failures=0", cwd=PROJECT, check=False)
     assert out.returncode == 2 and "max_failures" in out.stderr

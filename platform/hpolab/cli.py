@@ -164,8 +164,8 @@ def study_exit(outcome) -> tuple[int, str | None]:
     if not c.get("complete"):
         return EXIT_FAILED, (f"no trial completed ({c.get('fail', 0)} failed, {c.get('pruned', 0)} pruned of "
                              f"{c.get('finished', 0)} finished); see the fail reasons above or in `hpolab study status`")
-    if c.get("finished", 0) >= outcome.n_trials or outcome.timed_out:
-        return EXIT_OK, None
+    if c.get("finished", 0) >= outcome.n_trials or outcome.timed_out or outcome.stopped:
+        return EXIT_OK, None  # (stopped: stop_after_no_improvement ended the study on purpose)
     return EXIT_FAILED, f"the study stopped with {c.get('finished', 0)}/{outcome.n_trials} trials finished"
 
 

@@ -76,6 +76,7 @@ class Outcome:
     signal: int | None = None  # the first SIGINT/SIGTERM received
     timed_out: bool = False
     failure_limit: str | None = None  # why the driver stopped after max_failures consecutive failures
+    stopped: str | None = None  # why stop_after_no_improvement ended the study (a deliberate stop)
     counts: dict[str, int] = field(default_factory=dict)
     n_trials: int = 0
 
@@ -269,6 +270,7 @@ class Driver:
                     self.progress.note(f"stopping: {outcome.failure_limit}; running trials finish")
                 if not self.draining and self.no_improvement.should_stop():
                     self.draining = True  # stop_after_no_improvement: no new trials; running ones finish
+                    outcome.stopped = self.no_improvement.reason
                 self._start_trials()
                 if not self.running:
                     if self._others_still_running():
