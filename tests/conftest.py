@@ -119,3 +119,24 @@ def copy_store(src: Path, dst: Path) -> Path:
 def template(tmp_path_factory, migrated_store) -> Path:
     """The shared mixed-state study (read-only; copy_store it before writing)."""
     return mixed_study_template(tmp_path_factory, migrated_store)
+
+
+# ---- the fault project (tests/fault_project): an experiment that misbehaves on request
+
+FAULT_PROJECT = Path(__file__).parent / "fault_project"
+FAULT_SPEC = "studies/faulty.yaml"
+
+
+def open_study(store: Path, name: str = "faulty"):
+    """(MlflowClient, optuna.Study) of a study in an embedded store."""
+    import optuna
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{store / 'optuna.db'}")
+    return client, study
+
+
+def trial_run(t, client):
+    """The MLflow run of an Optuna trial."""
+    return client.get_run(t.user_attrs["mlflow_run_id"])

@@ -13,25 +13,15 @@ import sys
 import time
 from pathlib import Path
 
-import optuna
 import pytest
-from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from conftest import hpolab_env, run_cli
+from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, open_study, run_cli, trial_run
 
-PROJECT = Path(__file__).parent / "fault_project"
-SPEC = "studies/faulty.yaml"
-
-
-def _open(store: Path, name: str = "faulty"):
-    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
-    study = optuna.load_study(study_name=name, storage=f"sqlite:///{store / 'optuna.db'}")
-    return client, study
-
-
-def _run(t, client):
-    return client.get_run(t.user_attrs["mlflow_run_id"])
+PROJECT = FAULT_PROJECT
+SPEC = FAULT_SPEC
+_open = open_study
+_run = trial_run
 
 
 def _steps(client, run_id: str, metric: str = "val_acc") -> list[int]:
