@@ -112,3 +112,158 @@ def test_rank0_stop_stops_every_rank_and_only_rank0_writes(tmp_path):
 def test_batch_size_must_divide_by_devices():
     with pytest.raises(ValueError, match="divisible by devices"):
         TrainConfig(batch_size=33, devices=2)
+
+
+# ---- through the real CLI: a study whose trials each run on 2 CPU processes (gloo)
+
+from conftest import hpolab_env, run_cli  # noqa: E402
+
+DDP = ["studies/digits_cnn.yaml", "trainer.devices=2", "parallel=1", "trainer.max_epochs=2", "sampler={type: random}"]
+
+
+def _tagged_processes(tag: str) -> list[int]:
+    """Live processes (not zombies) whose environment carries `tag`: everything the CLI run started."""
+    found = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if tag.encode() in environ and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.slow
+def test_ddp_trials_complete_and_prune_through_the_cli(store):
+    import optuna
+    from mlflow import MlflowClient
+
+    env = hpolab_env()
+    tag = f"HPOLAB_DDP_TEST={os.getpid()}-{id(store)}"
+    env["HPOLAB_DDP_TEST"] = tag.split("=", 1)[1]
+    # trial 0: no pruner -> COMPLETE with its model logged; trial 1: val_acc < 0.99 after epoch 1 -> PRUNED
+    run_cli("--store", str(store), "study", "run", *DDP, "n_trials=1", "pruner={type: none}", env=env)
+    out = run_cli("--store", str(store), "study", "run", *DDP, "n_trials=2", "pruner={type: threshold, kwargs: {lower: 0.99}}",
+                  env=env, check=False)
+    assert out.returncode == 0, out.stderr
+    assert _tagged_processes(tag) == []  # no rank, trial process or forkserver outlived the driver
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    study = optuna.load_study(study_name="digits-cnn", storage=f"sqlite:///{store / 'optuna.db'}")
+    done, pruned = study.get_trials()
+    assert done.state == optuna.trial.TrialState.COMPLETE and pruned.state == optuna.trial.TrialState.PRUNED
+    assert sorted(done.intermediate_values) == [1, 2] and sorted(pruned.intermediate_values) == [1]
+
+    run = client.get_run(done.user_attrs["mlflow_run_id"])
+    assert run.data.tags["hpolab.state"] == "COMPLETE" and run.data.params["trainer.devices"] == "2"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_acc")] == [1, 2]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == [1, 2]
+    assert "checkpoints/best.pt" in [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]
+    assert run.data.tags["hpolab.model_uri"].startswith("models:/")
+    assert done.value == pytest.approx(max(m.value for m in client.get_metric_history(run.info.run_id, "val_acc")))
+
+    prun = client.get_run(pruned.user_attrs["mlflow_run_id"])
+    assert prun.data.tags["hpolab.state"] == "PRUNED" and prun.data.tags["hpolab.pruned_at_epoch"] == "1"
+    assert [m.step for m in client.get_metric_history(prun.info.run_id, "val_acc")] == [1]
+
+    import mlflow.pytorch
+
+    mlflow.set_tracking_uri(f"sqlite:///{store / 'mlflow.db'}")
+    try:
+        model = mlflow.pytorch.load_model(run.data.tags["hpolab.model_uri"])
+    finally:
+        mlflow.set_tracking_uri(None)
+    out = model(torch.zeros(2, 1, 8, 8))
+    assert tuple(out.shape) == (2, 10) and bool(torch.isfinite(out).all())
+    assert not any(math.isnan(v) for v in done.intermediate_values.values())
+
+
+# ---- the trial process of a DDP trial, driven by hand: a dead rank or a dead driver ends every rank
+
+import signal  # noqa: E402
+import time  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for p in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[1]) == pid and stat[0] != "Z":
+            kids.append(int(p))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _trial_entry(child_conn, life_read, job, driver_ends) -> None:
+    from hpolab.study import trial_process
+
+    for end in driver_ends:
+        end.close()
+    trial_process.run(child_conn, life_read, job)
+
+
+def _start_ddp_trial(tmp_path):
+    trainer = {"max_epochs": 200, "batch_size": 64, "lr": 3e-3, "device": "cpu", "amp": "off", "devices": 2}
+    config = {"seed": 0, "metric": "val_acc", "direction": "maximize", "trainer": trainer,
+              "data": {"val_fraction": 0.2, "test_fraction": 0.2, "augment": False},
+              "model": {"channels": 8, "depth": 1, "dropout": 0.0}}
+    job = {"experiment": "digits_cnn", "config": config, "checkpoint_dir": str(tmp_path), "resume_from": None,
+           "threads": 2, "cuda_device": None, "project_dir": str(ROOT)}
+    ctx = mp.get_context("fork")
+    conn, child_conn = ctx.Pipe(duplex=True)
+    life_read, life_write = ctx.Pipe(duplex=False)
+    # (a fork inherits every descriptor: the child must drop the driver's ends, as the forkserver's children never had them)
+    proc = ctx.Process(target=_trial_entry, args=(child_conn, life_read, job, [conn, life_write]))
+    proc.start()
+    child_conn.close()
+    life_read.close()
+    assert conn.poll(60), "no epoch from the DDP trial"
+    msg = conn.recv()
+    assert msg[0] == "epoch" and msg[1] == 1
+    ranks = _children(proc.pid)
+    assert len(ranks) == 2, ranks
+    return proc, conn, life_write, ranks
+
+
+def _gone(pids: list[int], within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.slow
+def test_a_dead_rank_fails_the_trial_and_ends_the_other_ranks(tmp_path):
+    proc, conn, life_write, ranks = _start_ddp_trial(tmp_path)
+    os.kill(ranks[1], signal.SIGKILL)
+    conn.send("continue")
+    assert conn.poll(30)
+    kind, info = conn.recv()
+    assert kind == "fail" and "rank" in info["reason"], info
+    proc.join(timeout=10)
+    assert proc.exitcode is not None and _gone(ranks)
+    life_write.close()
+
+
+@pytest.mark.slow
+def test_a_dead_driver_ends_every_rank(tmp_path):
+    proc, conn, life_write, ranks = _start_ddp_trial(tmp_path)
+    life_write.close()  # what the OS does when the driver dies, even by SIGKILL
+    conn.close()
+    assert _gone([proc.pid, *ranks]), "a process of the DDP trial outlived its driver"
+    proc.join(timeout=5)
