@@ -138,6 +138,13 @@ class TrialRunner:
                 load[other.gpu] += 1
         return min(range(n), key=lambda i: load[i])
 
+    def trial_gpus(self, r: Running) -> int | str | None:
+        """CUDA_VISIBLE_DEVICES of a trial: its GPU, or with trainer.devices=N its GPU and the N-1 after it."""
+        devices = int(r.config["trainer"].get("devices", 1))
+        if r.gpu is None or devices <= 1:
+            return r.gpu
+        return ",".join(str((r.gpu + k) % self.gpu_count()) for k in range(min(devices, self.gpu_count())))
+
     def spawn_trial(self, r: Running, resume_from: str | None, running: Iterable[Running]) -> None:
         """Start (or restart, after an OOM) the process of `r`; `running` includes `r` itself."""
         r.gpu = None  # (a retry re-picks: do not count its own previous slot)
@@ -148,7 +155,7 @@ class TrialRunner:
             "checkpoint_dir": str(r.trial_dir),
             "resume_from": resume_from,
             "threads": self.threads_per_trial(),
-            "cuda_device": r.gpu,
+            "cuda_device": self.trial_gpus(r),
             "project_dir": str(self.project_dir),
         }
         from hpolab.study import trial_process

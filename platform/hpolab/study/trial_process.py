@@ -44,10 +44,21 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
     watch_lifeline(lifeline)
     if job.get("cuda_device") is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(job["cuda_device"])  # before CUDA initializes
-    torch.set_num_threads(int(job["threads"]))
     project_dir = job["project_dir"]
     if project_dir not in sys.path:
         sys.path.insert(0, project_dir)
+    devices = int(job["config"]["trainer"].get("devices", 1))
+    if devices > 1:  # one process per device (DDP); this process relays between rank 0 and the driver
+        from hpolab.study.ranks import run_ranks
+
+        run_ranks(conn, lifeline, job, devices, sys.modules[__name__])
+        return
+    torch.set_num_threads(int(job["threads"]))
+    report(conn, lambda: train(job, ask_driver(conn)))
+
+
+def ask_driver(conn):
+    """fit()'s on_epoch: send the epoch's metrics, wait for "continue" or "stop"."""
 
     def on_epoch(epoch: int, metrics: dict[str, float]) -> bool:
         try:
@@ -56,55 +67,68 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
         except (EOFError, OSError):  # the driver is gone (its end closed or reset): nobody to train for
             os._exit(ORPHAN_EXIT_CODE)
 
-    try:
-        from hpolab.config.experiment import load_experiment
+    return on_epoch
 
-        cfg = job["config"]
-        exp = load_experiment(job["experiment"])
-        # Seed before the model is built: its initial weights come from the global RNG, which a
-        # forked process would otherwise inherit unseeded (then no trial could be reproduced).
-        seed_everything(cfg["seed"], bool(cfg["trainer"].get("deterministic", False)))
-        data = exp.load_data(cfg["data"], cfg["seed"])
-        model = exp.build_model(cfg["model"], data.input_shape, data.num_classes)
-        tcfg = trainer_config(cfg["trainer"])
-        notes: list[str] = []
-        result = fit(
-            tcfg,
-            model,
-            data,
-            metric=cfg["metric"],
-            direction=cfg["direction"],
-            seed=cfg["seed"],
-            on_epoch=on_epoch,
-            checkpoint_dir=job["checkpoint_dir"],
-            resume_from=job.get("resume_from"),
-            log=notes.append,
-            task=task_for(exp),  # the experiment's TASK: its loss, metrics and target checks
-        )
-        example = _input_example(data)
-        model_cpu = model.to("cpu").eval()
-        with torch.inference_mode():
-            out = model_cpu(example)
-        conn.send(
-            (
-                "done",
-                {
-                    "best_value": result.best_value,
-                    "best_epoch": result.best_epoch,
-                    "epochs_run": result.epochs_run,
-                    "stop_reason": result.stop_reason,
-                    "best_checkpoint": str(result.best_checkpoint) if result.best_checkpoint else None,
-                    "last_checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
-                    "amp": result.amp,
-                    "device": result.device,
-                    "input_shape": list(data.input_shape),
-                    "num_classes": data.num_classes,
-                    "input_example": example.numpy(),
-                    "output_example": out.float().numpy(),
-                    "notes": notes,
-                },
-            )
-        )
+
+def train(job: dict[str, Any], on_epoch, ranks_of=None) -> dict[str, Any] | None:
+    """Build the experiment's data and model, fit(); the summary the driver logs (None on ranks other than 0).
+
+    ranks_of(cfg): this process's Ranks when it is one of several (ranks.py), called before the model is built.
+    """
+    from hpolab.config.experiment import load_experiment
+
+    cfg = job["config"]
+    exp = load_experiment(job["experiment"])
+    tcfg = trainer_config(cfg["trainer"])
+    ranks = ranks_of(tcfg) if ranks_of is not None else None
+    # Seed before the model is built: its initial weights come from the global RNG, which a
+    # forked process would otherwise inherit unseeded (then no trial could be reproduced).
+    seed_everything(cfg["seed"], bool(cfg["trainer"].get("deterministic", False)))
+    data = exp.load_data(cfg["data"], cfg["seed"])
+    model = exp.build_model(cfg["model"], data.input_shape, data.num_classes)
+    notes: list[str] = []
+    result = fit(
+        tcfg,
+        model,
+        data,
+        metric=cfg["metric"],
+        direction=cfg["direction"],
+        seed=cfg["seed"],
+        on_epoch=on_epoch,
+        checkpoint_dir=job["checkpoint_dir"],
+        resume_from=job.get("resume_from"),
+        log=notes.append,
+        task=task_for(exp),  # the experiment's TASK: its loss, metrics and target checks
+        ranks=ranks,
+    )
+    if ranks is not None and not ranks.is_rank0:
+        return None
+    example = _input_example(data)
+    model_cpu = model.to("cpu").eval()
+    with torch.inference_mode():
+        out = model_cpu(example)
+    return {
+        "best_value": result.best_value,
+        "best_epoch": result.best_epoch,
+        "epochs_run": result.epochs_run,
+        "stop_reason": result.stop_reason,
+        "best_checkpoint": str(result.best_checkpoint) if result.best_checkpoint else None,
+        "last_checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
+        "amp": result.amp,
+        "device": result.device,
+        "devices": tcfg.devices,
+        "input_shape": list(data.input_shape),
+        "num_classes": data.num_classes,
+        "input_example": example.numpy(),
+        "output_example": out.float().numpy(),
+        "notes": notes,
+    }
+
+
+def report(conn, work) -> None:
+    """Run `work()` and send its outcome: ("done", summary) or ("fail", details); then close the pipe."""
+    try:
+        conn.send(("done", work()))
     except NonFiniteLossError as e:
         conn.send(("fail", {"kind": "nan", "reason": str(e), "traceback": traceback.format_exc()}))
     except torch.cuda.OutOfMemoryError as e:
@@ -114,4 +138,3 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
         conn.send(("fail", {"kind": "exception", "reason": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}))
     finally:
         conn.close()
-

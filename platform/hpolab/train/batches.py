@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
+from torch.utils.data.distributed import DistributedSampler
 
 from .config import TrainConfig
 from .data import DataSplits, is_in_memory, labels_of
@@ -27,6 +28,10 @@ class TensorBatches:
     (a fresh permutation, or weighted sampling with replacement, per epoch); without either the
     order is the stored one. drop_last drops a final partial batch, but only when there is more
     than one batch (a split smaller than batch_size still yields one batch).
+
+    shard=(rank, world) (multi-device trials): every rank draws the same order (same generator
+    state) and yields its contiguous 1/world of each batch, so the world ranks' parts of batch b
+    are exactly the single-process batch b (same effective batch, same samples).
     """
 
     def __init__(
@@ -40,6 +45,7 @@ class TensorBatches:
         sample_weights: torch.Tensor | None = None,
         drop_last: bool = False,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        shard: tuple[int, int] | None = None,
     ):
         self.x, self.y = x, y
         self.n = len(x)
@@ -49,6 +55,7 @@ class TensorBatches:
         self.sample_weights = sample_weights
         self.drop_last = drop_last
         self.transform = transform
+        self.shard = shard
 
     def __len__(self) -> int:
         if self.drop_last and self.n > self.batch_size:
@@ -65,6 +72,8 @@ class TensorBatches:
             order = order.to(self.x.device)
         for b in range(len(self)):
             lo, hi = b * self.batch_size, min((b + 1) * self.batch_size, self.n)
+            if self.shard is not None:
+                lo, hi = shard_bounds(lo, hi, *self.shard)
             if order is None:
                 x, y = self.x[lo:hi], self.y[lo:hi]
             else:
@@ -73,6 +82,12 @@ class TensorBatches:
             if self.transform is not None:
                 x = self.transform(x)
             yield x, y
+
+
+def shard_bounds(lo: int, hi: int, rank: int, world: int) -> tuple[int, int]:
+    """This rank's contiguous part of the batch [lo, hi): the world parts together are that batch."""
+    size = hi - lo
+    return lo + size * rank // world, lo + size * (rank + 1) // world
 
 
 def inverse_frequency_sample_weights(labels: torch.Tensor) -> torch.Tensor:
@@ -88,10 +103,12 @@ def train_batches(
     generator: torch.Generator,
     note: Callable[[str], None] = lambda message: None,
     target_dtype: torch.dtype | None = torch.long,
+    shard: tuple[int, int] | None = None,
 ) -> TensorBatches | DataLoader:
     """One epoch of training micro-batches per pass: shuffled (or balanced), drop_last (keeping >= 1 batch).
 
     `generator` drives the order (and the DataLoader workers' base seeds); the global RNGs are not used.
+    shard=(rank, world): this rank's share of every batch (batch_size / world samples), see TensorBatches.
     """
     sample_weights = inverse_frequency_sample_weights(labels_of(data.train)) if cfg.balanced_sampler else None
     if is_in_memory(data.train):
@@ -106,7 +123,10 @@ def train_batches(
             sample_weights=sample_weights,
             drop_last=True,
             transform=data.train_transform,
+            shard=shard,
         )
+    if shard is not None:
+        return _distributed_loader(cfg, data, device, generator, shard, sample_weights)
     if data.train_transform is not None:
         note("data.train_transform ignored: it applies to in-memory (TensorDataset) data; give the Dataset its transforms")
     sampler = None
@@ -123,6 +143,27 @@ def train_batches(
         persistent_workers=cfg.num_workers > 0,  # no worker start-up cost every epoch (or every cycle)
         worker_init_fn=seed_worker,
         generator=generator,  # shuffle order and worker base seeds
+    )
+
+
+def _distributed_loader(cfg: TrainConfig, data: DataSplits, device: torch.device, generator: torch.Generator,
+                        shard: tuple[int, int], sample_weights) -> DataLoader:
+    """A Dataset on one of `world` ranks: DistributedSampler (the loop calls set_epoch), batch_size / world per rank."""
+    rank, world = shard
+    if sample_weights is not None:
+        raise ValueError("balanced_sampler with devices > 1 needs in-memory (TensorDataset) data; use class_weighting instead")
+    # Same seed on every rank: one permutation per epoch (set_epoch), split between the ranks.
+    sampler = DistributedSampler(data.train, num_replicas=world, rank=rank, shuffle=True, seed=generator.initial_seed(), drop_last=True)
+    return DataLoader(
+        data.train,
+        batch_size=cfg.batch_size // world,
+        sampler=sampler,
+        drop_last=len(data.train) > cfg.batch_size,
+        num_workers=cfg.num_workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=cfg.num_workers > 0,
+        worker_init_fn=seed_worker,
+        generator=generator,  # worker base seeds
     )
 
 

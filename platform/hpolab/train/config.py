@@ -58,6 +58,11 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     compile: bool = False  # torch.compile the model
     channels_last: bool = False  # memory format for conv nets on CUDA
+    # Multi-device trials (DistributedDataParallel, one process per device; gloo on the CPU, nccl on CUDA).
+    # The effective batch does not change with devices: each process trains on batch_size / devices
+    # samples per micro-batch, so a study's results keep their meaning whatever the devices.
+    devices: int = 1  # processes (GPUs) per trial; 1 = a plain single process, torch.distributed untouched
+    sync_batchnorm: bool = False  # devices > 1 on CUDA: BatchNorm statistics over the whole batch (SyncBatchNorm)
 
     # Fault injection for tests (documented, off by default): raise at this global micro-step.
     inject_oom_at_step: int | None = None  # raises torch.cuda.OutOfMemoryError
@@ -79,6 +84,14 @@ class TrainConfig:
             raise ValueError("weight_decay must be >= 0")
         if self.grad_clip_norm is not None and not self.grad_clip_norm > 0:
             raise ValueError("grad_clip_norm must be > 0, or null for no clipping")
+        if self.devices < 1:
+            raise ValueError("devices must be >= 1")
+        if self.batch_size % self.devices:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be divisible by devices ({self.devices}): each of the "
+                f"{self.devices} processes trains on batch_size / devices samples per micro-batch (the effective "
+                f"batch stays batch_size * grad_accum_steps); use a multiple of {self.devices}"
+            )
         if self.num_workers < 0:
             raise ValueError("num_workers must be >= 0")
         if not 0 <= self.label_smoothing < 1:

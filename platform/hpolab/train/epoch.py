@@ -8,6 +8,7 @@ group may be partial, and its loss is then divided by its own size. `micro_step`
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -54,6 +55,13 @@ class EpochTraining:
     global_step: int
 
 
+def _accumulating(net: torch.nn.Module, ends_group: bool) -> contextlib.AbstractContextManager:
+    """Multi-device (DDP): no gradient all-reduce on the micro-steps before the last of an accumulation
+    group (`no_sync()`, around forward and backward); a no-op for a plain module."""
+    no_sync = getattr(net, "no_sync", None)
+    return no_sync() if no_sync is not None and not ends_group else contextlib.nullcontext()
+
+
 def train_epoch(
     cfg: TrainConfig,
     step: TrainStep,
@@ -87,16 +95,17 @@ def train_epoch(
 
         if cfg.inject_oom_at_step is not None and micro_step == cfg.inject_oom_at_step:
             raise torch.cuda.OutOfMemoryError(f"injected CUDA out of memory at micro-step {micro_step} (inject_oom_at_step)")
-        loss = step.loss(x, y)
-        if cfg.inject_nan_at_step is not None and micro_step == cfg.inject_nan_at_step:
-            loss = loss * float("nan")
-        watch.add(epoch, micro_step, global_step, loss)
-
-        step.backward(loss, group_size)  # mean over the group's samples
+        ends_group = i - group_start + 1 == group_size
+        with _accumulating(step.net, ends_group):
+            loss = step.loss(x, y)
+            if cfg.inject_nan_at_step is not None and micro_step == cfg.inject_nan_at_step:
+                loss = loss * float("nan")
+            watch.add(epoch, micro_step, global_step, loss)
+            step.backward(loss, group_size)  # mean over the group's samples
         loss_sum += loss.detach().double() * len(y)
         samples += len(y)
 
-        if i - group_start + 1 == group_size:
+        if ends_group:
             norms.add(step.step())
             schedule.after_optimizer_step()
             global_step += 1

@@ -102,9 +102,12 @@ def _check_arguments(cfg: TrainConfig, data: DataSplits, metric: str, direction:
     task.check_targets(sample_targets(data.train), data.num_classes)
 
 
-def _place_model(cfg: TrainConfig, model: nn.Module, data: DataSplits, device: torch.device, note) -> tuple[nn.Module, nn.Module, bool]:
-    """(the plain module, what runs forward, channels_last): checked, on the device, compiled if asked."""
+def _place_model(cfg: TrainConfig, model: nn.Module, data: DataSplits, device: torch.device, note, ranks) -> tuple[nn.Module, nn.Module, bool]:
+    """(the plain module, what runs forward, channels_last): checked, on the device, DDP-wrapped with
+    ranks, compiled if asked."""
     raw_model = unwrap_model(model)  # parameters, state_dicts and checkpoints use the plain module
+    if ranks is not None:
+        ranks.convert_batchnorm(raw_model, cfg.sync_batchnorm, note)  # before the optimizer sees the parameters
     check_trainable_parameters(raw_model)
     raw_model.to(device)
     channels_last = cfg.channels_last and len(data.input_shape) == 3
@@ -113,8 +116,10 @@ def _place_model(cfg: TrainConfig, model: nn.Module, data: DataSplits, device: t
     if channels_last:
         raw_model.to(memory_format=torch.channels_last)
     net = model
-    if cfg.compile and net is raw_model:
-        net = torch.compile(raw_model)
+    if ranks is not None:
+        net = ranks.wrap(raw_model)  # DDP over the plain module (compiled below when asked: compile(DDP(m)))
+    if cfg.compile and (net is raw_model or ranks is not None):
+        net = torch.compile(net)
     return raw_model, net, channels_last
 
 
@@ -132,12 +137,14 @@ class _Run:
     bound: Any  # the task bound to the data: loss, metrics (tasks.py)
 
 
-def _set_up(cfg: TrainConfig, model: nn.Module, data: DataSplits, *, seed: int, direction: str, device: torch.device, amp: str, note, task) -> _Run:
+def _set_up(cfg: TrainConfig, model: nn.Module, data: DataSplits, *, seed: int, direction: str, device: torch.device, amp: str, note, task,
+            ranks=None) -> _Run:
     """Model on the device, then data, then loss, optimizer, schedule, scaler (this order: RNG use)."""
-    raw_model, net, channels_last = _place_model(cfg, model, data, device, note)
+    raw_model, net, channels_last = _place_model(cfg, model, data, device, note, ranks)
     generator = make_generator(seed)  # the train split's order (and DataLoader worker seeds)
     dtype = task.target_dtype
-    train_data = train_batches(cfg, data, device, generator, note, target_dtype=dtype)
+    shard = (ranks.rank, ranks.world) if ranks is not None else None  # this rank's share of every batch
+    train_data = train_batches(cfg, data, device, generator, note, target_dtype=dtype, shard=shard)
     val_data = eval_batches(data.val, cfg.eval_batch_size, device, cfg.num_workers, seed, target_dtype=dtype)
     steps_per_epoch = math.ceil(len(train_data) / cfg.grad_accum_steps)  # optimizer steps
     bound = task.bind(cfg, data, device)  # class weights / target standardisation from the train split
@@ -150,6 +157,7 @@ def _set_up(cfg: TrainConfig, model: nn.Module, data: DataSplits, *, seed: int, 
         f"data={'in-memory' if isinstance(train_data, TensorBatches) else f'DataLoader(num_workers={cfg.num_workers})'} "
         f"micro_batches/epoch={len(train_data)} optimizer_steps/epoch={steps_per_epoch} "
         f"effective_batch={cfg.batch_size * cfg.grad_accum_steps} deterministic={cfg.deterministic}"
+        + (f" devices={ranks.world} micro_batch_per_device={cfg.batch_size // ranks.world}" if ranks is not None else "")
     )
     parts = Checkpointed(raw_model, step.optimizer, schedule, step.scaler, generator)
     return _Run(net, channels_last, train_data, val_data, step, schedule, parts, bound)
@@ -209,6 +217,20 @@ def _stop_reason(cfg: TrainConfig, state: LoopState, metric: str, stopped_by_cal
     return None
 
 
+def _resume(cfg: TrainConfig, run: _Run, resume_from, ckpt_dir: Path | None, *, metric: str, direction: str, note) -> tuple[LoopState, Path | None]:
+    """(loop state, best.pt) restored from `resume_from`; a fresh state when there is none."""
+    if resume_from is None:
+        return LoopState(), None
+    state, best_path = restore(resume_from, run.parts, cfg=cfg, metric=metric, direction=direction, checkpoint_dir=ckpt_dir, note=note)
+    note(f"resumed at epoch {state.epoch + 1} of {cfg.max_epochs} from {resume_from}")
+    return state, best_path
+
+
+def _on_rank0(ranks, compute: Callable[[], Any]) -> Any:
+    """`compute()` in a single process; with ranks, rank 0 computes and every rank gets its result."""
+    return compute() if ranks is None else ranks.from_rank0(compute)
+
+
 def _fit_result(state: LoopState, stop_reason: str, best_path, last_path, resume_from, *, amp: str, device: torch.device) -> FitResult:
     return FitResult(
         best_value=state.best_value,
@@ -241,6 +263,7 @@ def fit(
     resume_from: str | Path | None = None,
     log: Callable[[str], None] | None = None,
     task: Any = None,
+    ranks: Any = None,
 ) -> FitResult:
     """Train `model` on `data` as `cfg` says; select the best epoch by `metric` (`direction`).
 
@@ -256,6 +279,8 @@ def fit(
     epochs without an improvement larger than cfg.early_stopping_min_delta.
     task: what the outputs and targets mean (tasks.py; `tasks.task_for(experiment)`); classification
     when None. It owns the loss, the val_* metrics and the target checks.
+    ranks: this process's distributed.Ranks when the trial runs on several devices (DDP); every rank
+    calls fit() alike, rank 0 alone evaluates, writes checkpoints and calls on_epoch (distributed.py).
     The model is trained in place and left on the training device, in eval mode.
     """
     note = log if log is not None else (lambda message: None)
@@ -264,14 +289,11 @@ def fit(
     device = resolve_device(cfg.device)
     amp = resolve_amp(cfg.amp, device)
     seed_everything(seed, deterministic=cfg.deterministic)
-    run = _set_up(cfg, model, data, seed=seed, direction=direction, device=device, amp=amp, note=note, task=task)
+    run = _set_up(cfg, model, data, seed=seed, direction=direction, device=device, amp=amp, note=note, task=task, ranks=ranks)
 
     # ---- restore
-    state, best_path, last_path = LoopState(), None, None
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    if resume_from is not None:
-        state, best_path = restore(resume_from, run.parts, cfg=cfg, metric=metric, direction=direction, checkpoint_dir=ckpt_dir, note=note)
-        note(f"resumed at epoch {state.epoch + 1} of {cfg.max_epochs} from {resume_from}")
+    state, best_path, last_path = *_resume(cfg, run, resume_from, ckpt_dir, metric=metric, direction=direction, note=note), None
     stop_reason, first_epoch = "max_epochs", state.epoch + 1
     if cfg.early_stopping_patience is not None and state.bad_epochs >= cfg.early_stopping_patience:
         stop_reason, first_epoch = "early_stopping", cfg.max_epochs + 1  # the checkpoint's run had stopped early
@@ -280,27 +302,32 @@ def fit(
     # ---- per epoch: train, evaluate, checkpoint, the caller
     with _explain_nondeterministic_ops(cfg.deterministic, device):
         for epoch in range(first_epoch, cfg.max_epochs + 1):
+            if ranks is not None:
+                ranks.begin_epoch(run.train, epoch, seed)
             trained = train_epoch(
                 cfg, run.step, run.train, run.schedule, watch,
                 epoch=epoch, micro_step=state.micro_step, global_step=state.global_step, channels_last=run.channels_last,
             )
             state.micro_step, state.global_step = trained.micro_step, trained.global_step
+            if ranks is not None:
+                ranks.reduce_training(trained)  # train_loss over every rank's samples
 
-            val = evaluate_batches(run.net, run.val, num_classes=data.num_classes, device=device, amp=amp,
-                                   channels_last=run.channels_last, bound=run.bound)
+            val = _on_rank0(ranks, lambda: evaluate_batches(run.parts.model if ranks is not None else run.net, run.val, num_classes=data.num_classes,
+                                                            device=device, amp=amp, channels_last=run.channels_last, bound=run.bound))
             check_val_loss(val["loss"], epoch=epoch, micro_step=state.micro_step, amp=amp)
             metrics = _epoch_metrics(trained, val, run.bound)
             _step_schedule_at_epoch_end(metrics, run.schedule, run.step.optimizer, metric)
             metrics["epoch_seconds"] = time.perf_counter() - trained.started
             improved = state.record(epoch, metrics, metrics[metric], direction, cfg.early_stopping_min_delta)
 
-            if ckpt_dir is not None:
+            if ckpt_dir is not None and (ranks is None or ranks.is_rank0):
                 last_path, best = write_checkpoints(
                     state, run.parts, ckpt_dir, improved=improved, cfg=cfg, metric=metric, direction=direction, amp=amp, device=device
                 )
                 best_path = best or best_path
 
-            stopped_by_caller = on_epoch is not None and bool(on_epoch(epoch, dict(metrics)))
+            # With ranks: rank 0 asks the caller; every rank gets its answer, so all stop after the same epoch.
+            stopped_by_caller = _on_rank0(ranks, lambda: on_epoch is not None and bool(on_epoch(epoch, dict(metrics))))
             reason = _stop_reason(cfg, state, metric, stopped_by_caller, note)
             if reason is not None:
                 stop_reason = reason
