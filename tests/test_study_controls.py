@@ -56,16 +56,20 @@ def test_the_same_spec_and_run_controls_are_no_change(base):
     controls = _edit("n_trials=99", "timeout=60", "parallel=3", "max_retries=2", "trial_timeout=10",
                      "stop_after_no_improvement=4", "enqueue=[{trainer.lr: 0.001}]")
     assert check_spec(study, controls, allow_change=False) is None
+    # where a trial runs is not what it means: moving the study to a bigger box needs no flag
+    placement = _edit("trainer.devices=2", "trainer.num_workers=2", "trainer.device=cpu", "trainer.compile=true",
+                      "log_models={top_k: 3}", "keep_checkpoints={top_k: 3}", "checkpoint_upload_every=5")
+    assert check_spec(study, placement, allow_change=False) is None
 
 
 def test_a_field_added_to_hpolab_since_the_study_was_recorded_is_no_change(base):
     study = _study_with_trial(base, 0.02, 16)
     recorded = defining_spec(base)
-    del recorded["trainer"]["compile"]  # as if recorded by an hpolab that had no trainer.compile yet (default False)
+    del recorded["trainer"]["early_stopping_min_delta"]  # as if recorded by an hpolab that had no such key yet (default 0.0)
     study.set_user_attr("hpolab.spec", recorded)
     assert check_spec(study, base, allow_change=False) is None
-    with pytest.raises(UserError, match=r"trainer.compile: \(absent\) -> true"):
-        check_spec(study, _edit("trainer.compile=true"), allow_change=False)
+    with pytest.raises(UserError, match=r"trainer.early_stopping_min_delta: \(absent\) -> 0.01"):
+        check_spec(study, _edit("trainer.early_stopping_min_delta=0.01"), allow_change=False)
 
 
 def test_a_new_study_records_version_0(base):

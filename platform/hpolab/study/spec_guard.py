@@ -12,7 +12,7 @@ Re-running with a different definition is refused (exit 2, nothing written) with
       unless `--allow-spec-change`; for the search space only when every value the study has
       already sampled still lies inside the new distribution (and Optuna can store it: same kind,
       same log scale, same categorical choices). Accepted changes are recorded as `spec-<n>.yaml`.
-Run controls never count: name, n_trials, timeout, trial_timeout, parallel, max_retries, enqueue,
+Run controls never count (nor trainer placement knobs: PLACEMENT below): name, n_trials, timeout, trial_timeout, parallel, max_retries, enqueue,
 stop_after_no_improvement,
 log_models, keep_checkpoints, checkpoint_upload_every.
 """
@@ -42,9 +42,16 @@ FIXED = ("experiment", "metric", "direction")  # never changed in place, even wi
 _ABSENT = object()
 
 
+# Where and how fast a trial runs, not what it means: moving a study to a GPU box (device, devices,
+# more loader workers, compile) must not need --allow-spec-change.
+PLACEMENT = ("device", "devices", "num_workers", "eval_batch_size", "compile", "channels_last")
+
+
 def defining_spec(spec: StudySpec) -> dict[str, Any]:
     """The parts of a spec that say what a trial means (JSON-able: stored as an Optuna user attr)."""
-    return spec.model_dump(mode="json", include=set(DEFINING))
+    out = spec.model_dump(mode="json", include=set(DEFINING))
+    out["trainer"] = {k: v for k, v in out["trainer"].items() if k not in PLACEMENT}
+    return out
 
 
 def spec_hash(defining: dict[str, Any]) -> str:
