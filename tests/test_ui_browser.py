@@ -125,21 +125,7 @@ def test_ui_shows_study_runs_metrics_and_report(study_store, ui_server, tmp_path
             expect(page.get_by_text(f"{len(trial_names) + 1} matching runs")).to_be_visible()
             page.screenshot(path=str(SHOTS / "1-experiment-runs.png"))
 
-            # 1b. The experiment's Models tab lists the trials' logged models, each with its trial run
-            #     as the source (they are created in the study's experiment, not in "Default").
-            logged = client.search_logged_models(experiment_ids=[exp_id])
-            sources = {client.get_run(m.source_run_id).info.run_name for m in logged}
-            complete = {f"trial-{t.number}" for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
-            assert complete and complete <= sources
-            page.goto(f"{url}/#/experiments/{exp_id}/models")
-            for name in sorted(complete):
-                expect(page.get_by_role("link", name=name, exact=True).first).to_be_visible()
-            page.screenshot(path=str(SHOTS / "1b-experiment-models.png"))
-
             # 2. One trial run: its page lists the per-epoch metrics with their last values.
-            page.goto(f"{url}/#/experiments/{exp_id}/runs?workflowType=machine_learning")
-            row = page.locator("[role=row]", has=page.get_by_role("link", name=STUDY, exact=True).first).first
-            row.locator('button[data-component-id*="runnamecellrenderer"]').click()
             best_run = client.get_run(best.user_attrs["mlflow_run_id"])
             page.get_by_role("link", name=f"trial-{best.number}", exact=True).click()
             page.wait_for_url(re.compile(rf"#/experiments/{exp_id}/runs/{best_run.info.run_id}"))
@@ -185,10 +171,21 @@ def test_ui_shows_study_runs_metrics_and_report(study_store, ui_server, tmp_path
             expect(local.locator("#promotion")).to_contain_text("Not promoted yet")
             local.screenshot(path=str(SHOTS / "5-report-offline.png"), full_page=True)
             offline.close()
+
+            # 5. The experiment's Models tab lists the trials' logged models, each with its trial run
+            #     as the source (they are created in the study's experiment, not in "Default").
+            logged = client.search_logged_models(experiment_ids=[exp_id])
+            sources = {client.get_run(m.source_run_id).info.run_name for m in logged}
+            complete = {f"trial-{t.number}" for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
+            assert complete and complete <= sources
+            page.goto(f"{url}/#/experiments/{exp_id}/models")
+            for name in sorted(complete):
+                expect(page.get_by_role("link", name=name, exact=True).first).to_be_visible()
+            page.screenshot(path=str(SHOTS / "6-experiment-models.png"))
         finally:
             browser.close()
 
-    for name in ("1-experiment-runs", "1b-experiment-models", "2-trial-run-metrics", "3-trial-run-charts", "4-report-in-artifacts", "5-report-offline"):
+    for name in ("1-experiment-runs", "2-trial-run-metrics", "3-trial-run-charts", "4-report-in-artifacts", "5-report-offline", "6-experiment-models"):
         assert (SHOTS / f"{name}.png").stat().st_size > 10_000, name
 
     # Ctrl-C: the UI stops its server and exits 0
