@@ -39,7 +39,8 @@ def _create_local_db(stores: Stores) -> None:
     """Create a store's SQLite tracking DB with its artifact root inside the store.
 
     Left to MlflowClient, a new DB's "Default" experiment gets <working directory>/mlruns/0 as
-    its artifact location, outside the store.
+    its artifact location, outside the store. The migrated schema comes from a per-version cache
+    (stores/db_templates.py): migrating a new DB costs seconds.
     """
     uri = stores.tracking_uri
     if not (uri.startswith("sqlite:///") and stores.artifact_location):
@@ -47,9 +48,17 @@ def _create_local_db(stores: Stores) -> None:
     db = Path(uri[len("sqlite:///"):])
     if db.exists() or not db.parent.is_dir():  # a missing store folder stays an error of the caller's
         return
+    import mlflow
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.utils.uri import append_to_uri_path
 
-    SqlAlchemyStore(uri, stores.artifact_location).engine.dispose()
+    from hpolab.stores.db_templates import point_default_experiment, seed_database
+
+    location = append_to_uri_path(stores.artifact_location, "0")  # as SqlAlchemyStore names it
+    if not seed_database(db, f"mlflow-{mlflow.__version__}",
+                         create=lambda url: SqlAlchemyStore(url, stores.artifact_location).engine.dispose(),
+                         prepare=lambda copy: point_default_experiment(copy, location, int(time.time() * 1000))):
+        SqlAlchemyStore(uri, stores.artifact_location).engine.dispose()
 
 
 def get_or_create_experiment(client: MlflowClient, name: str, stores: Stores) -> str:

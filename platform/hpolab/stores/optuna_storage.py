@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
@@ -34,6 +35,7 @@ def make_storage(url: str, max_retries: int = 1) -> optuna.storages.BaseStorage:
 
     from sqlalchemy.exc import SQLAlchemyError
 
+    _seed_sqlite(url)
     for attempt in range(6):
         try:
             return optuna.storages.RDBStorage(
@@ -55,6 +57,19 @@ def make_storage(url: str, max_retries: int = 1) -> optuna.storages.BaseStorage:
                 raise StudyError(f"cannot create Optuna's tables in {redact(url)}: {one_line(e)}") from None
             time.sleep(0.5 + random.random())
     raise AssertionError("unreachable")
+
+
+def _seed_sqlite(url: str) -> None:
+    """A new embedded optuna.db starts as a copy of a migrated empty one (stores/db_templates.py)."""
+    if not url.startswith("sqlite:///"):
+        return
+    db = Path(url[len("sqlite:///"):])
+    if db.exists() or not db.parent.is_dir():
+        return
+    from hpolab.stores.db_templates import seed_database
+
+    seed_database(db, f"optuna-{optuna.__version__}",
+                  create=lambda u: optuna.storages.RDBStorage(u).engine.dispose())
 
 
 def load_study(name: str, stores: Stores) -> optuna.Study:
