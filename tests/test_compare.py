@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 
 from conftest import STUDY, copy_store, hpolab_env, run_cli
 
-pytestmark = pytest.mark.slow  # every test here reads the study the real CLI builds (about a minute, once)
+# Tests that read the study the real CLI builds (about a minute, once) are slow; errors on an empty store are not.
 
 def _stores(store: Path):
     client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
@@ -36,11 +36,13 @@ def _main(capsys, *args: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+@pytest.mark.slow
 def test_template_has_all_three_states(template):
     _, study = _stores(template)
     assert [t.state.name for t in study.get_trials()] == ["COMPLETE", "COMPLETE", "FAIL", "PRUNED"]
 
 
+@pytest.mark.slow
 def test_compare_json_matches_the_stores(template, capsys):
     code, out, _ = _main(capsys, "--store", str(template), "compare", STUDY, "--format", "json")
     assert code == 0
@@ -77,6 +79,7 @@ def test_compare_json_matches_the_stores(template, capsys):
             assert r["best_val_acc"] is None and r["final_val_acc"] is None
 
 
+@pytest.mark.slow
 def test_compare_state_top_sort_and_formats(template, capsys):
     store = str(template)
     _, study = _stores(template)
@@ -118,6 +121,7 @@ def test_compare_state_top_sort_and_formats(template, capsys):
     assert all(r["run_id"] in md for r in records)
 
 
+@pytest.mark.slow
 def test_compare_table_fits_the_terminal(template):
     """The real console script, as a user runs it, in a 100-column terminal."""
     env = hpolab_env()
@@ -134,6 +138,7 @@ def test_compare_table_fits_the_terminal(template):
     assert "…" not in "".join(line for line in lines if "COMPLETE" in line)  # no value is cut
 
 
+@pytest.mark.slow
 def test_compare_table_uses_a_wide_terminal(template, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "230")
     _, study = _stores(template)
@@ -145,6 +150,7 @@ def test_compare_table_uses_a_wide_terminal(template, capsys, monkeypatch):
     assert "training loss is nan" in wide
 
 
+@pytest.mark.slow
 def test_compare_runs_side_by_side_across_studies(template, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     store = copy_store(template, tmp_path / "store")
@@ -194,7 +200,18 @@ def test_compare_runs_side_by_side_across_studies(template, tmp_path, capsys, mo
         ([STUDY, "--top", "0"], "--top must be >= 1"),
     ],
 )
+@pytest.mark.slow
 def test_compare_user_errors(template, capsys, args, message):
     code, out, err = _main(capsys, "--store", str(template), "compare", *args)
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["no-such-study"], "no study named 'no-such-study'"),
+    (["0" * 32, "1" * 32], "no MLflow run 00000000000000000000000000000000"),
+])
+def test_compare_user_errors_on_an_empty_store(store, capsys, args, message):
+    code, out, err = _main(capsys, "--store", str(store), "compare", *args)
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1

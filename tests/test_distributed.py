@@ -49,7 +49,7 @@ def mlflow_server(postgres, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_two_workers_share_one_study_on_postgres_and_an_mlflow_server(postgres, mlflow_server, tmp_path):
+def test_four_workers_share_one_study_on_postgres_and_an_mlflow_server(postgres, mlflow_server, tmp_path):
     storage = f"postgresql+psycopg2://{postgres}/optuna"
     env = {**hpolab_env(), "OPTUNA_STORAGE": storage, "MLFLOW_TRACKING_URI": mlflow_server}
     exe = str(Path(sys.executable).with_name("hpolab"))

@@ -198,7 +198,9 @@ def test_ctrl_c_stops_cleanly_and_the_study_resumes(store):
 
 @pytest.mark.slow
 def test_study_timeout_stops_starting_trials(store):
-    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=10", "parallel=1", "timeout=1", cwd=PROJECT)
+    # Each forward call sleeps 0.1 s: the first trial takes seconds on any machine, so it is still
+    # running when the 1 s study timeout passes (a lower bound on its time, not an upper one).
+    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=10", "parallel=1", "timeout=1", "model.sleep=0.1", cwd=PROJECT)
     assert "timeout (1 s) reached" in out.stdout
     client, study = _open(store)
     trials = study.get_trials()

@@ -22,7 +22,7 @@ from mlflow import MlflowClient
 
 from conftest import run_cli
 
-pytestmark = pytest.mark.slow
+# Tests that read the studied store (a real study, about a minute once) are slow; pure ones are not.
 
 DIGITS = ["n_trials=2", "parallel=2", "trainer.max_epochs=3", "pruner={type: none}"]
 BAD = ["name=digits-bad", "n_trials=1", "parallel=1", "trainer.max_epochs=1", "trainer.lr=1e-6", "search_space={}", "pruner={type: none}"]
@@ -110,6 +110,7 @@ def _best_trial(store: Path, name: str = "digits-cnn") -> optuna.trial.FrozenTri
 # ----------------------------------------------------------------------------- promote
 
 
+@pytest.mark.slow
 def test_dry_run_writes_nothing(studied, tmp_path, capsys):
     store = _copy(studied, tmp_path / "store")
     before = _registry(store)
@@ -123,6 +124,7 @@ def test_dry_run_writes_nothing(studied, tmp_path, capsys):
     assert sorted(p for p in (studied / "artifacts").rglob("*")) == files_before
 
 
+@pytest.mark.slow
 def test_promote_registers_the_best_trial_with_lineage_alias_and_exports(promoted):
     store, out = promoted
     c = _client(store)
@@ -184,6 +186,7 @@ def test_promote_registers_the_best_trial_with_lineage_alias_and_exports(promote
         assert np.abs(ts(torch.from_numpy(x[:n])).detach().numpy() - ref).max() <= 1e-4
 
 
+@pytest.mark.slow
 def test_champion_loads_by_alias_and_reproduces_the_test_accuracy(promoted):
     import mlflow
     import mlflow.pytorch
@@ -204,12 +207,14 @@ def test_champion_loads_by_alias_and_reproduces_the_test_accuracy(promoted):
         mlflow.set_tracking_uri(None)
 
 
+@pytest.mark.slow
 def test_promoting_the_same_run_twice_creates_no_second_version(champion_store, capsys):
     code, out = _promote(capsys, champion_store, "digits-cnn")
     assert code == 0 and "already version 1" in out
     assert [str(v.version) for v in _client(champion_store).search_model_versions("name = 'digits-cnn'")] == ["1"]
 
 
+@pytest.mark.slow
 def test_a_worse_challenger_is_refused_force_moves_the_alias(champion_store, capsys):
     store = champion_store
     before = _registry(store)
@@ -234,6 +239,7 @@ def test_a_worse_challenger_is_refused_force_moves_the_alias(champion_store, cap
     assert c.get_model_version("digits-cnn", "1").tags["hpolab.previous_champion"] == "2"
 
 
+@pytest.mark.slow
 def test_a_champion_tested_on_another_split_is_not_compared(champion_store, capsys):
     c = _client(champion_store)
     c.set_model_version_tag("digits-cnn", "1", "hpolab.test_fingerprint", "0" * 64)  # as if promoted with seed 1
@@ -244,6 +250,7 @@ def test_a_champion_tested_on_another_split_is_not_compared(champion_store, caps
     assert _registry(champion_store) == before
 
 
+@pytest.mark.slow
 def test_bad_input_exits_2_and_failed_onnx_parity_exits_1(studied, tmp_path, monkeypatch, capsys):
     from hpolab import cli
 
@@ -260,6 +267,7 @@ def test_bad_input_exits_2_and_failed_onnx_parity_exits_1(studied, tmp_path, mon
     assert _registry(store) == before
 
 
+@pytest.mark.slow
 def test_metric_option_selects_by_another_logged_metric(studied, tmp_path, capsys):
     from hpolab import cli
 
@@ -291,6 +299,7 @@ def test_the_gate_is_strict_and_breaks_exact_ties_on_a_second_test_metric():
 # ----------------------------------------------------------------------------- predict
 
 
+@pytest.mark.slow
 def test_predict_cli_matches_the_champion(promoted, tmp_path):
     import mlflow
 
@@ -310,6 +319,7 @@ def test_predict_cli_matches_the_champion(promoted, tmp_path):
     assert float((preds == y).mean()) == float(tags["hpolab.test_acc"])
 
 
+@pytest.mark.slow
 def test_predict_prints_csv_and_rejects_what_the_model_cannot_take(promoted, tmp_path, capsys):
     from hpolab.errors import UserError
     from hpolab.registry.predict import predict_cmd
@@ -359,6 +369,7 @@ def test_image_folder_becomes_raw_uint8_inputs(tmp_path):
 # ----------------------------------------------------------------------------- serving + export
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_fashion_serving_model_takes_uint8_and_exports_with_parity(tmp_path, exporter):
     """The uint8 image path (Fashion-MNIST's preprocess inside the model) through ONNX and TorchScript,

@@ -11,12 +11,34 @@ from hpolab.config.samplers import PRUNERS, SAMPLERS, make_pruner, make_sampler
 DEFAULT = "studies/digits_cnn.yaml"
 
 
+GRID_SPACE = ("search_space={model.channels: {type: categorical, choices: [8, 16, 32, 64]}, "
+              "model.dropout: {type: categorical, choices: [0.0, 0.1, 0.2, 0.3]}}")
+
+
+def _proposals(spec, n: int = 12, seed_offset: int = 0) -> list[dict]:
+    """The first n configurations a study proposes with the sampler hpolab builds from `spec`
+    (the spec's own search space; every trial told a value that depends on its parameters)."""
+    from hpolab.study.search_space import optuna_distributions
+
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(spec, seed_offset=seed_offset))
+    dists = optuna_distributions(spec, lr_bounds=(1e-4, 1e-1))
+    out = []
+    for _ in range(n):
+        t = study.ask(dists)
+        out.append(t.params)
+        study.tell(t, sum(float(v) if isinstance(v, (int, float)) else 0.0 for v in t.params.values()))
+    return out
+
+
 @pytest.mark.parametrize("name", sorted(SAMPLERS))
 def test_every_sampler_builds_and_is_seeded(name):
-    space = "search_space={model.channels: {type: categorical, choices: [8, 16]}}" if name == "grid" else "seed=3"
-    spec = load_spec(DEFAULT, [f"sampler={{type: {name}}}", space])
-    sampler = make_sampler(spec)
-    assert isinstance(sampler, SAMPLERS[name])
+    space = [GRID_SPACE] if name == "grid" else []
+    spec = load_spec(DEFAULT, [f"sampler={{type: {name}}}", "seed=3", *space])
+    assert isinstance(make_sampler(spec), SAMPLERS[name])
+    first = _proposals(spec)
+    assert _proposals(spec) == first  # the study seed decides every proposal
+    other = load_spec(DEFAULT, [f"sampler={{type: {name}}}", "seed=4", *space])
+    assert _proposals(other) != first  # ... and another seed proposes others
 
 
 @pytest.mark.parametrize("name", sorted(PRUNERS))
