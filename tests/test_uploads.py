@@ -33,7 +33,7 @@ def _global(shared: Path, store: Path) -> list[str]:
             "--tracking-uri", f"sqlite:///{shared / 'mlflow.db'}"]
 
 
-def _uploaded_run(shared: Path, timeout: float = 120) -> str:
+def _uploaded_run(shared: Path, timeout: float = 600) -> str:
     """The run id of trial 0 once its checkpoints/last.pt is in the artifact store."""
     client = MlflowClient(tracking_uri=f"sqlite:///{shared / 'mlflow.db'}")
     deadline = time.monotonic() + timeout
