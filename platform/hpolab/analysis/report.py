@@ -131,7 +131,8 @@ def _summary(data: ReportData) -> str:
 
 
 def _top_trials(data: ReportData) -> str:
-    from hpolab.analysis.compare import select, short_names
+    from hpolab.analysis.compare_render import short_names
+    from hpolab.analysis.compare_study import select
 
     t = data.table
     if t is None or t.frame.empty or not (t.frame["state"] == "COMPLETE").any():
@@ -167,7 +168,7 @@ def _problem_trials(data: ReportData) -> str:
 
 
 def _py(v):
-    from hpolab.analysis.compare import json_value
+    from hpolab.analysis.compare_render import json_value
 
     return json_value(v)
 

@@ -27,7 +27,7 @@ class ReportData:
     client: Any = None  # MlflowClient, None when the tracking store is unreachable
     experiment_id: str | None = None
     parent_run: Any = None
-    table: Any = None  # hpolab.analysis.compare.StudyTable
+    table: Any = None  # hpolab.analysis.compare_study.StudyTable
     lr_test: dict[str, Any] | None = None  # {"lr": [...], "loss": [...], "smoothed": [...], "attr": {...}, "run_id": ...}
     promotion: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # what could not be read (shown in the footer)
@@ -45,13 +45,13 @@ def best_number(data: ReportData) -> int | None:
 
 
 def gather(study, stores: Stores | None = None, client=None) -> ReportData:
-    from hpolab.analysis.compare import study_frame, study_metric
+    from hpolab.analysis.compare_study import study_frame, study_metric
 
     problems: list[str] = []
     experiment_id, parent = None, None
     if client is None and stores is not None:
         try:
-            from hpolab.analysis.compare import tracking_client
+            from hpolab.analysis.compare_study import tracking_client
 
             client = tracking_client(stores)
         except Exception as e:  # the report still has Optuna's side
