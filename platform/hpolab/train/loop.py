@@ -46,7 +46,7 @@ from .tasks import Classification, sample_targets
 BASE_METRICS = (
     "train_loss",  # mean training criterion over the epoch's samples (incl. smoothing/weights/focal)
     "val_loss",  # the task's validation loss (classification: plain cross-entropy, comparable across trials whatever the criterion)
-    # ... then the task's val_* metrics (classification: val_acc; see tasks.py), then:
+    # ... then the task's val_* metrics (classification: val_acc; see train/tasks/), then:
     "lr",  # LR of the first param group at the end of the epoch
     "grad_norm",  # mean global L2 norm of the gradients over the epoch's optimizer steps, before clipping
     "grad_norm_max",
@@ -134,7 +134,7 @@ class _Run:
     step: TrainStep
     schedule: LRSchedule
     parts: Checkpointed  # what a checkpoint saves besides LoopState (parts.model: the plain module)
-    bound: Any  # the task bound to the data: loss, metrics (tasks.py)
+    bound: Any  # the task bound to the data: loss, metrics (train/tasks/)
 
 
 def _set_up(cfg: TrainConfig, model: nn.Module, data: DataSplits, *, seed: int, direction: str, device: torch.device, amp: str, note, task,
@@ -294,7 +294,7 @@ def fit(cfg: TrainConfig, model: nn.Module, data: DataSplits, *, metric: str = "
 
     "Best" (best_value, best.pt) is any strict improvement of the metric; early stopping counts
     epochs without an improvement larger than cfg.early_stopping_min_delta.
-    task: what the outputs and targets mean (tasks.py; `tasks.task_for(experiment)`); classification
+    task: what the outputs and targets mean (train/tasks/; `tasks.task_for(experiment)`); classification
     when None. It owns the loss, the val_* metrics and the target checks.
     ranks: this process's distributed.Ranks when the trial runs on several devices (DDP); every rank
     calls fit() alike, rank 0 alone evaluates, writes checkpoints and calls on_epoch (distributed.py).
