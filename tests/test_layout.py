@@ -123,3 +123,43 @@ def test_train_imports_no_tracking_or_config_libraries():
 
 def test_platform_is_a_source_root_not_a_package():
     assert not (ROOT / "__init__.py").exists()
+
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def size_offenders(root: Path = ROOT) -> list[str]:
+    """Modules under `root` longer than MAX_MODULE_LINES and functions/methods (nested ones too)
+    longer than MAX_FUNCTION_LINES (end_lineno - lineno + 1, decorators not counted). Classes are not
+    limited: their methods are."""
+    offenders = []
+    for f in sorted(root.rglob("*.py")):
+        source = f.read_text()
+        where = f.relative_to(root)
+        n = len(source.splitlines())
+        if n > MAX_MODULE_LINES:
+            offenders.append(f"{where}: {n} lines (module limit {MAX_MODULE_LINES})")
+        for node in ast.walk(ast.parse(source, filename=str(f))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    offenders.append(f"{where}:{node.lineno} {node.name}(): {length} lines (function limit {MAX_FUNCTION_LINES})")
+    return offenders
+
+
+def test_modules_and_functions_stay_small():
+    """No module under platform/ over 400 lines, no function or method over 60: split by idea instead."""
+    offenders = size_offenders()
+    assert offenders == [], "too long:\n" + "\n".join(offenders)
+
+
+def test_the_size_check_names_offenders(tmp_path):
+    # The check above must be able to fail: a made-up tree with a long module and a long method.
+    body = "\n".join(f"    x{i} = {i}" for i in range(61))
+    (tmp_path / "big.py").write_text(f"class A:\n    def long(self):\n    {body.replace(chr(10), chr(10) + '    ')}\n" + "y = 1\n" * 400)
+    (tmp_path / "ok.py").write_text("def short():\n    return 1\n")
+    assert size_offenders(tmp_path) == [
+        "big.py: 463 lines (module limit 400)",
+        "big.py:2 long(): 62 lines (function limit 60)",
+    ]

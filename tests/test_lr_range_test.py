@@ -245,18 +245,20 @@ def test_bf16_autocast_on_cpu():
 
 
 def test_train_package_stays_free_of_platform_imports():
-    """train/ runs on a bare torch box: no optuna, mlflow, pydantic or matplotlib in the sweep module."""
+    """train/ runs on a bare torch box: no optuna, mlflow, pydantic or matplotlib in the sweep modules."""
     import ast
 
     import hpolab.train.lr_range_test as mod
+    import hpolab.train.lr_suggest as suggest_mod
+    import hpolab.train.lr_sweep as sweep_mod
 
-    tree = ast.parse(Path(mod.__file__).read_text())
     imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            imported.add(node.module.split(".")[0])
+    for m in (mod, sweep_mod, suggest_mod):
+        for node in ast.walk(ast.parse(Path(m.__file__).read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                imported.add(node.module.split(".")[0])
     assert not imported & {"optuna", "mlflow", "pydantic", "matplotlib", "hpolab"}, imported
 
 

@@ -29,59 +29,61 @@ def _add_spec_change_options(p: argparse.ArgumentParser) -> None:
                    help="continue an existing study with a changed spec (recorded as spec-<n>.yaml); refused if a sampled value no longer fits the search space")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hpolab", description="Hyperparameter studies for PyTorch on Optuna + MLflow.")
-    _add_store_options(parser, suppress=False)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
+def _command(subparsers, name: str, help_: str) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(name, help=help_, description=help_)
+    _add_store_options(p, suppress=True)
+    return p
 
-    def command(subparsers, name: str, help_: str) -> argparse.ArgumentParser:
-        p = subparsers.add_parser(name, help=help_, description=help_)
-        _add_store_options(p, suppress=True)
-        return p
 
+def _add_study_commands(sub) -> None:
     study = sub.add_parser("study", help="run, inspect or validate a study")
     ssub = study.add_subparsers(dest="study_command", metavar="SUBCOMMAND")
     ssub.required = True
-    p = command(ssub, "run", "run (or continue) a study up to its n_trials budget")
+    p = _command(ssub, "run", "run (or continue) a study up to its n_trials budget")
     p.add_argument("spec", help="study spec YAML, e.g. studies/digits_cnn.yaml")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. n_trials=4 trainer.lr=0.01")
     _add_spec_change_options(p)
-    p = command(ssub, "status", "trial table of a study, from the stores")
+    p = _command(ssub, "status", "trial table of a study, from the stores")
     p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file (its name: is used)")
-    command(ssub, "list", "the studies in the store: direction, metric, trials by state, best value, last activity")
-    p = command(ssub, "delete", "delete a study: its Optuna study, its MLflow experiment (soft delete) and its local trial folders")
+    _command(ssub, "list", "the studies in the store: direction, metric, trials by state, best value, last activity")
+    p = _command(ssub, "delete", "delete a study: its Optuna study, its MLflow experiment (soft delete) and its local trial folders")
     p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation (needed without a terminal)")
-    p = command(ssub, "validate", "check a spec and print the resolved version")
+    p = _command(ssub, "validate", "check a spec and print the resolved version")
     p.add_argument("spec")
     p.add_argument("overrides", nargs="*")
 
-    p = command(sub, "worker", "join a study as one more worker (same as `study run`)")
+
+def _add_run_commands(sub) -> None:
+    """worker, ui, env, doctor, reproduce, lr-find."""
+    p = _command(sub, "worker", "join a study as one more worker (same as `study run`)")
     p.add_argument("spec")
     p.add_argument("overrides", nargs="*")
     _add_spec_change_options(p)
 
-    p = command(sub, "ui", "serve the MLflow UI for the store in use")
+    p = _command(sub, "ui", "serve the MLflow UI for the store in use")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=5000)
 
-    command(sub, "env", "check the install: versions, CUDA, a matmul on the device")
+    _command(sub, "env", "check the install: versions, CUDA, a matmul on the device")
 
-    p = command(sub, "doctor", "sanity checks before a costly study: data, model, can it overfit a tiny batch?")
+    p = _command(sub, "doctor", "sanity checks before a costly study: data, model, can it overfit a tiny batch?")
     p.add_argument("spec")
     p.add_argument("overrides", nargs="*")
 
-    p = command(sub, "reproduce", "train a trial again from its MLflow run and compare the metrics")
+    p = _command(sub, "reproduce", "train a trial again from its MLflow run and compare the metrics")
     p.add_argument("run_id", help="an MLflow run id of a trial (hpolab compare NAME shows them)")
     p.add_argument("--tolerance", type=float, default=0.0, help="largest accepted abs difference per metric (default 0: identical)")
 
-    p = command(sub, "lr-find", "LR range test (Leslie Smith) on the spec's experiment")
+    p = _command(sub, "lr-find", "LR range test (Leslie Smith) on the spec's experiment")
     p.add_argument("spec")
     p.add_argument("overrides", nargs="*")
     p.add_argument("--out", metavar="DIR", help="where to write the plot and CSV (default: STORE/lr-find/NAME)")
 
-    p = command(sub, "promote", "register the best trial's model under an alias, behind a held-out test gate")
+
+def _add_result_commands(sub) -> None:
+    """promote, predict, compare, storage-proxy, report."""
+    p = _command(sub, "promote", "register the best trial's model under an alias, behind a held-out test gate")
     p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file (its experiment is then found from the spec's project)")
     p.add_argument("--metric", help="pick the best trial by this logged metric instead of the study's")
     p.add_argument("--model-name", help="registered model name (default: the study name)")
@@ -89,25 +91,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="move the alias even if the challenger is not better")
     p.add_argument("--dry-run", action="store_true", help="print what would happen; write nothing")
 
-    p = command(sub, "predict", "predict with a registered model, using its experiment's preprocessing")
+    p = _command(sub, "predict", "predict with a registered model, using its experiment's preprocessing")
     p.add_argument("model_uri", help="e.g. models:/digits-cnn@champion")
     p.add_argument("input", help="a .npy of raw inputs, or a folder of images")
     p.add_argument("--out", help="write predictions to this .csv/.npy instead of printing")
 
-    p = command(sub, "compare", "compare the trials of a study, or any runs by id")
+    p = _command(sub, "compare", "compare the trials of a study, or any runs by id")
     p.add_argument("targets", nargs="+", metavar="NAME|SPEC|RUN_ID", help="a study name or spec file, or two or more MLflow run ids")
     p.add_argument("--top", type=int, help="only the K best rows")
     p.add_argument("--sort", metavar="METRIC", help="sort by this column, metric or param; METRIC:asc|desc forces the order (default: the study metric)")
     p.add_argument("--state", default="all", choices=["complete", "pruned", "fail", "all"])
     p.add_argument("--format", default="table", choices=["table", "csv", "json", "markdown"])
 
-    p = command(sub, "storage-proxy", "serve the Optuna storage (--storage) to many workers over gRPC")
+    p = _command(sub, "storage-proxy", "serve the Optuna storage (--storage) to many workers over gRPC")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=13000)
 
-    p = command(sub, "report", "a self-contained HTML report of a study")
+    p = _command(sub, "report", "a self-contained HTML report of a study")
     p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file")
     p.add_argument("--out", metavar="FILE", help="default: STORE/reports/NAME.html")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hpolab", description="Hyperparameter studies for PyTorch on Optuna + MLflow.")
+    _add_store_options(parser, suppress=False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    # in this order in `hpolab --help`
+    _add_study_commands(sub)
+    _add_run_commands(sub)
+    _add_result_commands(sub)
     return parser
 
 

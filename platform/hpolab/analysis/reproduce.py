@@ -17,52 +17,59 @@ COMPARED = ("train_loss", "val_loss")  # + the run's study metric (val_acc, val_
 ENV_KEYS = ("env.python", "env.torch", "env.cuda", "env.cudnn", "env.gpu", "env.numpy", "env.git_commit", "env.git_dirty")
 
 
-def reproduce_cmd(args, stores) -> int:
-    import torch
+def _load_run(client, run_id: str, stores) -> tuple:
+    """The run, its resolved config (config.yaml artifact) and its experiment's name; UserError when missing."""
     import yaml
     from mlflow.exceptions import MlflowException
-    from rich.console import Console
-    from rich.table import Table
 
     from hpolab.errors import UserError
-    from hpolab.config.experiment import load_experiment
-    from hpolab.train.config import trainer_config
-    from hpolab.train.tasks import task_for
-    from hpolab.stores import mlflow_runs as tr
     from hpolab.stores.paths import redact
-    from hpolab.stores.environment import capture_environment
-    from hpolab.train import fit, seed_everything
 
-    console = Console(highlight=False)
-    client = tr.client_for(stores)
     try:
-        run = client.get_run(args.run_id)
+        run = client.get_run(run_id)
     except MlflowException as e:
-        raise UserError(f"no run {args.run_id} in {redact(stores.tracking_uri)} ({e.message}); is --store/--tracking-uri right?") from None
-    tags = run.data.tags
+        raise UserError(f"no run {run_id} in {redact(stores.tracking_uri)} ({e.message}); is --store/--tracking-uri right?") from None
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            path = client.download_artifacts(args.run_id, "config.yaml", tmp)
+            path = client.download_artifacts(run_id, "config.yaml", tmp)
         except Exception:
-            raise UserError(f"run {args.run_id} has no config.yaml artifact: only trial runs of a study can be reproduced") from None
+            raise UserError(f"run {run_id} has no config.yaml artifact: only trial runs of a study can be reproduced") from None
         config = yaml.safe_load(Path(path).read_text())
-    experiment = tags.get("hpolab.experiment")
+    experiment = run.data.tags.get("hpolab.experiment")
     if not experiment:
-        raise UserError(f"run {args.run_id} does not say which experiment it ran (tag hpolab.experiment)")
+        raise UserError(f"run {run_id} does not say which experiment it ran (tag hpolab.experiment)")
+    return run, config, experiment
+
+
+def _environment_differs(tags: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(key, was, is now) for each ENV_KEYS entry that differs from this machine."""
+    from hpolab.stores.environment import capture_environment
 
     now = capture_environment()
-    differs = [(k, tags.get(k, "?"), now.get(k, "?")) for k in ENV_KEYS if tags.get(k, "?") != now.get(k, "?")]
-    console.print(f"[bold]reproducing run {args.run_id}[/] ({run.info.run_name}, experiment {experiment})")
-    for k, was, is_ in differs:
-        console.print(f"  [yellow]environment differs[/]: {k.removeprefix('env.')} was {was}, now {is_}")
+    return [(k, tags.get(k, "?"), now.get(k, "?")) for k in ENV_KEYS if tags.get(k, "?") != now.get(k, "?")]
 
-    # Same epochs as the original: a pruned or early-stopped trial ran fewer than max_epochs. It keeps
-    # its configured max_epochs (the LR schedule is a function of it) and stops after those epochs.
+
+def _history(client, run_id: str, config: dict) -> tuple[tuple[str, ...], dict[str, dict[int, float]], int]:
+    """The compared metrics, the run's history of each by epoch, and how many epochs it logged."""
+    from hpolab.errors import UserError
+
     compared = tuple(dict.fromkeys((*COMPARED, config["metric"])))
-    history = {m: {h.step: h.value for h in client.get_metric_history(args.run_id, m)} for m in compared}
+    history = {m: {h.step: h.value for h in client.get_metric_history(run_id, m)} for m in compared}
     epochs = max(history["val_loss"], default=0)
     if epochs == 0:
-        raise UserError(f"run {args.run_id} logged no epochs: nothing to compare")
+        raise UserError(f"run {run_id} logged no epochs: nothing to compare")
+    return compared, history, epochs
+
+
+def _retrain(config: dict, tags: dict[str, str], experiment: str, epochs: int, console):
+    """fit() again with the run's config, seed and thread count, for the run's number of epochs."""
+    import torch
+
+    from hpolab.config.experiment import load_experiment
+    from hpolab.train import fit, seed_everything
+    from hpolab.train.config import trainer_config
+    from hpolab.train.tasks import task_for
+
     trainer = {**config["trainer"], "inject_nan_at_step": None, "inject_oom_at_step": None}
     if tags.get("hpolab.trainer_overrides"):
         console.print(f"  [yellow]note[/]: this attempt ran with {tags['hpolab.trainer_overrides']} (after a CUDA OOM); "
@@ -73,11 +80,16 @@ def reproduce_cmd(args, stores) -> int:
     data = exp.load_data(config["data"], config["seed"])
     model = exp.build_model(config["model"], data.input_shape, data.num_classes)
     with tempfile.TemporaryDirectory() as ckpt:
-        result = fit(trainer_config(trainer), model, data, metric=config["metric"], direction=config["direction"],
-                     seed=config["seed"], checkpoint_dir=ckpt, task=task_for(exp),
-                     on_epoch=lambda epoch, _metrics: epoch >= epochs)
+        return fit(trainer_config(trainer), model, data, metric=config["metric"], direction=config["direction"],
+                   seed=config["seed"], checkpoint_dir=ckpt, task=task_for(exp),
+                   on_epoch=lambda epoch, _metrics: epoch >= epochs)
 
-    table = Table(title=f"{run.info.run_name}: original vs reproduced")
+
+def _compare_table(title: str, compared: tuple[str, ...], history: dict[str, dict[int, float]], result):
+    """The side-by-side table (original vs reproduced per epoch) and the largest absolute difference."""
+    from rich.table import Table
+
+    table = Table(title=title)
     table.add_column("epoch", justify="right")
     for m in compared:
         table.add_column(f"{m} original", justify="right")
@@ -93,6 +105,30 @@ def reproduce_cmd(args, stores) -> int:
                 worst = max(worst, abs(orig - new) if math.isfinite(orig) and math.isfinite(new) else math.inf)
             row += [f"{orig:.6g}" if orig is not None else "-", f"{new:.6g}" if new is not None else "-"]
         table.add_row(*row)
+    return table, worst
+
+
+def reproduce_cmd(args, stores) -> int:
+    from rich.console import Console
+
+    from hpolab.stores import mlflow_runs as tr
+
+    console = Console(highlight=False)
+    client = tr.client_for(stores)
+    run, config, experiment = _load_run(client, args.run_id, stores)
+    tags = run.data.tags
+
+    differs = _environment_differs(tags)
+    console.print(f"[bold]reproducing run {args.run_id}[/] ({run.info.run_name}, experiment {experiment})")
+    for k, was, is_ in differs:
+        console.print(f"  [yellow]environment differs[/]: {k.removeprefix('env.')} was {was}, now {is_}")
+
+    # Same epochs as the original: a pruned or early-stopped trial ran fewer than max_epochs. It keeps
+    # its configured max_epochs (the LR schedule is a function of it) and stops after those epochs.
+    compared, history, epochs = _history(client, args.run_id, config)
+    result = _retrain(config, tags, experiment, epochs, console)
+
+    table, worst = _compare_table(f"{run.info.run_name}: original vs reproduced", compared, history, result)
     console.print(table)
     ok = worst <= args.tolerance
     verdict = "identical" if worst == 0 else f"max abs difference {worst:.3g}"

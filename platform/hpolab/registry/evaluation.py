@@ -36,7 +36,7 @@ class Evaluation:
     fingerprint: str  # of x_raw and y: a champion is comparable only on the same split
     logits: Any  # torch.Tensor (N, num_classes): the served predictions (logits for classification)
     metrics: dict[str, float]  # the task's test metrics: loss, n, and e.g. acc, macro_f1 | rmse, mae, r2 | micro_f1, map
-    bound: Any = None  # the task bound to the data (tasks.py)
+    bound: Any = None  # the task bound to the data (train/tasks/)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from hpolab.errors import EXIT_OK, EXIT_REFUSED
 
-# Classification's names (the defaults). Other tasks pass their own directions (tasks.py, val_ prefix
+# Classification's names (the defaults). Other tasks pass their own directions (train/tasks/, val_ prefix
 # dropped): val_* metric a study selects on -> the test metric that gates promotion, and its direction
 TEST_METRIC_FOR = {"val_acc": "acc", "val_loss": "loss", "val_macro_f1": "macro_f1"}
 TEST_DIRECTION = {"acc": "maximize", "loss": "minimize", "macro_f1": "maximize"}

@@ -99,14 +99,7 @@ def promote(args, stores: Stores) -> int:
 
         previous = holder.version if holder is not None else None
         if existing is not None:  # idempotent: this trial already has a version (with its exports)
-            if dry:
-                print(f"dry run: would move @{alias} to the existing version {existing.version} of {model_name} "
-                      f"(trial {ch.trial_number}, run {ch.run_id}) from {previous or 'nobody'}; nothing was written")
-                return EXIT_OK
-            writer.move_alias_to_existing(client, model_name, alias, existing.version, previous)
-            print(f"{model_name} version {existing.version} already holds trial {ch.trial_number} (run {ch.run_id}): "
-                  f"no new version; @{alias} -> version {existing.version}" + (f" (was version {previous})" if previous else ""))
-            return EXIT_OK
+            return _move_to_existing(client, model_name, alias, existing, previous, ch, dry)
 
         # 4. exports + parity, still nothing written
         exports = evaluation.export_and_check(ev, tmp)
@@ -117,11 +110,29 @@ def promote(args, stores: Stores) -> int:
 
         # 5. the writes
         version = writer.write_version(client, model_name, alias, info, ch, ev, exports, gate_name, args.metric or info.metric, previous)
+    _print_registered(model_name, version, alias, previous)
+    return EXIT_OK
+
+
+def _move_to_existing(client, model_name: str, alias: str, existing, previous, ch, dry: bool) -> int:
+    """The challenger's trial already has a version: move the alias to it (no new version, no exports)."""
+    from hpolab.registry import writer
+
+    if dry:
+        print(f"dry run: would move @{alias} to the existing version {existing.version} of {model_name} "
+              f"(trial {ch.trial_number}, run {ch.run_id}) from {previous or 'nobody'}; nothing was written")
+        return EXIT_OK
+    writer.move_alias_to_existing(client, model_name, alias, existing.version, previous)
+    print(f"{model_name} version {existing.version} already holds trial {ch.trial_number} (run {ch.run_id}): "
+          f"no new version; @{alias} -> version {existing.version}" + (f" (was version {previous})" if previous else ""))
+    return EXIT_OK
+
+
+def _print_registered(model_name: str, version, alias: str, previous) -> None:
     print(f"registered {model_name} version {version}; @{alias} -> version {version}"
           + (f" (was version {previous})" if previous else ""))
     print(f'load it: mlflow.pyfunc.load_model("models:/{model_name}@{alias}")  '
           f"or  hpolab predict models:/{model_name}@{alias} INPUT.npy")
-    return EXIT_OK
 
 
 def _test_directions(bound, config: dict) -> dict[str, str]:

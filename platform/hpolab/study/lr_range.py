@@ -120,6 +120,31 @@ def summary_text(result: LRRangeResult) -> str:
     return "\n".join(lines)
 
 
+def _mark_points(ax, result: LRRangeResult) -> None:
+    """Search bounds, suggestion, steepest and minimum points, and divergence, on the smoothed curve."""
+    lrs, smoothed = result.lrs, result.smoothed
+
+    def at(lr: float) -> float:
+        i = min(range(len(lrs)), key=lambda k: abs(math.log(lrs[k]) - math.log(lr)))
+        return smoothed[i]
+
+    bounds = bounds_or_none(result)
+    if bounds is not None:
+        ax.axvspan(bounds[0], bounds[1], color="tab:green", alpha=0.08, label=f"search bounds {bounds[0]:.1e}..{bounds[1]:.1e}")
+    if result.suggestion is not None:
+        ax.axvline(result.suggestion, color="tab:green", ls="--", lw=1.5)
+        ax.plot([result.suggestion], [at(result.suggestion)], "o", color="tab:green", ms=9,
+                label=f"suggestion {result.suggestion:.2e} ({result.suggestion_rule})")
+    if result.steepest_lr is not None:
+        ax.plot([result.steepest_lr], [at(result.steepest_lr)], "v", color="tab:orange", ms=8,
+                label=f"steepest descent {result.steepest_lr:.2e}")
+    if result.min_loss_lr is not None:
+        ax.plot([result.min_loss_lr], [at(result.min_loss_lr)], "s", color="tab:gray", ms=7,
+                label=f"min smoothed loss {result.min_loss_lr:.2e}")
+    if result.diverged_at_lr is not None:
+        ax.axvline(result.diverged_at_lr, color="tab:red", ls=":", lw=2, label=f"diverged at {result.diverged_at_lr:.2e}")
+
+
 def plot_lr_range_test(result: LRRangeResult, path: str | Path, title: str | None = None) -> Path:
     """Loss vs LR (log x axis): raw and smoothed loss, suggestion, steepest/min points, divergence, bounds."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -149,26 +174,7 @@ def plot_lr_range_test(result: LRRangeResult, path: str | Path, title: str | Non
     if lrs:
         ax.plot(lrs, losses, color="tab:blue", alpha=0.35, lw=1, label="loss per step")
         ax.plot(lrs, smoothed, color="tab:blue", lw=2, label="smoothed loss (EMA)")
-
-        def at(lr: float) -> float:
-            i = min(range(len(lrs)), key=lambda k: abs(math.log(lrs[k]) - math.log(lr)))
-            return smoothed[i]
-
-        bounds = bounds_or_none(result)
-        if bounds is not None:
-            ax.axvspan(bounds[0], bounds[1], color="tab:green", alpha=0.08, label=f"search bounds {bounds[0]:.1e}..{bounds[1]:.1e}")
-        if result.suggestion is not None:
-            ax.axvline(result.suggestion, color="tab:green", ls="--", lw=1.5)
-            ax.plot([result.suggestion], [at(result.suggestion)], "o", color="tab:green", ms=9,
-                    label=f"suggestion {result.suggestion:.2e} ({result.suggestion_rule})")
-        if result.steepest_lr is not None:
-            ax.plot([result.steepest_lr], [at(result.steepest_lr)], "v", color="tab:orange", ms=8,
-                    label=f"steepest descent {result.steepest_lr:.2e}")
-        if result.min_loss_lr is not None:
-            ax.plot([result.min_loss_lr], [at(result.min_loss_lr)], "s", color="tab:gray", ms=7,
-                    label=f"min smoothed loss {result.min_loss_lr:.2e}")
-        if result.diverged_at_lr is not None:
-            ax.axvline(result.diverged_at_lr, color="tab:red", ls=":", lw=2, label=f"diverged at {result.diverged_at_lr:.2e}")
+        _mark_points(ax, result)
 
         # y range: the descent is what matters; a divergence spike would flatten it into a line.
         i_min = min(range(len(smoothed)), key=smoothed.__getitem__)
@@ -203,6 +209,25 @@ def write_outputs(result: LRRangeResult, out_dir: str | Path, title: str | None 
 
 
 # ---------------------------------------------------------------- MLflow
+
+
+def _run_params(result: LRRangeResult) -> dict[str, Any]:
+    """The test's run params: suggestions, bounds, every rule's LR, and the sweep settings."""
+    bounds = bounds_or_none(result)
+    return {
+        "suggestion": result.suggestion,
+        "suggestion_rule": result.suggestion_rule,
+        "steepest_lr": result.steepest_lr,
+        "valley_lr": result.valley_lr,
+        "min_loss_lr": result.min_loss_lr,
+        "diverged_at_lr": result.diverged_at_lr,
+        "search_low": bounds[0] if bounds else None,
+        "search_high": bounds[1] if bounds else None,
+        **{f"rule.{k}": v for k, v in rule_suggestions(result).items()},  # every rule, for comparison
+        "steps_run": len(result.lrs),
+        "stopped_early": result.stopped_early,
+        **{f"lr_test.{k}": v for k, v in result.settings.items()},
+    }
 
 
 def log_to_mlflow(
@@ -241,22 +266,7 @@ def log_to_mlflow(
     run = client.create_run(experiment_id, run_name=RUN_NAME, tags=tags)
     run_id = run.info.run_id
     try:
-        bounds = bounds_or_none(result)
-        ours = {
-            "suggestion": result.suggestion,
-            "suggestion_rule": result.suggestion_rule,
-            "steepest_lr": result.steepest_lr,
-            "valley_lr": result.valley_lr,
-            "min_loss_lr": result.min_loss_lr,
-            "diverged_at_lr": result.diverged_at_lr,
-            "search_low": bounds[0] if bounds else None,
-            "search_high": bounds[1] if bounds else None,
-            **{f"rule.{k}": v for k, v in rule_suggestions(result).items()},  # every rule, for comparison
-            "steps_run": len(result.lrs),
-            "stopped_early": result.stopped_early,
-            **{f"lr_test.{k}": v for k, v in result.settings.items()},
-        }
-        merged = {**(params or {}), **ours}  # what actually ran wins over the caller's extras
+        merged = {**(params or {}), **_run_params(result)}  # what actually ran wins over the caller's extras
         tr.log_params(client, run_id, {k: str(v)[: tr.MAX_PARAM_LEN] for k, v in merged.items()})
 
         ts = int(time.time() * 1000)

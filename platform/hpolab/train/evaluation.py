@@ -19,7 +19,7 @@ def evaluate_batches(
     bound: Any = None,
 ) -> dict[str, Any]:
     """The task's metrics over the split, plus "loss" (the task's validation loss, a mean over samples) and
-    "n". eval mode + inference_mode. `bound`: the task bound to the data (tasks.py); classification when None."""
+    "n". eval mode + inference_mode. `bound`: the task bound to the data (train/tasks/); classification when None."""
     if bound is None:
         bound = Classification().unbound(num_classes)
     target_dtype = bound.task.target_dtype
@@ -59,7 +59,7 @@ def evaluate(
     """Evaluate a model on a split (e.g. the held-out test split).
 
     Classification (bound None): {"loss": mean cross-entropy, "acc", "macro_f1", "recall": per-class
-    list (nan for a class absent from the split), "n": samples}; other tasks: their metrics (tasks.py). The model is moved to `device` ("auto", "cpu",
+    list (nan for a class absent from the split), "n": samples}; other tasks: their metrics (train/tasks/). The model is moved to `device` ("auto", "cpu",
     "cuda", "cuda:1", ...); its train/eval mode is restored afterwards.
     """
     if isinstance(device, str) and device in ("auto", "cpu", "cuda"):

@@ -46,7 +46,7 @@ from .tasks import Classification, sample_targets
 BASE_METRICS = (
     "train_loss",  # mean training criterion over the epoch's samples (incl. smoothing/weights/focal)
     "val_loss",  # the task's validation loss (classification: plain cross-entropy, comparable across trials whatever the criterion)
-    # ... then the task's val_* metrics (classification: val_acc; see tasks.py), then:
+    # ... then the task's val_* metrics (classification: val_acc; see train/tasks/), then:
     "lr",  # LR of the first param group at the end of the epoch
     "grad_norm",  # mean global L2 norm of the gradients over the epoch's optimizer steps, before clipping
     "grad_norm_max",
@@ -134,7 +134,7 @@ class _Run:
     step: TrainStep
     schedule: LRSchedule
     parts: Checkpointed  # what a checkpoint saves besides LoopState (parts.model: the plain module)
-    bound: Any  # the task bound to the data: loss, metrics (tasks.py)
+    bound: Any  # the task bound to the data: loss, metrics (train/tasks/)
 
 
 def _set_up(cfg: TrainConfig, model: nn.Module, data: DataSplits, *, seed: int, direction: str, device: torch.device, amp: str, note, task,
@@ -231,6 +231,35 @@ def _on_rank0(ranks, compute: Callable[[], Any]) -> Any:
     return compute() if ranks is None else ranks.from_rank0(compute)
 
 
+def _first_epoch(cfg: TrainConfig, state: LoopState) -> tuple[str, int]:
+    """(stop reason if no epoch runs, the first epoch to train) after a restore."""
+    if cfg.early_stopping_patience is not None and state.bad_epochs >= cfg.early_stopping_patience:
+        return "early_stopping", cfg.max_epochs + 1  # the checkpoint's run had stopped early
+    return "max_epochs", state.epoch + 1
+
+
+def _train_and_evaluate(cfg: TrainConfig, run: _Run, watch: LossWatch, state: LoopState, epoch: int, *, data: DataSplits,
+                        device: torch.device, amp: str, metric: str, seed: int, ranks) -> dict[str, float]:
+    """One epoch of training, the evaluation (rank 0 with ranks) and the epoch-end schedule step: the epoch's metrics."""
+    if ranks is not None:
+        ranks.begin_epoch(run.train, epoch, seed)
+    trained = train_epoch(
+        cfg, run.step, run.train, run.schedule, watch,
+        epoch=epoch, micro_step=state.micro_step, global_step=state.global_step, channels_last=run.channels_last,
+    )
+    state.micro_step, state.global_step = trained.micro_step, trained.global_step
+    if ranks is not None:
+        ranks.reduce_training(trained)  # train_loss over every rank's samples
+
+    val = _on_rank0(ranks, lambda: evaluate_batches(run.parts.model if ranks is not None else run.net, run.val, num_classes=data.num_classes,
+                                                    device=device, amp=amp, channels_last=run.channels_last, bound=run.bound))
+    check_val_loss(val["loss"], epoch=epoch, micro_step=state.micro_step, amp=amp)
+    metrics = _epoch_metrics(trained, val, run.bound)
+    _step_schedule_at_epoch_end(metrics, run.schedule, run.step.optimizer, metric)
+    metrics["epoch_seconds"] = time.perf_counter() - trained.started
+    return metrics
+
+
 def _fit_result(state: LoopState, stop_reason: str, best_path, last_path, resume_from, *, amp: str, device: torch.device) -> FitResult:
     return FitResult(
         best_value=state.best_value,
@@ -250,21 +279,9 @@ def _fit_result(state: LoopState, stop_reason: str, best_path, last_path, resume
 # ---------------------------------------------------------------- fit
 
 
-def fit(
-    cfg: TrainConfig,
-    model: nn.Module,
-    data: DataSplits,
-    *,
-    metric: str = "val_acc",
-    direction: str = "maximize",
-    seed: int = 0,
-    on_epoch: Callable[[int, dict[str, float]], bool] | None = None,
-    checkpoint_dir: str | Path | None = None,
-    resume_from: str | Path | None = None,
-    log: Callable[[str], None] | None = None,
-    task: Any = None,
-    ranks: Any = None,
-) -> FitResult:
+def fit(cfg: TrainConfig, model: nn.Module, data: DataSplits, *, metric: str = "val_acc", direction: str = "maximize", seed: int = 0,
+        on_epoch: Callable[[int, dict[str, float]], bool] | None = None, checkpoint_dir: str | Path | None = None,
+        resume_from: str | Path | None = None, log: Callable[[str], None] | None = None, task: Any = None, ranks: Any = None) -> FitResult:
     """Train `model` on `data` as `cfg` says; select the best epoch by `metric` (`direction`).
 
     on_epoch(epoch, metrics) is called after each epoch, once that epoch's checkpoints are written;
@@ -277,7 +294,7 @@ def fit(
 
     "Best" (best_value, best.pt) is any strict improvement of the metric; early stopping counts
     epochs without an improvement larger than cfg.early_stopping_min_delta.
-    task: what the outputs and targets mean (tasks.py; `tasks.task_for(experiment)`); classification
+    task: what the outputs and targets mean (train/tasks/; `tasks.task_for(experiment)`); classification
     when None. It owns the loss, the val_* metrics and the target checks.
     ranks: this process's distributed.Ranks when the trial runs on several devices (DDP); every rank
     calls fit() alike, rank 0 alone evaluates, writes checkpoints and calls on_epoch (distributed.py).
@@ -294,30 +311,13 @@ def fit(
     # ---- restore
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
     state, best_path, last_path = *_resume(cfg, run, resume_from, ckpt_dir, metric=metric, direction=direction, note=note), None
-    stop_reason, first_epoch = "max_epochs", state.epoch + 1
-    if cfg.early_stopping_patience is not None and state.bad_epochs >= cfg.early_stopping_patience:
-        stop_reason, first_epoch = "early_stopping", cfg.max_epochs + 1  # the checkpoint's run had stopped early
+    stop_reason, first_epoch = _first_epoch(cfg, state)
     watch = LossWatch(device, amp, cfg.inject_nan_at_step)
 
     # ---- per epoch: train, evaluate, checkpoint, the caller
     with _explain_nondeterministic_ops(cfg.deterministic, device):
         for epoch in range(first_epoch, cfg.max_epochs + 1):
-            if ranks is not None:
-                ranks.begin_epoch(run.train, epoch, seed)
-            trained = train_epoch(
-                cfg, run.step, run.train, run.schedule, watch,
-                epoch=epoch, micro_step=state.micro_step, global_step=state.global_step, channels_last=run.channels_last,
-            )
-            state.micro_step, state.global_step = trained.micro_step, trained.global_step
-            if ranks is not None:
-                ranks.reduce_training(trained)  # train_loss over every rank's samples
-
-            val = _on_rank0(ranks, lambda: evaluate_batches(run.parts.model if ranks is not None else run.net, run.val, num_classes=data.num_classes,
-                                                            device=device, amp=amp, channels_last=run.channels_last, bound=run.bound))
-            check_val_loss(val["loss"], epoch=epoch, micro_step=state.micro_step, amp=amp)
-            metrics = _epoch_metrics(trained, val, run.bound)
-            _step_schedule_at_epoch_end(metrics, run.schedule, run.step.optimizer, metric)
-            metrics["epoch_seconds"] = time.perf_counter() - trained.started
+            metrics = _train_and_evaluate(cfg, run, watch, state, epoch, data=data, device=device, amp=amp, metric=metric, seed=seed, ranks=ranks)
             improved = state.record(epoch, metrics, metrics[metric], direction, cfg.early_stopping_min_delta)
 
             if ckpt_dir is not None and (ranks is None or ranks.is_rank0):

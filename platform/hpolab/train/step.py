@@ -70,7 +70,7 @@ def make_train_step(
     """The task's training criterion, the optimizer (over `model`, the plain module, at `lr`) and GradScaler.
 
     `net` is what runs forward when it is not `model` itself (e.g. torch.compile(model)). `bound`: the
-    task bound to `data` (tasks.py); classification with the trainer's options when None.
+    task bound to `data` (train/tasks/); classification with the trainer's options when None.
     """
     if bound is None:
         from .tasks import Classification

@@ -1,0 +1,229 @@
+"""`hpolab compare NAME`: the trials of one study as a pandas DataFrame, one row per trial.
+
+The Optuna study (state, sampled params, the study metric per epoch, timing) joined with its MLflow
+runs (run id, tags such as the fail reason, final metric values); then filtered, sorted best first
+and cut to the top K (`select`). The report reads the same table.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from hpolab.stores.paths import Stores
+
+# Metrics that are better when larger; anything else sorts ascending (losses, seconds, ...).
+HIGHER_IS_BETTER = ("acc", "f1", "auc", "precision", "recall", "score", "samples_per_second", "r2", "iou", "map")
+
+
+@dataclass
+class StudyTable:
+    """The trials of one study, plus what is needed to read the table."""
+
+    name: str
+    metric: str  # the study metric, e.g. val_acc ("value" when the stores do not say)
+    direction: str  # "maximize" | "minimize"
+    frame: pd.DataFrame  # one row per trial; see study_frame() for the columns
+    params: list[str]  # sampled param names, e.g. ["trainer.lr", "model.channels"]
+    mlflow_found: bool  # False when the MLflow side is missing (only Optuna data in the frame)
+
+    @property
+    def best_col(self) -> str:
+        return f"best_{self.metric}"
+
+    @property
+    def final_col(self) -> str:
+        return f"final_{self.metric}"
+
+
+def study_metric(study, client, experiment_id: str | None) -> str:
+    """The study metric's name: Optuna does not store it; the parent run's params do."""
+    parent_id = study.user_attrs.get("mlflow_parent_run_id")
+    for run_id in [parent_id] + [t.user_attrs.get("mlflow_run_id") for t in study.get_trials(deepcopy=False)[:3]]:
+        if not run_id or client is None:
+            continue
+        try:
+            metric = client.get_run(run_id).data.params.get("metric")
+        except Exception:
+            continue
+        if metric:
+            return metric
+    return "value"
+
+
+def mlflow_runs_by_id(client, experiment_id: str | None) -> dict[str, Any]:
+    """Every run of the study's experiment, by run id (one paged search, not one query per trial)."""
+    if client is None or experiment_id is None:
+        return {}
+    from hpolab.stores.mlflow_runs import find_runs
+
+    return {r.info.run_id: r for r in find_runs(client, experiment_id, "")}
+
+
+def _best(values: Iterable[float], direction: str) -> float | None:
+    vals = [v for v in values if v is not None and not math.isnan(v)]
+    if not vals:
+        return None
+    return max(vals) if direction == "maximize" else min(vals)
+
+
+def _int_or_none(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _float_or_none(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _trial_row(t, run, params: list[str], metric: str, direction: str, now: dt.datetime) -> dict[str, Any]:
+    """One trial's row of study_frame (run: its MLflow run, or None)."""
+    run_id = t.user_attrs.get("mlflow_run_id")
+    tags = run.data.tags if run is not None else {}
+    run_metrics = run.data.metrics if run is not None else {}
+    steps = sorted(t.intermediate_values.items())
+    best = _float_or_none(tags.get(f"hpolab.best_{metric}")) if t.state.name == "COMPLETE" else None
+    if best is None and t.state.name == "COMPLETE" and t.value is not None:
+        best = float(t.value)
+    if best is None:
+        best = _best((v for _, v in steps), direction)
+    final = _float_or_none(run_metrics.get(metric))
+    if final is None and steps:
+        final = float(steps[-1][1])
+    epochs = _int_or_none(tags.get("hpolab.epochs_run"))
+    if epochs is None:
+        epochs = len(steps)
+    end = t.datetime_complete or (now if t.state.name == "RUNNING" else None)
+    duration = (end - t.datetime_start).total_seconds() if (end and t.datetime_start) else None
+    row: dict[str, Any] = {"trial": t.number, "state": t.state.name}
+    row.update({f"params.{p}": t.params.get(p) for p in params})
+    row.update(
+        {
+            f"best_{metric}": best,
+            f"final_{metric}": final,
+            "epochs": epochs,
+            "pruned_at_epoch": _int_or_none(tags.get("hpolab.pruned_at_epoch")),
+            "duration_s": duration,
+            "fail_reason": tags.get("hpolab.fail_reason") or t.user_attrs.get("fail_reason") or t.system_attrs.get("fail_reason"),
+            "run_id": run_id,
+            "started": t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else None,
+            "finished": t.datetime_complete.isoformat(timespec="seconds") if t.datetime_complete else None,
+        }
+    )
+    row.update({f"metrics.{k}": v for k, v in sorted(run_metrics.items())})
+    return row
+
+
+def study_frame(study, client=None, experiment_id: str | None = None, metric: str | None = None) -> StudyTable:
+    """One row per trial of an Optuna study, joined with its MLflow run when there is one.
+
+    Columns: trial, state, params.<name> (the sampled values), best_<metric> (best epoch; the
+    trial's value for COMPLETE trials), final_<metric> (last epoch), epochs, pruned_at_epoch,
+    duration_s, fail_reason, run_id, started, finished, and metrics.<name> for every metric the
+    trial's MLflow run logged (its last value).
+    """
+    direction = study.direction.name.lower()
+    metric = metric or study_metric(study, client, experiment_id)
+    runs = mlflow_runs_by_id(client, experiment_id)
+    trials = study.get_trials(deepcopy=False)
+    params = sorted({p for t in trials for p in t.params})
+    now = dt.datetime.now()
+    rows = []
+    for t in trials:
+        run_id = t.user_attrs.get("mlflow_run_id")
+        rows.append(_trial_row(t, runs.get(run_id) if run_id else None, params, metric, direction, now))
+    base = ["trial", "state", *[f"params.{p}" for p in params], f"best_{metric}", f"final_{metric}", "epochs",
+            "pruned_at_epoch", "duration_s", "fail_reason", "run_id", "started", "finished"]
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        frame = pd.DataFrame(columns=base)
+    extra = sorted(c for c in frame.columns if c not in base)
+    frame = frame[base + extra]
+    # Integer columns with gaps (RUNNING trials, no MLflow run) stay integers, not floats.
+    for col in ("trial", "epochs", "pruned_at_epoch"):
+        frame[col] = frame[col].astype("Int64")
+    return StudyTable(study.study_name, metric, direction, frame, params, bool(runs))
+
+
+def load_study_table(name: str, stores: Stores) -> StudyTable:
+    from hpolab.stores.optuna_storage import load_study
+
+    study = load_study(name, stores)
+    client, experiment_id = None, None
+    try:
+        client = tracking_client(stores)
+        exp = client.get_experiment_by_name(name) if client is not None else None
+        experiment_id = exp.experiment_id if client is not None and exp is not None else None
+    except Exception:
+        client = None  # the MLflow store is unreachable: Optuna's side alone still makes a table
+    return study_frame(study, client, experiment_id)
+
+
+def tracking_client(stores: Stores):
+    """An MlflowClient, or None when the local MLflow database does not exist (reading must not create it)."""
+    from hpolab.stores.mlflow_runs import client_for
+
+    uri = stores.tracking_uri
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return None
+    return client_for(stores)
+
+
+def resolve_column(frame: pd.DataFrame, key: str) -> str:
+    """A column from what a user types: exact, or params.<key>, metrics.<key>, or a unique suffix."""
+    from hpolab.errors import UserError
+
+    for candidate in (key, f"params.{key}", f"metrics.{key}"):
+        if candidate in frame.columns:
+            return candidate
+    suffix = [c for c in frame.columns if c.endswith("." + key)]
+    if len(suffix) == 1:
+        return suffix[0]
+    known = ", ".join(c for c in frame.columns if c not in ("state", "fail_reason", "run_id", "started", "finished"))
+    if len(suffix) > 1:
+        raise UserError(f"--sort {key} is ambiguous ({', '.join(suffix)}); give the full column name")
+    raise UserError(f"--sort {key}: no such column; use one of: {known}")
+
+
+def _descending(table: StudyTable, col: str) -> bool:
+    if col in (table.best_col, table.final_col, f"metrics.{table.metric}"):
+        return table.direction == "maximize"
+    name = col.rsplit(".", 1)[-1].lower()
+    return any(h in name for h in HIGHER_IS_BETTER)
+
+
+def select(table: StudyTable, state: str = "all", sort: str | None = None, top: int | None = None) -> pd.DataFrame:
+    """Filter by state, sort best first (the study metric by default), keep the top K rows."""
+    from hpolab.errors import UserError
+
+    df = table.frame
+    if state != "all":
+        df = df[df["state"] == state.upper()]
+    if top is not None and top < 1:
+        raise UserError(f"--top must be >= 1, got {top}")
+    descending = None
+    key = sort
+    if sort and ":" in sort:
+        key, order = sort.rsplit(":", 1)
+        if order not in ("asc", "desc"):
+            raise UserError(f"--sort {sort}: write METRIC, METRIC:asc or METRIC:desc")
+        descending = order == "desc"
+    col = resolve_column(df, key) if key else table.best_col
+    if descending is None:
+        descending = _descending(table, col)
+    # Missing values (FAIL trials, RUNNING ones) go last; ties keep trial order.
+    df = df.sort_values([col, "trial"], ascending=[not descending, True], na_position="last", kind="stable")
+    if top is not None:
+        df = df.head(top)
+    return df.reset_index(drop=True)

@@ -1,0 +1,203 @@
+"""The report's plotly figures: each `fig_*` takes the ReportData and returns (figure, None), or
+(None, a sentence saying why the plot cannot be drawn yet). `PLOTS` lists them in page order with
+their titles and captions.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import warnings
+from typing import Any
+
+from hpolab.analysis.report_data import ReportData, best_number
+
+STATE_COLORS = {"COMPLETE": "#2b6cb0", "PRUNED": "#dd8a1a", "FAIL": "#c53030", "RUNNING": "#718096", "WAITING": "#a0aec0"}
+
+
+def quiet():
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # "study has no trials"-style warnings: the page says it
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+def _complete(data: ReportData) -> list:
+    from optuna.trial import TrialState
+
+    return data.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+
+def _varying_params(trials) -> list[str]:
+    values: dict[str, set] = {}
+    for t in trials:
+        for k, v in t.params.items():
+            values.setdefault(k, set()).add(repr(v))
+    return sorted(k for k, vs in values.items() if len(vs) > 1)
+
+
+def fig_history(data: ReportData) -> tuple[Any, str | None]:
+    if not _complete(data):
+        return None, "No complete trial yet: the history starts with the first complete trial."
+    from optuna.visualization import plot_optimization_history
+
+    fig = plot_optimization_history(data.study, target_name=data.metric)
+    fig.update_layout(title=None, xaxis_title="trial number", yaxis_title=data.metric)
+    fig.update_xaxes(tickformat="d", dtick=1 if len(data.study.trials) <= 20 else None)
+    return fig, None
+
+
+def fig_learning_curves(data: ReportData) -> tuple[Any, str | None]:
+    import plotly.graph_objects as go
+
+    trials = [t for t in data.study.get_trials(deepcopy=False) if t.intermediate_values]
+    if not trials:
+        return None, "No trial has reported an epoch yet."
+    best = best_number(data)
+    fig = go.Figure()
+    shown: set[str] = set()
+    for t in trials:
+        state = t.state.name
+        steps, values = zip(*sorted(t.intermediate_values.items()))
+        is_best = t.number == best
+        fig.add_trace(
+            go.Scatter(
+                x=list(steps), y=list(values), mode="lines+markers",
+                name=state.lower(), legendgroup=state, showlegend=state not in shown,
+                line={"color": STATE_COLORS.get(state, "#718096"), "width": 3.5 if is_best else 1.5,
+                      "dash": "dot" if state in ("RUNNING", "WAITING") else "solid"},
+                marker={"size": 5}, opacity=1.0 if is_best or state != "COMPLETE" else 0.75,
+                hovertemplate=f"trial {t.number} ({state.lower()})<br>epoch %{{x}}<br>{data.metric} %{{y:.4g}}<extra></extra>",
+            )
+        )
+        shown.add(state)
+    pruned = [t for t in trials if t.state.name == "PRUNED"]
+    if pruned:
+        fig.add_trace(
+            go.Scatter(
+                x=[max(t.intermediate_values) for t in pruned],
+                y=[t.intermediate_values[max(t.intermediate_values)] for t in pruned],
+                mode="markers", name="pruned here",
+                marker={"symbol": "x", "size": 13, "color": STATE_COLORS["PRUNED"], "line": {"width": 2}},
+                hovertemplate="trial %{text} pruned after epoch %{x}<extra></extra>", text=[str(t.number) for t in pruned],
+            )
+        )
+    if best is not None:
+        b = data.study.trials[best]
+        if b.intermediate_values:
+            last = max(b.intermediate_values)
+            fig.add_annotation(x=last, y=b.intermediate_values[last], text=f"best: trial {best}", showarrow=True, arrowhead=2)
+    fig.update_layout(xaxis_title="epoch", yaxis_title=data.metric, legend={"title": "trial state"})
+    last_epoch = max(max(t.intermediate_values) for t in trials)
+    fig.update_xaxes(tickformat="d", dtick=1 if last_epoch <= 20 else None)
+    return fig, None
+
+
+def fig_importances(data: ReportData) -> tuple[Any, str | None]:
+    complete = _complete(data)
+    if len(complete) < 2:
+        return None, f"Parameter importances need at least 2 complete trials; this study has {len(complete)}."
+    if not _varying_params(complete):
+        return None, "No sampled parameter varies across the complete trials, so there is nothing to rank."
+    from optuna.importance import FanovaImportanceEvaluator
+    from optuna.visualization import plot_param_importances
+
+    try:
+        fig = plot_param_importances(data.study, evaluator=FanovaImportanceEvaluator(seed=0), target_name=data.metric)
+    except Exception as e:  # e.g. a search space that changed between trials
+        return None, f"Parameter importances could not be computed: {html.escape(str(e))}"
+    fig.update_layout(title=None)
+    return fig, None
+
+
+def fig_parallel(data: ReportData) -> tuple[Any, str | None]:
+    complete = _complete(data)
+    if len(complete) < 2 or not _varying_params(complete):
+        return None, f"Parallel coordinates need at least 2 complete trials with sampled parameters; this study has {len(complete)} complete."
+    from optuna.visualization import plot_parallel_coordinate
+
+    fig = plot_parallel_coordinate(data.study, target_name=data.metric)
+    fig.update_layout(title=None)
+    return fig, None
+
+
+def fig_slice(data: ReportData) -> tuple[Any, str | None]:
+    complete = _complete(data)
+    params = sorted({p for t in complete for p in t.params})
+    if not complete or not params:
+        return None, "Slice plots need at least one complete trial with sampled parameters."
+    from optuna.visualization import plot_slice
+
+    fig = plot_slice(data.study, target_name=data.metric)
+    fig.update_layout(title=None, height=380)
+    return fig, None
+
+
+def fig_timeline(data: ReportData) -> tuple[Any, str | None]:
+    if not data.study.get_trials(deepcopy=False):
+        return None, "No trial has started yet."
+    from optuna.visualization import plot_timeline
+
+    fig = plot_timeline(data.study)
+    fig.update_layout(title=None, height=max(260, 60 + 22 * len(data.study.trials)))
+    return fig, None
+
+
+def fig_lr_test(data: ReportData) -> tuple[Any, str | None]:
+    lt = data.lr_test
+    if lt is None:
+        return None, "This study ran no LR range test (enable <code>lr_range_test</code> in the spec, or run <code>hpolab lr-find SPEC</code>)."
+    if not lt["lr"]:
+        return None, "The study has LR range test bounds, but the test's curve is not in the tracking store."
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=lt["lr"], y=lt["loss"], mode="lines", name="loss", line={"color": "#a0aec0", "width": 1}))
+    if any(v is not None for v in lt["smoothed"]):
+        fig.add_trace(go.Scatter(x=lt["lr"], y=lt["smoothed"], mode="lines", name="smoothed loss", line={"color": "#2b6cb0", "width": 2.5}))
+    attr = lt.get("attr") or {}
+
+    def label(x: float, text: str, color: str, y: float) -> None:
+        # Annotations on a log axis take log10(x) (shapes take x itself).
+        fig.add_annotation(x=math.log10(x), y=y, yref="paper", text=text, showarrow=False, font={"color": color, "size": 12},
+                           xanchor="left", yanchor="bottom", xshift=4)
+
+    if attr.get("low") and attr.get("high"):
+        fig.add_vrect(x0=attr["low"], x1=attr["high"], fillcolor="#48bb78", opacity=0.15, line_width=0)
+        label(attr["low"], f"LR search range {attr['low']:.2g} – {attr['high']:.2g}", "#2f855a", 1.0)
+    if attr.get("suggestion"):
+        fig.add_vline(x=attr["suggestion"], line_dash="dash", line_color="#2f855a")
+        label(attr["suggestion"], f"suggested {attr['suggestion']:.3g}", "#2f855a", 0.02)
+    if attr.get("diverged_at_lr"):
+        fig.add_vline(x=attr["diverged_at_lr"], line_dash="dot", line_color=STATE_COLORS["FAIL"])
+        label(attr["diverged_at_lr"], "diverged", STATE_COLORS["FAIL"], 0.5)
+    finite = [v for v in (lt["smoothed"] if any(v is not None for v in lt["smoothed"]) else lt["loss"]) if v is not None and math.isfinite(v)]
+    if finite:  # the curve explodes at the end by design; keep the interesting part in view
+        lo, best = min(finite), finite[0]
+        fig.update_yaxes(range=[lo - 0.1 * abs(best - lo + 1e-9), max(best, lo) * 1.5 + 1e-9])
+    fig.update_layout(xaxis_type="log", xaxis_title="learning rate (log scale)", yaxis_title="training loss")
+    return fig, None
+
+
+PLOTS = [
+    ("optimization-history", "Optimization history", fig_history,
+     "Each dot is one complete trial's {metric} in the order the trials ran; the line is the best value so far. "
+     "A line that is still climbing (or falling, for a minimized metric) means more trials would likely help."),
+    ("learning-curves", "Learning curves", fig_learning_curves,
+     "{metric} after every epoch, one line per trial, coloured by how the trial ended. An orange × marks where the "
+     "pruner stopped a trial early because it looked unpromising at that epoch; the thick line is the best trial."),
+    ("param-importances", "Parameter importances", fig_importances,
+     "How much of the variation in {metric} each sampled parameter explains (fANOVA over the complete trials). "
+     "With few trials this is a rough hint, not a measurement."),
+    ("parallel-coordinates", "Parallel coordinates", fig_parallel,
+     "Every complete trial is one line through its parameter values, coloured by {metric}. Look for ranges where the "
+     "best-coloured lines bunch together."),
+    ("slice", "Slice plots", fig_slice,
+     "{metric} against each parameter on its own, one dot per complete trial (darker = later trial). "
+     "A clear trend or optimum inside the range suggests the range is right; an optimum at the edge suggests widening it."),
+    ("timeline", "Trial timeline", fig_timeline,
+     "When each trial ran, coloured by its state. Overlapping bars are trials that ran in parallel; red bars failed."),
+    ("lr-range-test", "LR range test", fig_lr_test,
+     "Training loss while the learning rate grows exponentially over one short run (Leslie Smith's range test). "
+     "The loss falls fastest a little below the LR where it bottoms out; the shaded band is the LR search range derived from it."),
+]
