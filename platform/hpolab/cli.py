@@ -136,9 +136,11 @@ def cmd_study_run(args) -> int:
     # --new-study NAME: the spec under another name (JSON-quoted: a YAML scalar like `1` or `yes` stays a string)
     rename = [f"name={json.dumps(args.new_study)}"] if args.new_study else []
     spec = load_spec(args.spec, [*args.overrides, *rename])
-    # `hpolab worker` joins a study that other drivers are running now: mix the pid into the
-    # sampler seed so two workers started together do not propose identical trials.
-    worker_seed = os.getpid() if args.command == "worker" else 0
+    # `hpolab worker` joins a study that other drivers are running now: salt the sampler seed (host,
+    # pid, start time, random bits: containers all run as PID 1) so workers do not propose identical trials.
+    from hpolab.study.seeds import worker_salt
+
+    worker_seed = worker_salt() if args.command == "worker" else 0
     # The spec's project (the folder holding its experiments/): trial processes import the
     # experiment from there, whatever the working directory.
     outcome = Driver(spec, stores, Progress(spec), project_dir=spec.project_dir, worker_seed=worker_seed,
