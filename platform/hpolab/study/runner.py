@@ -105,11 +105,25 @@ class TrialRunner:
         return self._ctx
 
     def start_forkserver(self) -> None:
-        """Start it now (imports torch + the experiment: seconds) so the first trial does not wait."""
+        """Start it now (imports torch + the experiment: seconds) so the first trial does not wait.
+
+        It starts with SIGTERM ignored (an ignored signal stays ignored across exec): Slurm's scancel
+        signals every process of the job, and a killed forkserver makes its live trials read as
+        exited with code 255 instead of stopping gracefully with their driver. It still ends with the
+        driver (its alive pipe closes) and on SIGKILL."""
         self.context()
+        import signal
+        import threading
         from multiprocessing import forkserver
 
-        forkserver.ensure_running()
+        if threading.current_thread() is not threading.main_thread():
+            forkserver.ensure_running()
+            return
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            forkserver.ensure_running()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     def threads_per_trial(self) -> int:
         return max(1, (os.cpu_count() or 1) // self.parallel)
