@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 
+from hpolab.launch.commands import add_launch_parsers, cmd_launch_k8s, cmd_launch_slurm
 from hpolab.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, SpecError, StudyError, UserError
 
 
@@ -104,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(sub, "storage-proxy", "serve the Optuna storage (--storage) to many workers over gRPC")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=13000)
+
+    add_launch_parsers(sub, command)
 
     p = command(sub, "report", "a self-contained HTML report of a study")
     p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file")
@@ -300,8 +303,10 @@ def main(argv: list[str] | None = None) -> int:
         ("worker", None): cmd_study_run,
         ("ui", None): cmd_ui,
         ("env", None): cmd_env,
+        ("launch", "slurm"): cmd_launch_slurm,
+        ("launch", "k8s"): cmd_launch_k8s,
         **{(name, None): _store_command(name, target) for name, target in STORE_COMMANDS.items()},
-    }[(args.command, getattr(args, "study_command", None))]
+    }[(args.command, getattr(args, "study_command", None) or getattr(args, "launch_command", None))]
     try:
         _resolve_study_names(args)
         return handler(args)
