@@ -6,6 +6,8 @@ import argparse
 import shlex
 from pathlib import Path
 
+from hpolab.errors import UserError
+
 from hpolab.launch.workers import (WorkerCommand, check_shared, hpolab_executable, launch_stores, prepare_stores,
                                    spec_path_for_workers)
 
@@ -83,7 +85,11 @@ def cmd_launch_k8s(args) -> int:
     opts = k8s.K8sOptions(workers=args.workers, image=args.image, gpus_per_worker=args.gpus_per_worker,
                           namespace=args.namespace, secret=args.secret, with_stores=args.with_stores)
     k8s.check_options(opts)
-    command = WorkerCommand(["hpolab"], spec_path_for_workers(args.spec, cwd), tuple(args.overrides), store="/work/mlruns")
+    spec_path = spec_path_for_workers(args.spec, cwd)
+    if Path(spec_path).is_absolute():
+        raise UserError(f"spec {args.spec}: run `hpolab launch k8s` from the project folder the image was built from "
+                        "(the pods run the spec by its path inside the image, e.g. studies/x.yaml)")
+    command = WorkerCommand(["hpolab"], spec_path, tuple(args.overrides), store="/work/mlruns")
     paths = k8s.write_manifests(Path(args.out), spec.name, command, opts)
     print(k8s.next_steps(paths, spec.name, opts))
     return 0
