@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 
+from hpolab.launch.commands import add_launch_parsers, cmd_launch_k8s, cmd_launch_slurm
 from hpolab.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, SpecError, StudyError, UserError
 
 
@@ -107,6 +108,8 @@ def _add_result_commands(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=13000)
 
+    add_launch_parsers(sub, _command)
+
     p = _command(sub, "report", "a self-contained HTML report of a study")
     p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file")
     p.add_argument("--out", metavar="FILE", help="default: STORE/reports/NAME.html")
@@ -149,9 +152,11 @@ def cmd_study_run(args) -> int:
     # --new-study NAME: the spec under another name (JSON-quoted: a YAML scalar like `1` or `yes` stays a string)
     rename = [f"name={json.dumps(args.new_study)}"] if args.new_study else []
     spec = load_spec(args.spec, [*args.overrides, *rename])
-    # `hpolab worker` joins a study that other drivers are running now: mix the pid into the
-    # sampler seed so two workers started together do not propose identical trials.
-    worker_seed = os.getpid() if args.command == "worker" else 0
+    # `hpolab worker` joins a study that other drivers are running now: salt the sampler seed (host,
+    # pid, start time, random bits: containers all run as PID 1) so workers do not propose identical trials.
+    from hpolab.study.seeds import worker_salt
+
+    worker_seed = worker_salt() if args.command == "worker" else 0
     # The spec's project (the folder holding its experiments/): trial processes import the
     # experiment from there, whatever the working directory.
     outcome = Driver(spec, stores, Progress(spec), project_dir=spec.project_dir, worker_seed=worker_seed,
@@ -311,8 +316,10 @@ def main(argv: list[str] | None = None) -> int:
         ("worker", None): cmd_study_run,
         ("ui", None): cmd_ui,
         ("env", None): cmd_env,
+        ("launch", "slurm"): cmd_launch_slurm,
+        ("launch", "k8s"): cmd_launch_k8s,
         **{(name, None): _store_command(name, target) for name, target in STORE_COMMANDS.items()},
-    }[(args.command, getattr(args, "study_command", None))]
+    }[(args.command, getattr(args, "study_command", None) or getattr(args, "launch_command", None))]
     try:
         _resolve_study_names(args)
         return handler(args)

@@ -40,6 +40,22 @@ PRUNERS: dict[str, Callable[..., optuna.pruners.BasePruner]] = {
 }
 
 
+SEED_MODULUS = 2**32  # numpy's RandomState (behind every Optuna sampler) takes seeds below 2**32
+
+
+def combine_seed(base_seed: int, offset: int) -> int:
+    """The sampler seed: the spec's (or the user's own `sampler.kwargs.seed`) plus the offset, in range."""
+    return (int(base_seed) + int(offset)) % SEED_MODULUS
+
+
+def sampler_seed(spec, seed_offset: int = 0) -> int | None:
+    """The seed a driver's sampler gets. A user's own sampler.kwargs.seed replaces the spec's seed, not
+    the offset: with it, a re-run and a second worker still draw new points (an explicit null keeps
+    Optuna's unseeded sampler: None)."""
+    own = spec.sampler.kwargs.get("seed", spec.seed)
+    return None if own is None else combine_seed(own, seed_offset)
+
+
 def make_sampler(spec, seed_offset: int = 0) -> optuna.samplers.BaseSampler:
     """`seed_offset` keeps a resumed study (or a second worker) from replaying the same draws:
     a sampler seeded identically in a new process would propose the very same parameters again."""
@@ -47,7 +63,8 @@ def make_sampler(spec, seed_offset: int = 0) -> optuna.samplers.BaseSampler:
     kwargs: dict[str, Any] = dict(spec.sampler.kwargs)
     if kind == "grid":
         kwargs.setdefault("search_space", _grid_space(spec))
-    kwargs.setdefault("seed", spec.seed + seed_offset)
+    if kwargs.get("seed", 0) is not None:
+        kwargs["seed"] = sampler_seed(spec, seed_offset)
     return SAMPLERS[kind](**kwargs)
 
 

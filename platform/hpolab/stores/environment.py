@@ -1,7 +1,8 @@
-"""What a run ran on: versions, hardware, git state. Recorded as `env.*` tags on every run."""
+"""What a run ran on: versions, hardware, git state, and the scheduler's job. Recorded as `env.*` tags on every run."""
 
 from __future__ import annotations
 
+import os
 import platform as _stdlib_platform  # the standard library module (platform/ is our source root, not a package)
 import socket
 import subprocess
@@ -54,7 +55,27 @@ def capture_environment(cwd: str | Path | None = None) -> dict[str, str]:
         "env.git_dirty": dirty,
         "env.hostname": socket.gethostname(),
         "env.executable": sys.executable,
+        **scheduler_tags(os.environ),
     }
+
+
+# The worker's scheduler job, read from the variables Slurm and a Kubernetes Indexed Job set (the k8s
+# manifests of `hpolab launch k8s` put the pod and node names in through the downward API).
+SCHEDULER_VARS = {
+    "SLURM_JOB_ID": "env.slurm_job_id",
+    "SLURM_ARRAY_JOB_ID": "env.slurm_array_job_id",
+    "SLURM_ARRAY_TASK_ID": "env.slurm_array_task_id",
+    "SLURMD_NODENAME": "env.slurm_node",
+    "SLURM_RESTART_COUNT": "env.slurm_restart_count",
+    "JOB_COMPLETION_INDEX": "env.k8s_job_completion_index",
+    "HPOLAB_K8S_POD": "env.k8s_pod",
+    "HPOLAB_K8S_NODE": "env.k8s_node",
+}
+
+
+def scheduler_tags(environ) -> dict[str, str]:
+    """`env.*` tags naming the scheduler job a worker runs in (none outside one)."""
+    return {tag: environ[var] for var, tag in SCHEDULER_VARS.items() if environ.get(var)}
 
 
 def _nvidia_driver() -> str:

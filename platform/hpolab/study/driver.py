@@ -23,14 +23,17 @@ failures that were retried). Re-running the same command continues the study up 
 A driver does not leave while other drivers' trials are RUNNING (unless it was interrupted): it
 waits for them to finish, or retries them once they are dead, so the budget is really spent.
 
-Sampler seed: `seed` + the number of trials the study already has (a re-run draws new points) +
-`worker_seed` (the pid for `hpolab worker`) + this process's pid when another driver is running
-trials of the study right now (a live owner). A single driver on a study is reproducible for a given seed.
+Sampler seed: `seed` (or the user's own `sampler.kwargs.seed`) + the number of trials the study
+already has (a re-run draws new points) + a worker salt. The salt is 0 for `hpolab study run` while no
+other driver is running trials of the study, so a single driver on a study is reproducible for a
+given seed; `hpolab worker`, and a driver joining a study with a live owner, salt with host, pid,
+start time and random bits (seeds.py), so workers in containers (all PID 1) or on several hosts draw
+different points. The salt and the sampler seed are tags of every trial run (`hpolab.worker_seed`,
+`hpolab.sampler_seed`) and the trial's user attr `worker_seed`.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,7 +49,7 @@ from hpolab.config.spec import StudySpec, load_experiment
 from hpolab.stores.budget_lock import budget_lock
 from hpolab.stores.optuna_storage import make_storage
 from hpolab.stores.paths import Stores, ensure_local
-from hpolab.config.samplers import make_pruner, make_sampler
+from hpolab.config.samplers import make_pruner, make_sampler, sampler_seed
 from hpolab.study.progress import Progress
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.environment import capture_environment
@@ -60,6 +63,7 @@ from hpolab.study.events import TrialEvents
 from hpolab.study.repair import close_orphan_runs
 from hpolab.study.retention import Retention
 from hpolab.study.retry import RetryCopy
+from hpolab.study.seeds import worker_salt
 from hpolab.study.runner import Running, TrialRunner
 from hpolab.study.search_space import optuna_distributions
 from hpolab.study.signals import StopSignals
@@ -90,7 +94,8 @@ class Driver:
                  allow_spec_change: bool = False):
         self.spec = spec
         self.allow_spec_change = allow_spec_change  # accept a changed spec that keeps the search space valid (spec_guard.py)
-        self.worker_seed = worker_seed  # mixed into the sampler seed so concurrent workers draw differently
+        self.worker_seed = worker_seed  # the salt mixed into the sampler seed so concurrent workers draw differently
+        self.sampler_seed: int | None = None
         self.stores = stores
         self.progress = progress or Progress(spec, quiet=True)
         self.project_dir = (project_dir or Path.cwd()).resolve()
@@ -115,8 +120,11 @@ class Driver:
             busy = any(owner_gone(owner_of(t)) is None for t in running)
         except KeyError:
             busy = False
-        # Another driver is running trials now: salt with the pid, or both would propose the same points.
-        return existing + self.worker_seed + (os.getpid() if busy else 0)
+        # Another driver is running trials now: salt, or both would propose the same points.
+        if busy and not self.worker_seed:
+            self.worker_seed = worker_salt()
+        self.sampler_seed = sampler_seed(self.spec, existing + self.worker_seed)
+        return existing + self.worker_seed
 
     def _open(self) -> None:
         import mlflow
@@ -164,7 +172,9 @@ class Driver:
         trial_dir.mkdir(parents=True, exist_ok=True)
         # torch's thread count changes float reduction order: recorded so `hpolab reproduce` matches it
         tags = {**self.env_tags, "hpolab.torch_threads": str(self.runner.threads_per_trial()),
-                "hpolab.experiment": self.spec.experiment, **src.tags}
+                "hpolab.experiment": self.spec.experiment, "hpolab.worker_seed": str(self.worker_seed),
+                "hpolab.sampler_seed": str(self.sampler_seed), **src.tags}
+        trial.set_user_attr("worker_seed", self.worker_seed)
         run_id = self.tracker.start_run(trial, config, trial_dir, tags)
         r = Running(trial=trial, run_id=run_id, config=config, trial_dir=trial_dir)
         if src.resume_from:

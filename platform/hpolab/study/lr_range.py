@@ -345,7 +345,7 @@ def run_lr_find(spec, stores=None, out_dir: str | Path | None = None, threads: i
 
 
 def make_job(spec, out_dir: str | Path, *, project_dir: str | Path | None = None, threads: int | None = None,
-             cuda_device: int | None = None) -> dict[str, Any]:
+             cuda_device: str | None = None) -> dict[str, Any]:
     """The plain-data job for `run_in_process` (picklable; the spec travels as its JSON dump)."""
     return {
         "spec": spec.model_dump(mode="json"),

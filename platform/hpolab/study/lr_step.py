@@ -33,7 +33,7 @@ def _run_child(spec: StudySpec, out_dir: Path, runner: TrialRunner, project_dir:
     from hpolab.study import lr_range as lr_find  # lazily: it pulls in torch; only a study with the test needs it
 
     job = lr_find.make_job(spec, out_dir, project_dir=project_dir, threads=os.cpu_count() or 1,
-                           cuda_device=runner.least_used_gpu([]))
+                           cuda_device=runner.devices_for(runner.least_used_gpu([])))
     note("running the LR range test before the first trial ...")
     proc, conn, lifeline = spawn_with_lifeline(
         runner.context(), lr_find.run_in_process, "lr-range-test", lambda c, life: (c, job, life))

@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterable
 
 import optuna
 
+from hpolab.study.gpus import physical_devices, trial_indices
+
 
 @dataclass
 class Running:
@@ -103,11 +105,25 @@ class TrialRunner:
         return self._ctx
 
     def start_forkserver(self) -> None:
-        """Start it now (imports torch + the experiment: seconds) so the first trial does not wait."""
+        """Start it now (imports torch + the experiment: seconds) so the first trial does not wait.
+
+        It starts with SIGTERM ignored (an ignored signal stays ignored across exec): Slurm's scancel
+        signals every process of the job, and a killed forkserver makes its live trials read as
+        exited with code 255 instead of stopping gracefully with their driver. It still ends with the
+        driver (its alive pipe closes) and on SIGKILL."""
         self.context()
+        import signal
+        import threading
         from multiprocessing import forkserver
 
-        forkserver.ensure_running()
+        if threading.current_thread() is not threading.main_thread():
+            forkserver.ensure_running()
+            return
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            forkserver.ensure_running()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     def threads_per_trial(self) -> int:
         return max(1, (os.cpu_count() or 1) // self.parallel)
@@ -138,12 +154,15 @@ class TrialRunner:
                 load[other.gpu] += 1
         return min(range(n), key=lambda i: load[i])
 
-    def trial_gpus(self, r: Running) -> int | str | None:
+    def devices_for(self, first: int | None, devices: int = 1) -> str | None:
+        """CUDA_VISIBLE_DEVICES for a child using the driver's GPU `first` (and the devices-1 after it),
+        mapped through the driver's own CUDA_VISIBLE_DEVICES to physical devices (see gpus.py)."""
+        indices = trial_indices(first, devices, self.gpu_count())
+        return physical_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), indices)
+
+    def trial_gpus(self, r: Running) -> str | None:
         """CUDA_VISIBLE_DEVICES of a trial: its GPU, or with trainer.devices=N its GPU and the N-1 after it."""
-        devices = int(r.config["trainer"].get("devices", 1))
-        if r.gpu is None or devices <= 1:
-            return r.gpu
-        return ",".join(str((r.gpu + k) % self.gpu_count()) for k in range(min(devices, self.gpu_count())))
+        return self.devices_for(r.gpu, int(r.config["trainer"].get("devices", 1)))
 
     def spawn_trial(self, r: Running, resume_from: str | None, running: Iterable[Running]) -> None:
         """Start (or restart, after an OOM) the process of `r`; `running` includes `r` itself."""
