@@ -152,6 +152,7 @@ END_TO_END_ONLY = {
     "test_chaos.py": "random SIGKILLs of a running study",
     "test_distributed.py": "PostgreSQL + a real mlflow server + four workers",
     "test_fashion_e2e.py": "a study, promote and predict on image files",
+    "test_launch_slurm.py": "sbatch arrays and scancel on the local Slurm",
     "test_faults.py": "signals and kills of real drivers",
     "test_study_e2e.py": "the default study through the CLI",
     "test_ui_browser.py": "the MLflow UI in Chromium",
