@@ -38,7 +38,7 @@ def _fail_and_retry(study: optuna.Study, retry, kind: str) -> int | None:
 
 
 def test_interrupts_and_dead_drivers_never_use_up_max_retries():
-    from hpolab.study.retry import KINDS, RetryCopy
+    from hpolab.study.retry import RetryCopy
 
     study = optuna.create_study()
     retry = RetryCopy(1)
@@ -49,7 +49,7 @@ def test_interrupts_and_dead_drivers_never_use_up_max_retries():
     assert _fail_and_retry(study, retry, "timeout") is None  # the second failure of its own: spent
     last = study.trials[-1]
     assert last.system_attrs["retry_history"] == list(range(8))
-    assert last.system_attrs[KINDS] == ["interrupted", "interrupted", "owner_gone", "stale", "driver", "reaped",
+    assert last.system_attrs["hpolab.retry_kinds"] == ["interrupted", "interrupted", "owner_gone", "stale", "driver", "reaped",
                                         "oom", "interrupted"]
 
 
