@@ -64,10 +64,13 @@ class Heartbeats:
             for r in list(self.running.values()):
                 try:
                     beat(self.storage, r)
+                except Exception:
+                    pass  # a transient store error; the next beat retries
+                try:
                     if r.lost is None:
                         r.lost = lost_reason(self.storage, r)  # the driver's loop acts on it (events.py)
                 except Exception:
-                    pass  # a transient store error; the next beat retries
+                    pass  # read again after the next beat
 
 
 REAPED = "hpolab.reaped"  # system attr of a trial another driver failed as dead: by whom, and why
