@@ -115,6 +115,25 @@ def test_a_result_sent_just_before_the_exit_is_not_missed(tmp_path):
     assert seen == [("fail", "boom")]
 
 
+def test_a_failed_tell_never_leaves_mlflow_saying_complete():
+    from hpolab.study.events import disagreement
+
+    reaped = optuna.create_trial(state=TrialState.FAIL, params={}, distributions={},
+                                 system_attrs={"hpolab.reaped": "host-b pid 7: its driver is gone"})
+    tags = {"hpolab.best_val_acc": "0.9"}
+    state, value, model, retry = disagreement(reaped, TrialState.COMPLETE, 0.9, {"model": 1}, None, tags)
+    assert (state, value, model, retry) == (TrialState.FAIL, None, None, None)
+    assert tags["hpolab.fail_kind"] == "reaped" and "reaped by another worker (host-b pid 7" in tags["hpolab.fail_reason"]
+
+    tags = {"hpolab.fail_reason": "interrupted", "hpolab.tell_error": "OperationalError: gone"}
+    state, _, _, retry = disagreement(None, TrialState.FAIL, None, None, "interrupted", tags)  # cannot be read back
+    assert (state, retry) == (TrialState.FAIL, None) and tags["hpolab.fail_kind"] == "tell"
+    assert tags["hpolab.fail_reason"].startswith("Optuna could not record its end (OperationalError: gone)")
+
+    done = optuna.create_trial(state=TrialState.COMPLETE, value=0.9, params={}, distributions={})
+    assert disagreement(done, TrialState.COMPLETE, 0.9, {"model": 1}, None, {}) == (TrialState.COMPLETE, 0.9, {"model": 1}, None)
+
+
 # ---------------------------------------------------------------- retention and a RUNNING run
 
 

@@ -124,7 +124,7 @@ class TrialEvents:
             except OSError:
                 pass
         if frozen is None or frozen.state != state or "hpolab.tell_error" in tags:  # Optuna's state is the truth
-            state, value, model_info, retry = disagreement(frozen, state, value, tags)
+            state, value, model_info, retry = disagreement(frozen, state, value, model_info, retry, tags)
         copy = None
         if retry is not None:
             copy = self.retry(self.study, frozen, kind=retry, overrides=overrides)
@@ -227,13 +227,16 @@ class TrialEvents:
         self.finish(r, TrialState.FAIL, {"hpolab.fail_reason": exit_reason(code), "hpolab.fail_kind": "process", "hpolab.epochs_run": str(r.epoch)})
 
 
-def disagreement(frozen: FrozenTrial | None, state: TrialState, value: float | None,
-                 tags: dict[str, str]) -> tuple[TrialState, float | None, None, None]:
-    """Optuna has the trial in another state than the driver told (or cannot say): the state to
-    record in MLflow (Optuna's; FAIL when unknown or unfinished), with why in the tags, no model
-    and no retry (a reaped trial's retry was queued by the worker that reaped it)."""
+def disagreement(frozen: FrozenTrial | None, state: TrialState, value: float | None, model_info: dict | None,
+                 retry: str | None, tags: dict[str, str]) -> tuple[TrialState, float | None, dict | None, str | None]:
+    """The tell failed, or Optuna has the trial in another state than the driver told (or cannot
+    say): (state, value, model_info, retry) to go on with. MLflow records Optuna's state (FAIL when
+    unknown or unfinished) with why in the tags, with no model and no retry (a reaped trial's retry
+    was queued by the worker that reaped it; an unrecorded one is retried when it is reaped)."""
     actual = frozen.state if frozen is not None and frozen.state in FINISHED else TrialState.FAIL
     by = frozen.system_attrs.get(REAPED) if frozen is not None else None
+    if frozen is not None and frozen.state == state and not by:  # it went through after all (its reply was lost)
+        return state, value, model_info, retry
     if by:
         why, kind = f"reaped by another worker ({by}) while it still ran here; its retry runs there", "reaped"
     elif frozen is None or frozen.state not in FINISHED:
