@@ -73,12 +73,16 @@ def release(study: optuna.Study, trial: optuna.Trial) -> None:
     study.tell(trial, state=TrialState.FAIL)
 
 
+NOT_THE_TRIALS_FAULT = ("interrupted", "driver", "reaped", "tell")  # fail kinds the failure streak ignores
+
+
 class FailureStreak:
     """Consecutive failed trials of this driver, against the spec's `max_failures` (None: no limit).
 
-    Counted: trials whose final outcome is FAIL by their own doing (an exception, NaN, a process
-    death, a timeout or OOM that could not be retried). Not counted: a failed attempt that was
-    retried (its retry is what counts) and interrupted trials (Ctrl-C, SIGTERM, a dead driver).
+    Counted: trials whose final outcome is FAIL by their own doing (an exception, NaN, a study metric
+    never finite, a process death, a timeout or OOM that could not be retried). Not counted: a failed
+    attempt that was retried (its retry is what counts), interrupted trials (Ctrl-C, SIGTERM, a dead
+    driver), a trial another worker reaped while it ran here, and one Optuna could not be told of.
     A COMPLETE or PRUNED trial resets the streak."""
 
     def __init__(self, max_failures: int | None):
@@ -89,7 +93,7 @@ class FailureStreak:
     def record(self, state: TrialState, retried: bool, kind: str | None, reason: str | None) -> None:
         if state in (TrialState.COMPLETE, TrialState.PRUNED):
             self.count = 0
-        elif state == TrialState.FAIL and not retried and kind not in ("interrupted", "driver"):
+        elif state == TrialState.FAIL and not retried and kind not in NOT_THE_TRIALS_FAULT:
             self.count += 1
             self.last_reason = reason
 

@@ -7,21 +7,28 @@
     ("fail", info)   -> FAIL; a CUDA OOM is retried as a new attempt (retry copy) with half the
                         micro-batch and twice the accumulation, resuming from its last checkpoint
     exit, no message -> FAIL with the signal or exit code explained (also when it died while the
-                        driver answered its epoch: a dead child's pipe ends its trial only)
+                        driver answered its epoch: a dead child's pipe ends its trial only); the pipe
+                        is drained once more after the exit is seen (its result may have come last)
+    lost             -> another worker reaped it (Optuna has it FAIL, its retry queued there): the
+                        child is stopped, its run closed FAIL with why, no model, no second retry
 
+Optuna's state is the truth MLflow records: after every tell the trial is read back, and a tell that
+failed, or that Optuna recorded otherwise, closes the run with Optuna's state (FAIL when it cannot be
+read), never COMPLETE with a model. A COMPLETE whose study metric was never finite is a FAIL.
 Every retry is a new Optuna trial and MLflow run (retry.py) that carries the epochs over.
 """
 
 from __future__ import annotations
 
+import math
 import signal
 from typing import Any, Callable
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
-from hpolab.study.budget import FailureStreak, trial_counts
-from hpolab.study.heartbeat import beat
+from hpolab.study.budget import FINISHED, FailureStreak, trial_counts
+from hpolab.study.heartbeat import REAPED, beat, lost_reason
 from hpolab.study.progress import Progress
 from hpolab.study.retry import RetryCopy
 from hpolab.study.runner import Running, TrialRunner, next_message
@@ -48,11 +55,24 @@ class TrialEvents:
         self.aborting = aborting  # second one: the driver kills the trials
 
     def handle(self, r: Running) -> None:
-        """Drain everything the trial sent, then notice if its process ended."""
+        """Drain everything the trial sent, then notice if its process ended (or it was lost)."""
+        if r.lost is not None and r.number in self.running:
+            self.on_lost(r)
+            return
+        self._drain(r)
+        if r.number in self.running and r.process is not None and not r.process.is_alive():
+            # It may have sent its result and exited between the drain and is_alive(): drain again.
+            self._drain(r)
+            if r.number in self.running:
+                r.process.join()
+                self.runner.retire(r)
+                self.on_exit_without_result(r)
+
+    def _drain(self, r: Running) -> None:
         while r.number in self.running:
             msg = next_message(r.conn)
             if msg is None:
-                break
+                return
             kind = msg[0]
             if kind == "epoch":
                 self.on_epoch(r, msg[1], msg[2])
@@ -63,16 +83,18 @@ class TrialEvents:
                 else:
                     self.on_fail(r, msg[1])
                 self.runner.retire(r)
-        if r.number in self.running and r.process is not None and not r.process.is_alive():
-            r.process.join()
-            self.on_exit_without_result(r)
 
     def on_epoch(self, r: Running, epoch: int, metrics: dict[str, float]) -> None:
         r.epoch = epoch
         value = metrics.get(self.metric)
         if value is not None and value == value:  # not NaN
             r.last_value = value
-            r.trial.report(value, epoch)
+            try:
+                r.trial.report(value, epoch)
+            except optuna.exceptions.UpdateFinishedTrialError:  # another worker reaped it
+                r.lost = lost_reason(self.storage, r) or "Optuna has it finished while it still ran here"
+                self.on_lost(r)
+                return
             if r.pruned_at is None and r.trial.should_prune():
                 r.pruned_at = epoch
         # After its last epoch a trial is done anyway: a Ctrl-C then must not make it an interrupted one.
@@ -92,32 +114,52 @@ class TrialEvents:
     def finish(self, r: Running, state: TrialState, tags: dict[str, str], value: float | None = None,
                model_info: dict | None = None, retry: str | None = None, overrides: dict | None = None) -> None:
         """Tell Optuna now (and queue a retry copy when `retry` names why); close the MLflow run now,
-        or after its model is logged (background)."""
+        or after its model is logged (background). MLflow records the state Optuna has."""
         number = r.number
         self.running.pop(number, None)
-        try:
-            if state == TrialState.COMPLETE:
-                self.study.tell(r.trial, value)
-            else:
-                self.study.tell(r.trial, state=state)
-        except Exception as e:  # never lose the MLflow side because Optuna refused (e.g. already failed as stale)
-            tags["hpolab.tell_error"] = f"{type(e).__name__}: {e}"
+        frozen = self._tell(r, state, value, tags)
         for c in (r.conn, r.lifeline):
             try:
                 c.close()
             except OSError:
                 pass
+        if frozen is None or frozen.state != state or "hpolab.tell_error" in tags:  # Optuna's state is the truth
+            state, value, model_info, retry = disagreement(frozen, state, value, model_info, retry, tags)
         copy = None
-        if retry is not None and "hpolab.tell_error" not in tags:
-            copy = self.retry(self.study, self.storage.get_trial(r.trial._trial_id), kind=retry, overrides=overrides)
+        if retry is not None:
+            copy = self.retry(self.study, frozen, kind=retry, overrides=overrides)
             tags["hpolab.fail_reason"] += (f"; retried as trial {copy}, resuming from its last checkpoint" if copy is not None
                                            else f"; not retried (max_retries={self.retry.max_retries} reached)")
             if copy is not None:
                 tags["hpolab.retried_as_trial"] = str(copy)
         self.streak.record(state, copy is not None, tags.get("hpolab.fail_kind"), tags.get("hpolab.fail_reason"))
         self.tracker.finish(r, state, tags, model_info, upload_last=copy is not None)
-        history = self.storage.get_trial(r.trial._trial_id).intermediate_values  # the line says best and last, like the table
+        history = frozen.intermediate_values if frozen is not None else {}  # the line says best and last, like the table
         self.progress.trial_finished(number, state.name, value if value is not None else r.last_value, tags.get("hpolab.fail_reason"), trial_counts(self.study), history)
+
+    def _tell(self, r: Running, state: TrialState, value: float | None, tags: dict[str, str]) -> FrozenTrial | None:
+        """Tell Optuna; the trial as Optuna has it afterwards (None when it cannot be read)."""
+        try:
+            if state == TrialState.COMPLETE:
+                self.study.tell(r.trial, value)
+            else:
+                self.study.tell(r.trial, state=state)
+        except Exception as e:  # e.g. another worker reaped it: Optuna has it FAIL already
+            tags["hpolab.tell_error"] = f"{type(e).__name__}: {e}"
+        try:
+            return self.storage.get_trial(r.trial._trial_id)
+        except Exception as e:
+            tags.setdefault("hpolab.tell_error", f"reading the trial back: {type(e).__name__}: {e}")
+            return None
+
+    def on_lost(self, r: Running) -> None:
+        """Another worker reaped this trial while it ran here (Optuna has it FAIL and its retry is
+        queued there): stop the child; the run is closed FAIL with why (no model, no second retry)."""
+        if r.process is not None and r.process.is_alive():
+            r.process.kill()
+        self.runner.retire(r)
+        self.finish(r, TrialState.FAIL, {"hpolab.fail_reason": r.lost or "reaped by another worker",
+                                         "hpolab.fail_kind": "reaped", "hpolab.epochs_run": str(r.epoch)})
 
     def on_done(self, r: Running, info: dict[str, Any]) -> None:
         tags = {
@@ -140,6 +182,12 @@ class TrialEvents:
             return
         best = float(info["best_value"])
         tags[f"hpolab.best_{self.metric}"] = repr(best)
+        if not math.isfinite(best):  # Optuna would record FAIL (a warning only): say why in both stores
+            tags["hpolab.fail_reason"] = (f"the study metric {self.metric} was never finite (NaN or inf after each of "
+                                          f"{info['epochs_run']} epochs): check the experiment's metrics()")
+            tags["hpolab.fail_kind"] = "metric"
+            self.finish(r, TrialState.FAIL, tags)
+            return
         self.finish(r, TrialState.COMPLETE, tags, value=best, model_info=info)
 
     def on_fail(self, r: Running, info: dict[str, Any]) -> None:
@@ -177,6 +225,30 @@ class TrialEvents:
                 "hpolab.fail_kind": "interrupted", "hpolab.epochs_run": str(r.epoch)}, retry="interrupted")
             return
         self.finish(r, TrialState.FAIL, {"hpolab.fail_reason": exit_reason(code), "hpolab.fail_kind": "process", "hpolab.epochs_run": str(r.epoch)})
+
+
+def disagreement(frozen: FrozenTrial | None, state: TrialState, value: float | None, model_info: dict | None,
+                 retry: str | None, tags: dict[str, str]) -> tuple[TrialState, float | None, dict | None, str | None]:
+    """The tell failed, or Optuna has the trial in another state than the driver told (or cannot
+    say): (state, value, model_info, retry) to go on with. MLflow records Optuna's state (FAIL when
+    unknown or unfinished) with why in the tags, with no model and no retry (a reaped trial's retry
+    was queued by the worker that reaped it; an unrecorded one is retried when it is reaped)."""
+    actual = frozen.state if frozen is not None and frozen.state in FINISHED else TrialState.FAIL
+    by = frozen.system_attrs.get(REAPED) if frozen is not None else None
+    if frozen is not None and frozen.state == state and not by:  # it went through after all (its reply was lost)
+        return state, value, model_info, retry
+    if by:
+        why, kind = f"reaped by another worker ({by}) while it still ran here; its retry runs there", "reaped"
+    elif frozen is None or frozen.state not in FINISHED:
+        why, kind = f"Optuna could not record its end ({tags.get('hpolab.tell_error')}); recorded FAIL", "tell"
+    else:
+        why, kind = f"Optuna recorded {actual.name} (told {state.name}, value {value!r})", "tell"
+    if actual == TrialState.FAIL:
+        here = tags.get("hpolab.fail_reason")
+        tags["hpolab.fail_reason"] = why + (f" (here: {here})" if here and here != why else "")
+        tags["hpolab.fail_kind"] = kind
+    tags["hpolab.optuna_disagreed"] = f"told {state.name}, Optuna has {frozen.state.name if frozen is not None else 'unknown'}"
+    return actual, (frozen.value if actual == TrialState.COMPLETE and frozen is not None else None), None, None
 
 
 def exit_reason(code: int | None) -> str:

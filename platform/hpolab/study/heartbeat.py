@@ -4,6 +4,11 @@ Optuna's heartbeat marks a RUNNING trial as alive; a trial without one for GRACE
 stale (its driver was killed or its machine lost). A trial whose owner (owners.py) ran on this host
 and is gone is dead at once, without waiting for the grace period. The reaper fails dead trials,
 queues a WAITING retry copy (retry.py), and closes their MLflow runs so none stays RUNNING forever.
+
+A reaped trial is marked (system attr `hpolab.reaped`: who reaped it and why). Its owner may still be
+alive (a heartbeat write failed, a long stall): the owner's heartbeat thread reads the trial's state
+after each beat and, once Optuna no longer has it RUNNING, marks it lost (`Running.lost`); the
+driver then stops the child and records the run as Optuna has it (FAIL, no model, no second retry).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import optuna
 from optuna.trial import TrialState
 
 from hpolab.stores.optuna_storage import GRACE_PERIOD, HEARTBEAT_INTERVAL
-from hpolab.study.owners import age_since_start, describe, heartbeat_age, owner_gone, owner_of
+from hpolab.study.owners import age_since_start, describe, heartbeat_age, owner_gone, owner_of, owner_record
 from hpolab.study.retry import RetryCopy
 from hpolab.study.runner import Running
 
@@ -61,6 +66,25 @@ class Heartbeats:
                     beat(self.storage, r)
                 except Exception:
                     pass  # a transient store error; the next beat retries
+                try:
+                    if r.lost is None:
+                        r.lost = lost_reason(self.storage, r)  # the driver's loop acts on it (events.py)
+                except Exception:
+                    pass  # read again after the next beat
+
+
+REAPED = "hpolab.reaped"  # system attr of a trial another driver failed as dead: by whom, and why
+
+
+def lost_reason(storage, r: Running) -> str | None:
+    """Why Optuna no longer has this driver's trial `r` RUNNING (another driver reaped it), or None."""
+    t = storage.get_trial(r.trial._trial_id)
+    if t.state == TrialState.RUNNING:
+        return None
+    by = t.system_attrs.get(REAPED)
+    if by:
+        return f"reaped by another worker ({by}) while it still ran here; its retry runs there"
+    return f"Optuna has it {t.state.name} while it still ran here (another worker ended it)"
 
 
 def _why_dead(t, stale_ids: set[int], storage) -> tuple[str, str] | None:
@@ -101,21 +125,32 @@ def reap_dead_trials(
         why = _why_dead(t, stale_ids, storage)
         if why is None:
             continue
-        kind, reason = why
+        reap_trial(study, storage, t, why, retry, close_run, note)
+
+
+def reap_trial(study: optuna.Study, storage, t, why: tuple[str, str], retry: RetryCopy,
+               close_run: Callable[[str, TrialState, dict[str, str]], None], note: Callable[[str], None]) -> None:
+    """Fail RUNNING trial `t` of another driver as dead (`why`: kind, reason), queue its retry
+    copy and close its MLflow run."""
+    kind, reason = why
+    me = owner_record(t.number)
+    try:  # the mark first (a FAIL trial takes no attrs); it stays on a trial whose owner finished it first
+        storage.set_trial_system_attr(t._trial_id, REAPED, f"{me['host']} pid {me['pid']}: {reason}")
+        if not storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+            return
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return  # another driver reaped (or its owner finished) it first
+    copy = retry(study, storage.get_trial(t._trial_id), kind=kind)
+    reason += f"; retried as trial {copy}" if copy is not None else f"; not retried (max_retries={retry.max_retries} reached)"
+    run_id = t.user_attrs.get("mlflow_run_id")
+    if run_id:
         try:
-            if not storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
-                continue
-        except optuna.exceptions.UpdateFinishedTrialError:
-            continue  # another driver reaped (or its owner finished) it first
-        copy = retry(study, storage.get_trial(t._trial_id), kind=kind)
-        reason += f"; retried as trial {copy}" if copy is not None else f"; not retried (max_retries={retry.max_retries} reached)"
-        run_id = t.user_attrs.get("mlflow_run_id")
-        if run_id:
-            try:
-                close_run(run_id, TrialState.FAIL, {"hpolab.fail_reason": reason, "hpolab.fail_kind": kind})
-            except Exception as e:
-                note(f"could not close the MLflow run of dead trial {t.number}: {e}")
-        note(f"trial {t.number} was left RUNNING: {reason}")
+            close_run(run_id, TrialState.FAIL, {"hpolab.fail_reason": reason, "hpolab.fail_kind": kind})
+        except Exception as e:
+            note(f"could not close the MLflow run of dead trial {t.number}: {e}")
+    note(f"trial {t.number} was left RUNNING: {reason}")
+
+
 
 
 def others_running(study: optuna.Study, storage, mine: dict[int, Running]) -> list[str]:

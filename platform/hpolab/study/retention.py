@@ -96,17 +96,18 @@ class Retention:
         return out
 
     def purge(self, client, items: list[tuple[str, int, str | None, Path]]) -> None:
-        """Delete what plan() listed (upload thread). A run still RUNNING is left for a later pass."""
+        """Delete what plan() listed (upload thread). A run still RUNNING is left for a later pass, its
+        local files included: another worker on the same --store may still be uploading them."""
         for what, n, run_id, folder in items:
+            run = client.get_run(run_id) if run_id is not None else None
+            if run is not None and run.info.status == "RUNNING":  # first: its files may still be uploading
+                self._queued.discard((what, n))
+                continue
             if what == "checkpoints":
                 for name in ("last.pt", "best.pt", "fetched"):
                     p = folder / name
                     shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-            if run_id is None:
-                continue
-            run = client.get_run(run_id)
-            if run.info.status == "RUNNING":
-                self._queued.discard((what, n))
+            if run is None:
                 continue
             tags = run.data.tags
             if what == "checkpoints" and "hpolab.checkpoints_deleted" not in tags:

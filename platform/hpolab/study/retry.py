@@ -8,6 +8,11 @@ the new trial's number (None when max_retries is spent). The next driver to ask(
 and resumes it from the latest checkpoint of its chain (retry_source): the dead attempt's last.pt
 in this worker's trial folder, or else the one it uploaded to its MLflow run's checkpoints/ (any
 worker: the attempt may have run on another machine).
+
+What consumes `max_retries`: only failures of the trial itself (a CUDA OOM, a trial_timeout). An
+interrupt (Ctrl-C, SIGTERM), a dead driver (its owner gone, or its heartbeats stale) and a trial
+reaped while its owner still ran it never do: the chain records why each attempt ended
+(`hpolab.retry_kinds`, parallel to `retry_history`) so the count can tell them apart.
 """
 
 from __future__ import annotations
@@ -24,6 +29,22 @@ from hpolab.study.owners import OWNER_ATTR
 
 NOT_INHERITED = ("mlflow_run_id", OWNER_ATTR)
 OVERRIDES = "hpolab.trainer_overrides"
+KINDS = "hpolab.retry_kinds"  # system attr: why each attempt of retry_history ended, in the same order
+# Why an attempt ended that is not the trial's fault: its retry is free (never counts against max_retries).
+FREE_KINDS = frozenset({"interrupted", "driver", "stale", "owner_gone", "reaped"})
+
+
+def chain_kinds(trial: FrozenTrial, kind: str) -> list[str | None]:
+    """Why each attempt of the chain ending in `trial` (which ended for `kind`) ended. Attempts of
+    a chain recorded before kinds were (None) count as failures of the trial, as they used to."""
+    history = trial.system_attrs.get("retry_history", [])
+    kinds = list(trial.system_attrs.get(KINDS, []))[-len(history):] if history else []
+    return [*[None] * (len(history) - len(kinds)), *kinds, kind]
+
+
+def retries_used(kinds: list[str | None]) -> int:
+    """How many attempts of a chain count against max_retries: the trial's own failures only."""
+    return sum(1 for k in kinds if k not in FREE_KINDS)
 
 
 class RetryCopy:
@@ -33,9 +54,11 @@ class RetryCopy:
     def __call__(self, study: optuna.Study, trial: FrozenTrial, kind: str = "stale",
                  overrides: dict[str, Any] | None = None) -> int | None:
         history = [*trial.system_attrs.get("retry_history", []), trial.number]
-        if len(history) > self.max_retries:
+        kinds = chain_kinds(trial, kind)
+        if retries_used(kinds) > self.max_retries:
             return None
-        system_attrs = {**trial.system_attrs, "failed_trial": history[0], "retry_history": history, "hpolab.retry_kind": kind}
+        system_attrs = {**trial.system_attrs, "failed_trial": history[0], "retry_history": history, KINDS: kinds,
+                        "hpolab.retry_kind": kind}
         if overrides:
             system_attrs[OVERRIDES] = {**trial.system_attrs.get(OVERRIDES, {}), **overrides}
         study.add_trial(optuna.create_trial(

@@ -41,6 +41,7 @@ class Running:
     uploaded_at: float = field(default_factory=time.monotonic)  # the last checkpoint upload (or the start)
     uploaded_epoch: int = 0  # the epoch of that upload
     best_inode: int | None = None  # best.pt's inode at that upload (a new one is uploaded only when it changed)
+    lost: str | None = None  # why Optuna no longer has it RUNNING (another worker reaped it; heartbeat.py)
 
     @property
     def number(self) -> int:
@@ -86,14 +87,24 @@ class TrialRunner:
         self._retired: list[tuple[Any, int | None]] = []  # (process, gpu) of finished trials still exiting
 
     def retire(self, r: Running) -> None:
-        """A trial that has reported its result: its process exits by itself (it has nothing left to
-        do, and its lifeline is closed); it is not waited for on the driver's loop, only checked
-        without blocking (its GPU counts as used until it is gone)."""
-        if r.process is not None and r.process.is_alive():
+        """A trial that has ended (reported its result, or was killed, or died): its process exits by
+        itself (it has nothing left to do, and its lifeline is closed); it is not waited for on the
+        driver's loop, only checked without blocking (its GPU counts as used until it is gone)."""
+        self.reap_retired()
+        if r.process is not None and r.process not in [p for p, _ in self._retired]:
             self._retired.append((r.process, r.gpu))
 
     def reap_retired(self) -> None:
-        self._retired = [(p, gpu) for p, gpu in self._retired if p.is_alive()]
+        """Join and close the retired processes that are gone (their sentinel fds with them): however
+        many trials a driver runs, it holds only the processes still exiting."""
+        alive = []
+        for p, gpu in self._retired:
+            if p.is_alive():
+                alive.append((p, gpu))
+            else:
+                p.join()  # (exited: returns at once)
+                p.close()
+        self._retired = alive
 
     def context(self):
         if self._ctx is None:
@@ -166,6 +177,7 @@ class TrialRunner:
 
     def spawn_trial(self, r: Running, resume_from: str | None, running: Iterable[Running]) -> None:
         """Start (or restart, after an OOM) the process of `r`; `running` includes `r` itself."""
+        self.reap_retired()
         r.gpu = None  # (a retry re-picks: do not count its own previous slot)
         r.gpu = self.least_used_gpu(running)
         job = {

@@ -7,6 +7,8 @@ Real data (sklearn digits, flattened) and a tiny MLP. `model.fault` picks the mi
   exit_after_epoch (the process exits right after sending its first epoch to the driver, so the
   driver's "continue" meets a closed pipe; fault_after is ignored)
 `model.sleep` slows every forward call (seconds), to make trials slow enough to interrupt.
+`model.linger` keeps the process alive that many seconds after the trial sent its result (a slow exit:
+the driver retires it while it is still running).
 If HPOLAB_TEST_PID_DIR is set, each model writes its process id there (to find orphans).
 """
 
@@ -26,7 +28,7 @@ from torch.utils.data import TensorDataset
 from hpolab.train.data import DataSplits
 
 DATA_DEFAULTS: dict = {}
-MODEL_DEFAULTS = {"hidden": 32, "fault": "none", "fault_after": 0, "sleep": 0.0}
+MODEL_DEFAULTS = {"hidden": 32, "fault": "none", "fault_after": 0, "sleep": 0.0, "linger": 0.0}
 
 
 def load_data(data: dict, seed: int) -> DataSplits:
@@ -69,6 +71,11 @@ def build_model(model: dict, input_shape, num_classes) -> nn.Module:
     pid_dir = os.environ.get("HPOLAB_TEST_PID_DIR")
     if pid_dir:
         open(os.path.join(pid_dir, f"{os.getpid()}.pid"), "w").close()
+    if float(model.get("linger", 0)):
+        from multiprocessing import util
+
+        # run by the process's exit (multiprocessing's exit function), after the result was sent
+        util.Finalize(None, time.sleep, args=(float(model["linger"]),), exitpriority=100)
     if model["fault"] == "exit_after_epoch":
         _exit_after_first_epoch_message()
         return Faulty(int(model["hidden"]), "none", 0, float(model["sleep"]))

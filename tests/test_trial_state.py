@@ -1,0 +1,302 @@
+"""One state per trial in both stores (issue 20): Optuna's state is the truth MLflow records.
+
+Logic first (fabricated trials, pipes and runs; real Optuna and MLflow stores), then the real CLI in
+tests/fault_project: a trial reaped while its owner still runs it, a study metric that is never
+finite, a configuration interrupted twice, and a driver's file descriptors over many trials.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from multiprocessing import Pipe
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import pytest
+from mlflow import MlflowClient
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState
+
+from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, open_study, run_cli, trial_run
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+# ---------------------------------------------------------------- retries: what consumes max_retries
+
+
+def _fail_and_retry(study: optuna.Study, retry, kind: str) -> int | None:
+    """Run the next trial (a WAITING copy first, as the driver's ask() does), fail it for `kind`."""
+    t = study.ask({"x": FloatDistribution(0, 1)})
+    study.tell(t, state=TrialState.FAIL)
+    return retry(study, study.trials[t.number], kind=kind)
+
+
+def test_interrupts_and_dead_drivers_never_use_up_max_retries():
+    from hpolab.study.retry import RetryCopy
+
+    study = optuna.create_study()
+    retry = RetryCopy(1)
+    for kind in ("interrupted", "interrupted", "owner_gone", "stale", "driver", "reaped"):
+        assert _fail_and_retry(study, retry, kind) is not None, kind  # free: the configuration comes back
+    assert _fail_and_retry(study, retry, "oom") is not None  # the trial's own failure: 1 of max_retries=1
+    assert _fail_and_retry(study, retry, "interrupted") is not None  # still free after that
+    assert _fail_and_retry(study, retry, "timeout") is None  # the second failure of its own: spent
+    last = study.trials[-1]
+    assert last.system_attrs["retry_history"] == list(range(8))
+    assert last.system_attrs["hpolab.retry_kinds"] == ["interrupted", "interrupted", "owner_gone", "stale", "driver", "reaped",
+                                        "oom", "interrupted"]
+
+
+def test_a_chain_recorded_without_kinds_counts_as_before():
+    from hpolab.study.retry import RetryCopy
+
+    study = optuna.create_study()
+    t = study.ask({"x": FloatDistribution(0, 1)})
+    study.tell(t, state=TrialState.FAIL)
+    study.add_trial(optuna.create_trial(state=TrialState.WAITING, params=t.params, distributions=t.distributions,
+                                        system_attrs={"retry_history": [0], "failed_trial": 0}))  # an older version's copy
+    retry = RetryCopy(1)
+    assert _fail_and_retry(study, retry, "interrupted") is not None  # an interrupt is free, whatever came before
+    assert _fail_and_retry(study, retry, "oom") is None  # the unknown first link counted: 2 > max_retries
+
+
+# ---------------------------------------------------------------- the child's last message
+
+
+class _ExitsAfterSending:
+    """A child process that sends its result and exits in the moment between the driver's drain of
+    its pipe and its is_alive() check (the race of issue 20, item 8)."""
+
+    def __init__(self, child_conn, msg):
+        self.child_conn, self.msg, self.exitcode = child_conn, msg, 0
+
+    def is_alive(self) -> bool:
+        if self.child_conn is not None:
+            self.child_conn.send(self.msg)
+            self.child_conn.close()
+            self.child_conn = None
+        return False
+
+    def join(self, timeout=None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_result_sent_just_before_the_exit_is_not_missed(tmp_path):
+    from hpolab.study.events import TrialEvents
+    from hpolab.study.runner import Running, TrialRunner
+
+    seen = []
+
+    class Recording(TrialEvents):
+        def on_fail(self, r, info):
+            seen.append(("fail", info["reason"]))
+            self.running.pop(r.number)
+
+        def on_exit_without_result(self, r):
+            seen.append(("exit", None))
+            self.running.pop(r.number)
+
+    parent, child = Pipe(duplex=True)
+    r = Running(trial=SimpleNamespace(number=0), run_id="run", config={}, trial_dir=tmp_path,
+                process=_ExitsAfterSending(child, ("fail", {"kind": "exception", "reason": "boom"})), conn=parent)
+    running = {0: r}
+    events = Recording(None, None, running, None, TrialRunner("x", "x", 1, tmp_path), None, "val_acc", None, None,
+                       stopping=lambda: False, aborting=lambda: False)
+    events.handle(r)
+    assert seen == [("fail", "boom")]
+
+
+def test_a_failed_tell_never_leaves_mlflow_saying_complete():
+    from hpolab.study.events import disagreement
+
+    reaped = optuna.create_trial(state=TrialState.FAIL, params={}, distributions={},
+                                 system_attrs={"hpolab.reaped": "host-b pid 7: its driver is gone"})
+    tags = {"hpolab.best_val_acc": "0.9"}
+    state, value, model, retry = disagreement(reaped, TrialState.COMPLETE, 0.9, {"model": 1}, None, tags)
+    assert (state, value, model, retry) == (TrialState.FAIL, None, None, None)
+    assert tags["hpolab.fail_kind"] == "reaped" and "reaped by another worker (host-b pid 7" in tags["hpolab.fail_reason"]
+
+    tags = {"hpolab.fail_reason": "interrupted", "hpolab.tell_error": "OperationalError: gone"}
+    state, _, _, retry = disagreement(None, TrialState.FAIL, None, None, "interrupted", tags)  # cannot be read back
+    assert (state, retry) == (TrialState.FAIL, None) and tags["hpolab.fail_kind"] == "tell"
+    assert tags["hpolab.fail_reason"].startswith("Optuna could not record its end (OperationalError: gone)")
+
+    done = optuna.create_trial(state=TrialState.COMPLETE, value=0.9, params={}, distributions={})
+    assert disagreement(done, TrialState.COMPLETE, 0.9, {"model": 1}, None, {}) == (TrialState.COMPLETE, 0.9, {"model": 1}, None)
+
+
+# ---------------------------------------------------------------- retention and a RUNNING run
+
+
+def test_retention_never_touches_the_files_of_a_running_run(store):
+    from hpolab.study.retention import Retention
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    exp = client.create_experiment("keep", artifact_location=(store / "artifacts").as_uri())
+    run = client.create_run(exp)  # another worker's trial: Optuna has it finished, its uploads still queued
+    folder = store / "trials" / "keep" / "trial-3"
+    folder.mkdir(parents=True)
+    for name in ("last.pt", "best.pt"):
+        (folder / name).write_bytes(b"checkpoint")
+    spec = SimpleNamespace(log_models="complete", keep_checkpoints=SimpleNamespace(top_k=1), direction="maximize")
+    retention = Retention(spec, None, lambda n: folder)
+    items = [("checkpoints", 3, run.info.run_id, folder)]
+
+    retention.purge(client, items)
+    assert (folder / "last.pt").exists() and (folder / "best.pt").exists()
+    assert "hpolab.checkpoints_deleted" not in client.get_run(run.info.run_id).data.tags
+
+    client.set_terminated(run.info.run_id, "FINISHED")  # its worker closed it: a later pass deletes
+    retention.purge(client, items)
+    assert not (folder / "last.pt").exists() and not (folder / "best.pt").exists()
+    assert client.get_run(run.info.run_id).data.tags["hpolab.checkpoints_deleted"] == "keep_checkpoints: top_k 1"
+
+
+# ---------------------------------------------------------------- the real CLI
+
+
+def _start(store: Path, *args: str, spec: str = FAULT_SPEC, env: dict | None = None) -> subprocess.Popen:
+    exe = Path(sys.executable).with_name("hpolab")
+    return subprocess.Popen([str(exe), "--store", str(store), "study", "run", spec, *args], cwd=FAULT_PROJECT,
+                            env=env or hpolab_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(path: Path, driver: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return
+        if driver.poll() is not None:
+            raise AssertionError(f"the driver exited {driver.returncode} before {path} existed:\n{driver.stdout.read()}")
+        time.sleep(0.1)
+    raise AssertionError(f"{path} did not appear in time")
+
+
+def _models_of(client, study) -> set[str]:
+    exp = client.get_experiment_by_name(study.study_name)
+    return {m.source_run_id for m in client.search_logged_models([exp.experiment_id])}
+
+
+def _states_agree(client, study) -> None:
+    for t in study.get_trials():
+        run = trial_run(t, client)
+        assert run.data.tags["hpolab.state"] == t.state.name, (t.number, t.state, run.data.tags)
+        assert run.info.status == {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}[t.state.name]
+
+
+@pytest.mark.slow
+def test_a_trial_reaped_while_its_owner_runs_it_ends_fail_in_both_stores(store):
+    from hpolab.stores import mlflow_runs as tr
+    from hpolab.stores.optuna_storage import open_storage
+    from hpolab.study.heartbeat import reap_dead_trials
+    from hpolab.study.owners import OWNER_ATTR
+    from hpolab.study.retry import RetryCopy
+
+    env = {**hpolab_env(), "HPOLAB_HEARTBEAT_INTERVAL": "1"}
+    driver = _start(store, "n_trials=2", "parallel=1", "trainer.max_epochs=12", "model.sleep=0.03", env=env)
+    _wait_for(store / "trials" / "faulty" / "trial-0" / "last.pt", driver)
+
+    # Another worker's reaper believes trial 0's owner dead (as when the owner's heartbeat writes
+    # failed for the grace period; here its owner record names a pid that is gone): FAIL, a retry
+    # copy, its run closed FAILED. The owner is alive and still training it.
+    storage = open_storage(f"sqlite:///{store / 'optuna.db'}")
+    study = optuna.load_study(study_name="faulty", storage=storage)
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    t0 = study.trials[0]
+    storage.set_trial_user_attr(t0._trial_id, OWNER_ATTR, {**t0.user_attrs[OWNER_ATTR], "pid": 4194304 + 7, "start_time": "0"})
+
+    def close_run(run_id, state, tags):
+        tr.set_tags(client, run_id, {"hpolab.state": state.name, **tags})
+        client.set_terminated(run_id, status="FAILED")
+
+    notes: list[str] = []
+    reap_dead_trials(study, storage, {}, RetryCopy(1), close_run, notes.append)
+    assert notes and "is gone; retried as trial" in notes[0], notes
+    out, _ = driver.communicate(timeout=600)
+    assert driver.returncode == 0, out
+
+    client, study = open_study(store)
+    trials = study.get_trials()
+    reaped = trials[0]
+    assert reaped.state == TrialState.FAIL
+    run = trial_run(reaped, client)
+    assert "reaped by another worker" in run.data.tags["hpolab.fail_reason"], run.data.tags
+    assert run.data.tags["hpolab.fail_kind"] == "reaped"
+    assert len(client.get_metric_history(run.info.run_id, "val_acc")) < 12  # its child was stopped
+    assert run.info.run_id not in _models_of(client, study)
+    copies = [t for t in trials if t.system_attrs.get("retry_history") == [0]]
+    assert len(copies) == 1 and copies[0].state == TrialState.COMPLETE  # one retry, not two
+    assert len([t for t in trials if t.state == TrialState.COMPLETE]) == 2, out
+    _states_agree(client, study)
+
+
+@pytest.mark.slow
+def test_a_study_metric_never_finite_is_a_fail_in_both_stores(store):
+    out = run_cli("--store", str(store), "study", "run", "studies/nanmetric.yaml", "n_trials=3", "max_failures=2",
+                  cwd=FAULT_PROJECT, check=False)
+    assert out.returncode == 1 and "2 trials failed in a row" in out.stderr, out.stdout + out.stderr
+    client, study = open_study(store, "nanmetric")
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL]
+    for t in trials:
+        tags = trial_run(t, client).data.tags
+        assert "the study metric val_score was never finite" in tags["hpolab.fail_reason"], tags
+        assert tags["hpolab.fail_kind"] == "metric"
+    assert _models_of(client, study) == set()
+    _states_agree(client, study)
+
+
+@pytest.mark.slow
+def test_a_configuration_interrupted_twice_resumes_and_completes(store):
+    # The issue's reproduction: max_retries=1, parallel=1, Ctrl-C twice while the same configuration trains.
+    args = ["n_trials=3", "parallel=1", "max_retries=1", "trainer.max_epochs=10", "model.sleep=0.03"]
+    for attempt in (0, 1):  # trial 1 is the retry copy of trial 0: the same configuration
+        driver = _start(store, *args)
+        _wait_for(store / "trials" / "faulty" / f"trial-{attempt}" / "last.pt", driver)
+        driver.send_signal(signal.SIGINT)
+        out, _ = driver.communicate(timeout=300)
+        assert driver.returncode == 130, out
+    run_cli("--store", str(store), "study", "run", FAULT_SPEC, *args, cwd=FAULT_PROJECT)
+
+    client, study = open_study(store)
+    trials = study.get_trials()
+    chain = [t for t in trials if t.system_attrs.get("retry_history", [None])[0] == 0]
+    assert chain[-1].state == TrialState.COMPLETE and chain[-1].params == trials[0].params
+    assert chain[-1].system_attrs["hpolab.retry_kinds"] == ["interrupted", "interrupted"]
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    final = [t for t in trials if t.number not in retried]
+    assert len(final) == 3 and all(t.state == TrialState.COMPLETE for t in final), [(t.number, t.state) for t in trials]
+    _states_agree(client, study)
+
+
+@pytest.mark.slow
+def test_the_drivers_file_descriptors_do_not_grow_with_the_trials(store, monkeypatch):
+    # Each trial's process lingers 0.5 s after its result (model.linger): the driver retires it alive.
+    # The driver runs in this process (its descriptors are the ones counted), from the project folder.
+    from hpolab.config.spec import load_spec
+    from hpolab.stores.paths import resolve_stores
+    from hpolab.study.driver import Driver
+    from hpolab.study.progress import Progress
+
+    fds: dict[int, int] = {}
+
+    class CountingFds(Progress):
+        def trial_finished(self, number, *args, **kwargs):
+            fds[number] = len(os.listdir("/proc/self/fd"))
+            super().trial_finished(number, *args, **kwargs)
+
+    monkeypatch.chdir(FAULT_PROJECT)
+    spec = load_spec(FAULT_PROJECT / FAULT_SPEC, ["n_trials=12", "parallel=1", "trainer.max_epochs=1", "log_models=none",
+                                                  "model.linger=0.5", "search_space={}"])
+    outcome = Driver(spec, resolve_stores(str(store)), CountingFds(spec, quiet=True), project_dir=FAULT_PROJECT).run()
+    assert outcome.counts["complete"] == 12, fds
+    assert fds[11] - fds[3] <= 3, fds  # before: one more descriptor for every trial still exiting when it ended
