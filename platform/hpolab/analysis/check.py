@@ -3,7 +3,7 @@
 Optuna's state is the truth; MLflow records it. Read in bulk (the study's trials once, one paged
 search over the experiment's runs, one over its logged models, a stat per uploaded checkpoint), so
 a study of hundreds of trials is checked in seconds. Every disagreement is a `Problem` (trial,
-what, fix); those with a `repair` are fixed by `--repair` without deleting anything (check_fixes.py).
+what, fix); those with a `repair` are fixed by `--repair` without deleting anything (consistency.py).
 
 What is checked:
 - each started trial has its MLflow run (user attr `mlflow_run_id`), not deleted, tagged with its
@@ -23,99 +23,23 @@ What is checked:
 from __future__ import annotations
 
 import json
-import warnings
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable
 
-import optuna
-from optuna.trial import FrozenTrial, TrialState
-
+from hpolab.analysis.consistency import (Problem, Study, orphan_runs, parent_problems, read_study, running_problems,
+                                         trial_problems)
 from hpolab.stores.paths import Stores
-
-MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
-# Attempts that did not fail by their own doing: they are queued to resume (a retry copy).
-INTERRUPT_KINDS = ("interrupted", "driver", "owner_gone", "stale")
-BY_CHECK = "(recorded by hpolab study check)"
-
-
-@dataclass
-class Problem:
-    trial: int | None  # None: the study as a whole
-    what: str
-    fix: str
-    repair: Callable[[], str] | None = field(default=None, repr=False)  # does the fix; returns what it did
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"trial": self.trial, "what": self.what, "fix": self.fix, "repairable": self.repair is not None}
-
-
-@dataclass
-class Study:
-    """Both stores of one study, read once."""
-
-    name: str
-    stores: Stores
-    study: optuna.Study
-    client: Any
-    experiment_id: str | None
-    runs: dict[str, Any]  # run id -> Run (deleted runs too)
-    models: dict[str, Any]  # logged model id -> LoggedModel
-    trials: list[FrozenTrial]
-    parent_id: str | None
-    live: set[int] = field(default_factory=set)  # RUNNING trials whose owner may be alive
-
-    @property
-    def storage(self):
-        return self.study._storage
-
-
-def read_study(name: str, stores: Stores) -> Study:
-    from mlflow.entities import ViewType
-
-    from hpolab.stores.mlflow_runs import client_for
-    from hpolab.stores.optuna_storage import load_study, make_storage
-
-    load_study(name, stores)  # an unknown study or store: one line (UserError), exit 2
-    with warnings.catch_warnings():  # heartbeat settings (to tell stale trials) are "experimental"
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study = optuna.load_study(study_name=name, storage=make_storage(stores.optuna_url))
-    client = client_for(stores)
-    exp = client.get_experiment_by_name(name)
-    runs: dict[str, Any] = {}
-    models: dict[str, Any] = {}
-    if exp is not None:
-        token = None
-        while True:
-            page = client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL, max_results=1000, page_token=token)
-            runs.update((r.info.run_id, r) for r in page)
-            token = page.token
-            if not token:
-                break
-        token = None
-        while True:
-            page = client.search_logged_models([exp.experiment_id], max_results=1000, page_token=token)
-            models.update((m.model_id, m) for m in page)
-            token = page.token
-            if not token:
-                break
-    return Study(name, stores, study, client, exp.experiment_id if exp else None, runs, models,
-                 study.get_trials(deepcopy=False), study.user_attrs.get("mlflow_parent_run_id"))
 
 
 def find_problems(s: Study) -> list[Problem]:
-    from hpolab.analysis import check_fixes as fx
-
     if not s.trials:
         return []
     if s.experiment_id is None:
         return [Problem(None, f"no MLflow experiment named {s.name!r}, but {len(s.trials)} Optuna trials",
                         "point --tracking-uri at the study's MLflow store")]
-    out = fx.running_problems(s)
+    out = running_problems(s)
     for t in s.trials:
-        out += fx.trial_problems(s, t)
-    out += fx.orphan_runs(s)
-    out += fx.parent_problems(s)
+        out += trial_problems(s, t)
+    out += orphan_runs(s)
+    out += parent_problems(s)
     return out
 
 
@@ -169,14 +93,3 @@ def check_study(name: str, stores: Stores, repair: bool = False, as_json: bool =
 
 def check_cmd(args, stores: Stores) -> int:
     return check_study(args.name, stores, repair=args.repair, as_json=args.json)
-
-
-def local_artifact_dir(uri: str) -> Path | None:
-    """The folder of a file: (or plain path) artifact URI; None for a remote store."""
-    if uri.startswith("file:"):
-        from mlflow.utils.file_utils import local_file_uri_to_path
-
-        return Path(local_file_uri_to_path(uri))
-    if uri.startswith("/"):
-        return Path(uri)
-    return None

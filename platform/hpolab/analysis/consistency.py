@@ -1,4 +1,5 @@
-"""The checks of `hpolab study check` (check.py), each with its repair where one exists.
+"""The checks of `hpolab study check` (check.py), each with its repair where one exists: a study's
+two stores read once (`read_study`), and the `Problem`s found in them.
 
 A repair never deletes: it sets tags, closes a run with Optuna's state, restores a deleted run,
 marks a RUNNING trial of a dead driver FAIL with a retry copy (what the next `study run` does),
@@ -8,17 +9,100 @@ queues an interrupted attempt to resume, or records that an artifact is missing.
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
+import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.stores import mlflow_runs as tr
+from hpolab.stores.paths import Stores
 from hpolab.study.budget import RELEASED, trial_counts
 from hpolab.study.heartbeat import _why_dead
-from hpolab.study.owners import describe, owner_gone, owner_of
+from hpolab.stores.optuna_storage import GRACE_PERIOD
+from hpolab.study.owners import describe, heartbeat_age, owner_gone, owner_of
 from hpolab.study.retry import RetryCopy
 
-from hpolab.analysis.check import BY_CHECK, INTERRUPT_KINDS, MLFLOW_STATUS, Problem, Study, local_artifact_dir
+MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
+# Attempts that did not fail by their own doing: they are queued to resume (a retry copy).
+INTERRUPT_KINDS = ("interrupted", "driver", "owner_gone", "stale")
+BY_CHECK = "(recorded by hpolab study check)"
+
+
+@dataclass
+class Problem:
+    trial: int | None  # None: the study as a whole
+    what: str
+    fix: str
+    repair: Callable[[], str] | None = field(default=None, repr=False)  # does the fix; returns what it did
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"trial": self.trial, "what": self.what, "fix": self.fix, "repairable": self.repair is not None}
+
+
+@dataclass
+class Study:
+    """Both stores of one study, read once."""
+
+    name: str
+    stores: Stores
+    study: optuna.Study
+    client: Any
+    experiment_id: str | None
+    runs: dict[str, Any]  # run id -> Run (deleted runs too)
+    models: dict[str, Any]  # logged model id -> LoggedModel
+    trials: list[FrozenTrial]
+    parent_id: str | None
+    live: set[int] = field(default_factory=set)  # RUNNING trials whose owner may be alive
+
+    @property
+    def storage(self):
+        return self.study._storage
+
+
+def read_study(name: str, stores: Stores) -> Study:
+    from mlflow.entities import ViewType
+
+    from hpolab.stores.mlflow_runs import client_for
+    from hpolab.stores.optuna_storage import load_study
+
+    study = load_study(name, stores)  # an unknown study or store: one line (UserError), exit 2
+    client = client_for(stores)
+    exp = client.get_experiment_by_name(name)
+    runs: dict[str, Any] = {}
+    models: dict[str, Any] = {}
+    if exp is not None:
+        token = None
+        while True:
+            page = client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL, max_results=1000, page_token=token)
+            runs.update((r.info.run_id, r) for r in page)
+            token = page.token
+            if not token:
+                break
+        token = None
+        while True:
+            page = client.search_logged_models([exp.experiment_id], max_results=1000, page_token=token)
+            models.update((m.model_id, m) for m in page)
+            token = page.token
+            if not token:
+                break
+    return Study(name, stores, study, client, exp.experiment_id if exp else None, runs, models,
+                 study.get_trials(deepcopy=False), study.user_attrs.get("mlflow_parent_run_id"))
+
+
+
+def local_artifact_dir(uri: str) -> Path | None:
+    """The folder of a file: (or plain path) artifact URI; None for a remote store."""
+    if uri.startswith("file:"):
+        from mlflow.utils.file_utils import local_file_uri_to_path
+
+        return Path(local_file_uri_to_path(uri))
+    if uri.startswith("/"):
+        return Path(uri)
+    return None
+
 
 UNLIMITED = 10**9  # a repair's retry copy: interrupts never use up max_retries
 
@@ -46,10 +130,8 @@ def _owner_alive(t: FrozenTrial) -> bool:
 def running_problems(s: Study) -> list[Problem]:
     """RUNNING trials without a live owner; fills `s.live` with those whose owner may be alive."""
     running = [t for t in s.trials if t.state == TrialState.RUNNING]
-    try:
-        stale = set(s.storage._get_stale_trial_ids(s.study._study_id)) if running else set()
-    except Exception:  # a storage without heartbeats (the gRPC proxy): owners on this host only
-        stale = set()
+    # Stale: no heartbeat for GRACE_PERIOD seconds (None: no heartbeat, or a storage without them)
+    stale = {t._trial_id for t in running if (heartbeat_age(s.storage, t._trial_id) or 0) > GRACE_PERIOD}
     out = []
     for t in running:
         why = _why_dead(t, stale, s.storage)
@@ -261,7 +343,7 @@ def parent_problems(s: Study) -> list[Problem]:
     if run.info.lifecycle_stage == "deleted":
         out.append(Problem(None, f"parent run {s.parent_id} is deleted", "restore it",
                            lambda: (s.client.restore_run(s.parent_id), f"restored parent run {s.parent_id}")[1]))
-    counts = trial_counts(s.study)
+    counts = trial_counts(SimpleNamespace(get_trials=lambda deepcopy=False: s.trials))  # the trials already read
     n_trials = _budget(run.data.tags, run.data.params)
     if n_trials is not None and counts["finished"] > n_trials:
         out.append(Problem(None, f"{counts['finished']} finished trials count against a budget of n_trials={n_trials}",
