@@ -80,7 +80,8 @@ def ensure_lr_range_test(spec: StudySpec, study: optuna.Study, stores: Stores, r
     the study, so a resumed study (or another worker) reuses it instead of re-running it."""
     if not spec.lr_range_test.enabled or study.user_attrs.get("lr_range_test"):
         return
-    with budget_lock(study._storage, spec.name, timeout=LR_TEST_LOCK_TIMEOUT):
+    storage = getattr(study._storage, "_backend", study._storage)  # the RDBStorage under Optuna's cache: it has the engine
+    with budget_lock(storage, spec.name, timeout=LR_TEST_LOCK_TIMEOUT):
         if study.user_attrs.get("lr_range_test"):  # another worker ran it while we waited for the lock
             note("using the LR range test another worker ran for this study")
             return
