@@ -4,7 +4,7 @@ A study of short trials on the embedded store. A seeded helper thread SIGKILLs r
 processes; the test itself SIGKILLs the driver twice at random moments while trials run and
 restarts it at once. Afterwards: exactly n_trials finished, nothing RUNNING or WAITING, every
 finished Optuna trial has exactly one closed MLflow run with the same state, every retry links to
-the run it continues, and no process of the study is alive. The counts are printed (pytest -s).
+the run it continues, no process of the study is alive, and `hpolab study check` is clean. The counts are printed (pytest -s).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from conftest import hpolab_env
+from conftest import hpolab_env, run_cli
 
 PROJECT = Path(__file__).parent / "fault_project"
 N_TRIALS = 10
@@ -147,6 +147,8 @@ def test_chaos_random_sigkills_of_trials_and_driver(store, tmp_path):
     while any(_alive(p) for p in _trial_pids(pid_dir) + driver_pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [p for p in _trial_pids(pid_dir) + driver_pids if _alive(p)], "a process of the study is still alive"
+    check = run_cli("--store", str(store), "study", "check", "faulty", cwd=PROJECT, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr  # both stores tell the same story
     print(f"\nCHAOS: {len(killer.killed)} trial processes killed, {drivers_killed} drivers killed, "
           f"{len(trials)} Optuna trials ({len(retried)} retried attempts), final: "
           f"{sum(t.state == TrialState.COMPLETE for t in final)} complete, {sum(t.state == TrialState.FAIL for t in final)} failed; "

@@ -24,6 +24,12 @@ _open = open_study
 _run = trial_run
 
 
+def _check_clean(store: Path) -> None:
+    """Both stores tell the same story: `hpolab study check` (the real CLI) is clean."""
+    out = run_cli("--store", str(store), "study", "check", "faulty", cwd=PROJECT, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def _steps(client, run_id: str, metric: str = "val_acc") -> list[int]:
     return sorted(m.step for m in client.get_metric_history(run_id, metric))
 
@@ -55,6 +61,7 @@ def test_child_dead_at_the_reply_ends_its_trial_only(store):
     assert dead.state == TrialState.FAIL
     assert "exited with code 3" in _run(dead, client).data.tags["hpolab.fail_reason"]
     assert _run(dead, client).info.status == "FAILED"
+    _check_clean(store)
 
 
 @pytest.mark.slow
@@ -82,6 +89,7 @@ def test_sigterm_stops_gracefully_exits_143_and_resumes(store):
     for t in done:
         if t.system_attrs.get("retry_history"):
             assert _steps(client, _run(t, client).info.run_id) == list(range(1, 9))  # one continuous curve
+    _check_clean(store)
 
 
 @pytest.mark.slow
@@ -103,6 +111,7 @@ def test_immediate_restart_after_sigkill_finishes_the_budget(store):
     for t in trials:
         assert _run(t, client).info.status != "RUNNING"
         assert _run(t, client).data.tags["hpolab.state"] == t.state.name
+    _check_clean(store)
 
 
 @pytest.mark.slow
@@ -121,6 +130,7 @@ def test_oom_retry_is_a_new_attempt_that_continues(store):
     assert _steps(client, r0.info.run_id) == [1]
     assert _steps(client, r1.info.run_id) == [1, 2, 3]  # epoch 1 carried over from the checkpoint
     assert sorted(retry.intermediate_values) == [1, 2, 3]
+    _check_clean(store)
 
 
 @pytest.mark.slow
@@ -137,6 +147,7 @@ def test_timeout_retry_resumes_from_the_checkpoint(store):
     assert r0.data.tags["hpolab.fail_kind"] == "timeout" and "trial_timeout (30 s)" in r0.data.tags["hpolab.fail_reason"]
     assert r1.data.tags["hpolab.retry_of_run"] == r0.info.run_id and "hpolab.resumed_from" in r1.data.tags
     assert _steps(client, r1.info.run_id) == [1, 2]
+    _check_clean(store)
 
 
 @pytest.mark.slow
@@ -156,6 +167,7 @@ def test_failure_limit_and_exit_codes(store):
     assert out.returncode == 0, out.stderr
     out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=4", "max_failures=0", cwd=PROJECT, check=False)
     assert out.returncode == 2 and "max_failures" in out.stderr
+    _check_clean(store)
 
 
 @pytest.mark.slow
@@ -168,3 +180,4 @@ def test_reproduce_of_a_pruned_trial_matches(store):
     assert t.state == TrialState.PRUNED
     out = run_cli("--store", str(store), "reproduce", t.user_attrs["mlflow_run_id"], cwd=PROJECT)
     assert "reproduced: identical" in out.stdout, out.stdout
+    _check_clean(store)

@@ -46,6 +46,10 @@ def _add_study_commands(sub) -> None:
     _add_spec_change_options(p)
     p = _command(ssub, "status", "trial table of a study, from the stores")
     p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file (its name: is used)")
+    p = _command(ssub, "check", "list every disagreement between the study's Optuna trials and MLflow runs (exit 1 if any)")
+    p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file (its name: is used)")
+    p.add_argument("--repair", action="store_true", help="fix what can be fixed without deleting anything, and say what was done")
+    p.add_argument("--json", action="store_true", help="print the problems as a JSON list")
     _command(ssub, "list", "the studies in the store: direction, metric, trials by state, best value, last activity")
     p = _command(ssub, "delete", "delete a study: its Optuna study, its MLflow experiment (soft delete) and its local trial folders")
     p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file")
@@ -203,6 +207,13 @@ def cmd_study_status(args) -> int:
     return print_status(args.name, stores)
 
 
+def cmd_study_check(args) -> int:
+    stores = _stores(args)
+    from hpolab.analysis.check import check_cmd
+
+    return check_cmd(args, stores)
+
+
 def cmd_study_list(args) -> int:
     stores = _stores(args)
     from hpolab.analysis.status import print_study_list
@@ -297,7 +308,7 @@ def _resolve_study_names(args) -> None:
         return study_name_from(arg, full=full)
 
     command = (args.command, getattr(args, "study_command", None))
-    if command in (("study", "status"), ("study", "delete"), ("report", None)):
+    if command in (("study", "status"), ("study", "check"), ("study", "delete"), ("report", None)):
         args.name = name_of(args.name)
     elif command == ("promote", None):
         args.name = name_of(args.name, full=True)
@@ -310,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = {
         ("study", "run"): cmd_study_run,
         ("study", "status"): cmd_study_status,
+        ("study", "check"): cmd_study_check,
         ("study", "list"): cmd_study_list,
         ("study", "delete"): cmd_study_delete,
         ("study", "validate"): cmd_study_validate,

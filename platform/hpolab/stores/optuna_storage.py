@@ -77,7 +77,7 @@ def load_study(name: str, stores: Stores) -> optuna.Study:
     if stores.optuna_url.startswith("sqlite:///") and not (stores.root / "optuna.db").exists() and "optuna.db" in stores.optuna_url:
         raise UserError(f"no Optuna storage at {stores.root / 'optuna.db'}; run a study first, or pass --store DIR / --storage URL")
     storage = open_storage(stores.optuna_url)
-    names = [s.study_name for s in optuna.get_all_study_summaries(storage=storage)]
+    names = [s.study_name for s in storage.get_all_studies()]  # names only (summaries would read every trial)
     if name not in names:
         known = ", ".join(names) or "none"
         raise UserError(f"no study named {name!r} in {redact(stores.optuna_url)} (studies there: {known})")

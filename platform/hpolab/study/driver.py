@@ -66,7 +66,7 @@ from hpolab.study.retry import RetryCopy
 from hpolab.study.seeds import worker_salt
 from hpolab.study.runner import Running, TrialRunner
 from hpolab.study.search_space import optuna_distributions
-from hpolab.study.signals import StopSignals
+from hpolab.study.signals import StopSignals, signals_ignored
 from hpolab.study.enqueue import enqueue_known_good
 from hpolab.study.spec_guard import check_spec, record_spec
 from hpolab.study.stopping import NoImprovementStop
@@ -132,7 +132,8 @@ class Driver:
         ensure_local(self.stores)
         # Start the forkserver (imports torch + the experiment, seconds) and warm the model exporter
         # (torch.export, used by mlflow.pytorch.log_model) while we open the stores.
-        self.runner.start_forkserver()
+        with signals_ignored():  # the forkserver inherits SIG_IGN: a signal to the process group is the driver's
+            self.runner.start_forkserver()
         threading.Thread(target=warm_exporter, daemon=True).start()
         self.storage = make_storage(self.stores.optuna_url, self.spec.max_retries)
         self.storage.heartbeat_stale_trial_callback = self.retry  # (if anything calls fail_stale_trials)
@@ -242,7 +243,8 @@ class Driver:
             self._open()
             ensure_lr_range_test(self.spec, self.study, self.stores, self.runner, self.project_dir, self.client,
                                  self.experiment_id, self.parent_run_id, self.progress.note, lambda: self.signals.aborting)
-            enqueue_known_good(self.study, self.storage, self.spec, lr_bounds(self.study), self.progress.note)
+            if not self.signals.stopping:  # interrupted during the LR range test: no bounds yet, no trials to queue
+                enqueue_known_good(self.study, self.storage, self.spec, lr_bounds(self.study), self.progress.note)
             outcome = self._loop()
             self._close(outcome)
             return outcome

@@ -363,7 +363,10 @@ def run_in_process(conn, job: dict[str, Any], lifeline=None) -> None:
     "summary": str, "bounds": {"low", "high"} | None}) or ("fail", {"reason", "traceback"}).
     `lifeline`: optional pipe end whose EOF (the driver died) ends this process.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    # Ctrl-C and SIGTERM (to the whole process group: a terminal, `docker stop`, a scheduler) are the
+    # driver's to handle, as in a trial process: it lets the test finish, or kills it on the second.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if lifeline is not None:
         watch_lifeline(lifeline)
     try:

@@ -4,6 +4,11 @@ The test runs in its own process forked from the trial runner's forkserver, like
 result becomes the Optuna study user attr `lr_range_test` ({"low", "high", ...}), so a resumed
 study (or another worker) reuses it instead of re-running it, and the search-space entries with
 `from_lr_range_test` take their bounds from it.
+
+Once per study: the test runs under the study's budget lock (stores/budget_lock.py), and the study
+is read again once the lock is held, so of several workers started together one runs the test and
+the others wait for it and read its result. A second Ctrl-C/SIGTERM kills the test; nothing is
+recorded and the next run starts it again (the driver exits 130/143 like any interrupted run).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import optuna
 from hpolab.config.spec import FloatDist, StudySpec
 from hpolab.errors import StudyError
 from hpolab.stores import mlflow_runs as tr
+from hpolab.stores.budget_lock import budget_lock
 from hpolab.stores.paths import Stores
 from hpolab.study.runner import TrialRunner, spawn_with_lifeline
 
@@ -27,16 +33,26 @@ def lr_bounds(study: optuna.Study) -> tuple[float, float] | None:
     return (b["low"], b["high"]) if b else None
 
 
+# A worker waits this long for another worker's LR range test (it holds the budget lock meanwhile).
+LR_TEST_LOCK_TIMEOUT = float(os.environ.get("HPOLAB_LR_TEST_LOCK_TIMEOUT", "3600"))
+
+
 def _run_child(spec: StudySpec, out_dir: Path, runner: TrialRunner, project_dir: Path,
-               note: Callable[[str], None], aborting: Callable[[], bool]) -> tuple[str, dict[str, Any]]:
-    """Run the test in a child process; its one message, ("done" | "fail", info)."""
+               note: Callable[[str], None], aborting: Callable[[], bool]) -> tuple[str, dict[str, Any]] | None:
+    """Run the test in a child process; its one message, ("done" | "fail", info), or None when a
+    second Ctrl-C/SIGTERM stopped it."""
     from hpolab.study import lr_range as lr_find  # lazily: it pulls in torch; only a study with the test needs it
 
     job = lr_find.make_job(spec, out_dir, project_dir=project_dir, threads=os.cpu_count() or 1,
                            cuda_device=runner.devices_for(runner.least_used_gpu([])))
     note("running the LR range test before the first trial ...")
-    proc, conn, lifeline = spawn_with_lifeline(
-        runner.context(), lr_find.run_in_process, "lr-range-test", lambda c, life: (c, job, life))
+    try:
+        proc, conn, lifeline = spawn_with_lifeline(
+            runner.context(), lr_find.run_in_process, "lr-range-test", lambda c, life: (c, job, life))
+    except (EOFError, OSError) as e:  # the forkserver is gone (killed with the process group?)
+        if aborting():
+            return None
+        raise StudyError(f"could not start the LR range test process: {type(e).__name__}: {e}") from None
     msg = None
     while msg is None:
         try:
@@ -49,7 +65,9 @@ def _run_child(spec: StudySpec, out_dir: Path, runner: TrialRunner, project_dir:
             msg = ("fail", {"reason": f"the LR range test process died (exit code {proc.exitcode})", "traceback": ""})
         elif aborting():
             proc.kill()
-            raise StudyError("interrupted during the LR range test")
+            proc.join(timeout=30)
+            lifeline.close()
+            return None
     proc.join(timeout=30)
     lifeline.close()
     return msg
@@ -59,13 +77,28 @@ def ensure_lr_range_test(spec: StudySpec, study: optuna.Study, stores: Stores, r
                          client, experiment_id: str, parent_run_id: str,
                          note: Callable[[str], None], aborting: Callable[[], bool]) -> None:
     """Run the study's LR range test once (in its own process, like a trial) and record it in
-    the study, so a resumed study reuses it instead of re-running it."""
+    the study, so a resumed study (or another worker) reuses it instead of re-running it."""
     if not spec.lr_range_test.enabled or study.user_attrs.get("lr_range_test"):
         return
+    storage = getattr(study._storage, "_backend", study._storage)  # the RDBStorage under Optuna's cache: it has the engine
+    with budget_lock(storage, spec.name, timeout=LR_TEST_LOCK_TIMEOUT):
+        if study.user_attrs.get("lr_range_test"):  # another worker ran it while we waited for the lock
+            note("using the LR range test another worker ran for this study")
+            return
+        _run_and_record(spec, study, stores, runner, project_dir, client, experiment_id, parent_run_id, note, aborting)
+
+
+def _run_and_record(spec: StudySpec, study: optuna.Study, stores: Stores, runner: TrialRunner, project_dir: Path,
+                    client, experiment_id: str, parent_run_id: str,
+                    note: Callable[[str], None], aborting: Callable[[], bool]) -> None:
     from hpolab.study import lr_range as lr_find  # lazily: it pulls in torch; only a study with the test needs it
 
     out_dir = lr_find.default_out_dir(stores, spec)
-    kind, info = _run_child(spec, out_dir, runner, project_dir, note, aborting)
+    msg = _run_child(spec, out_dir, runner, project_dir, note, aborting)
+    if msg is None:
+        note("LR range test stopped; it runs again on the next run")
+        return
+    kind, info = msg
     if kind == "fail":
         raise StudyError(f"the LR range test failed: {info['reason']}")
     result = lr_find.LRRangeResult.from_dict(info["result"])

@@ -37,6 +37,8 @@ def close_orphan_runs(client, experiment_id: str, study: optuna.Study, close_run
             tags = {"hpolab.closed_by": "a later driver (the trial's driver died before closing its run)"}
             if t.state == TrialState.COMPLETE:
                 tags["hpolab.model_error"] = "the driver died before the model was logged"
+            elif t.state == TrialState.FAIL:  # its reason died with the driver (tell came first, the close was queued)
+                tags["hpolab.fail_reason"] = "unknown: the trial's driver died before closing its run"
             close_run(run_id, t.state, tags)
         fixed += 1
     if fixed:

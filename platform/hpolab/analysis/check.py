@@ -1,0 +1,95 @@
+"""`hpolab study check NAME`: do the study's two stores tell the same story?
+
+Optuna's state is the truth; MLflow records it. Read in bulk (the study's trials once, one paged
+search over the experiment's runs, one over its logged models, a stat per uploaded checkpoint), so
+a study of hundreds of trials is checked in seconds. Every disagreement is a `Problem` (trial,
+what, fix); those with a `repair` are fixed by `--repair` without deleting anything (consistency.py).
+
+What is checked:
+- each started trial has its MLflow run (user attr `mlflow_run_id`), not deleted, tagged with its
+  trial number, under the study's parent run;
+- the states agree: a finished trial's run has `hpolab.state` = Optuna's state and the matching
+  status (COMPLETE: FINISHED, PRUNED: KILLED, FAIL: FAILED, with a `hpolab.fail_reason`); an
+  interrupted attempt (Ctrl-C, SIGTERM, a dead driver) is queued to resume (a retry copy);
+- a retry's run names the attempt it continues (`hpolab.retry_of_trial`, `hpolab.retry_of_run`);
+- no RUNNING trial without a live owner (owners.py; heartbeats for another host's);
+- no run claims a trial that does not point at it;
+- the parent run (study user attr `mlflow_parent_run_id`) is closed when no worker runs, with the
+  study's counts; no more finished trials than `n_trials`;
+- uploaded checkpoints (`hpolab.checkpoint_epoch`) and logged models (`hpolab.model_id`) exist,
+  unless retention deleted them; a COMPLETE trial has a model or says why not.
+"""
+
+from __future__ import annotations
+
+import json
+
+from hpolab.analysis.consistency import (Problem, Study, orphan_runs, parent_problems, read_study, running_problems,
+                                         trial_problems)
+from hpolab.stores.paths import Stores
+
+
+def find_problems(s: Study) -> list[Problem]:
+    if not s.trials:
+        return []
+    if s.experiment_id is None:
+        return [Problem(None, f"no MLflow experiment named {s.name!r}, but {len(s.trials)} Optuna trials",
+                        "point --tracking-uri at the study's MLflow store")]
+    out = running_problems(s)
+    for t in s.trials:
+        out += trial_problems(s, t)
+    out += orphan_runs(s)
+    out += parent_problems(s)
+    return out
+
+
+def _print_table(problems: list[Problem], name: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, width=200 if not Console().is_terminal else None)
+    table = Table(title=f"study {name}: {len(problems)} disagreement{'s' * (len(problems) != 1)} between Optuna and MLflow")
+    for col in ("trial", "what", "fix"):
+        table.add_column(col, justify="right" if col == "trial" else "left", overflow="fold")
+    for p in problems:
+        table.add_row("-" if p.trial is None else str(p.trial), p.what, p.fix + ("" if p.repair else " (not repaired by --repair)"))
+    console.print(table)
+
+
+def check_study(name: str, stores: Stores, repair: bool = False, as_json: bool = False) -> int:
+    """Print the study's disagreements (a table, or JSON); with `repair`, fix what can be fixed,
+    say what was done and check again. 0: clean (after repairs), 1: disagreements remain."""
+    s = read_study(name, stores)
+    problems = remaining = find_problems(s)
+    done: list[tuple[Problem, str]] = []
+    # A repair can change what another check sees (a retry copy changes the parent run's counts):
+    # repeat on a fresh read until nothing repairable is left (a few passes at most).
+    for _ in range(3 if repair else 0):
+        todo = [p for p in remaining if p.repair is not None]
+        if not todo:
+            break
+        for p in todo:
+            try:
+                done.append((p, p.repair()))
+            except Exception as e:  # one repair failing must not stop the others
+                done.append((p, f"repair failed: {type(e).__name__}: {e}"))
+        s = read_study(name, stores)
+        remaining = find_problems(s)
+        problems += [p for p in remaining if (p.trial, p.what) not in {(q.trial, q.what) for q in problems}]
+    if as_json:
+        did = {id(p): what for p, what in done}
+        out = [{**p.as_dict(), "repaired": did.get(id(p))} for p in problems]
+        print(json.dumps(out, indent=1))
+        return 0 if not remaining else 1
+    for p, what in done:
+        print(f"repaired: {'study' if p.trial is None else f'trial {p.trial}'}: {what}")
+    if not remaining:
+        runs = sum(1 for r in s.runs.values() if "optuna.trial_number" in r.data.tags)
+        print(f"study {name}: {len(s.trials)} trials, {runs} trial runs: Optuna and MLflow agree")
+        return 0
+    _print_table(remaining, name)
+    return 1
+
+
+def check_cmd(args, stores: Stores) -> int:
+    return check_study(args.name, stores, repair=args.repair, as_json=args.json)

@@ -1,0 +1,371 @@
+"""The checks of `hpolab study check` (check.py), each with its repair where one exists: a study's
+two stores read once (`read_study`), and the `Problem`s found in them.
+
+A repair never deletes: it sets tags, closes a run with Optuna's state, restores a deleted run,
+marks a RUNNING trial of a dead driver FAIL with a retry copy (what the next `study run` does),
+queues an interrupted attempt to resume, or records that an artifact is missing.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from hpolab.stores import mlflow_runs as tr
+from hpolab.stores.paths import Stores
+from hpolab.study.budget import RELEASED, trial_counts
+from hpolab.study.heartbeat import _why_dead
+from hpolab.stores.optuna_storage import GRACE_PERIOD
+from hpolab.study.owners import describe, heartbeat_age, owner_gone, owner_of
+from hpolab.study.retry import RetryCopy
+
+MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
+# Attempts that did not fail by their own doing: they are queued to resume (a retry copy).
+INTERRUPT_KINDS = ("interrupted", "driver", "owner_gone", "stale")
+BY_CHECK = "(recorded by hpolab study check)"
+
+
+@dataclass
+class Problem:
+    trial: int | None  # None: the study as a whole
+    what: str
+    fix: str
+    repair: Callable[[], str] | None = field(default=None, repr=False)  # does the fix; returns what it did
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"trial": self.trial, "what": self.what, "fix": self.fix, "repairable": self.repair is not None}
+
+
+@dataclass
+class Study:
+    """Both stores of one study, read once."""
+
+    name: str
+    stores: Stores
+    study: optuna.Study
+    client: Any
+    experiment_id: str | None
+    runs: dict[str, Any]  # run id -> Run (deleted runs too)
+    models: dict[str, Any]  # logged model id -> LoggedModel
+    trials: list[FrozenTrial]
+    parent_id: str | None
+    live: set[int] = field(default_factory=set)  # RUNNING trials whose owner may be alive
+
+    @property
+    def storage(self):
+        return self.study._storage
+
+
+def read_study(name: str, stores: Stores) -> Study:
+    from mlflow.entities import ViewType
+
+    from hpolab.stores.mlflow_runs import client_for
+    from hpolab.stores.optuna_storage import load_study
+
+    study = load_study(name, stores)  # an unknown study or store: one line (UserError), exit 2
+    client = client_for(stores)
+    exp = client.get_experiment_by_name(name)
+    runs: dict[str, Any] = {}
+    models: dict[str, Any] = {}
+    if exp is not None:
+        token = None
+        while True:
+            page = client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL, max_results=1000, page_token=token)
+            runs.update((r.info.run_id, r) for r in page)
+            token = page.token
+            if not token:
+                break
+        token = None
+        while True:
+            page = client.search_logged_models([exp.experiment_id], max_results=1000, page_token=token)
+            models.update((m.model_id, m) for m in page)
+            token = page.token
+            if not token:
+                break
+    return Study(name, stores, study, client, exp.experiment_id if exp else None, runs, models,
+                 study.get_trials(deepcopy=False), study.user_attrs.get("mlflow_parent_run_id"))
+
+
+
+def local_artifact_dir(uri: str) -> Path | None:
+    """The folder of a file: (or plain path) artifact URI; None for a remote store."""
+    if uri.startswith("file:"):
+        from mlflow.utils.file_utils import local_file_uri_to_path
+
+        return Path(local_file_uri_to_path(uri))
+    if uri.startswith("/"):
+        return Path(uri)
+    return None
+
+
+UNLIMITED = 10**9  # a repair's retry copy: interrupts never use up max_retries
+
+
+def _tags_fix(s: Study, run_id: str, tags: dict[str, str], what: str) -> Callable[[], str]:
+    def fix() -> str:
+        tr.set_tags(s.client, run_id, tags)
+        return what
+    return fix
+
+
+def _retried(s: Study) -> set[int]:
+    return {n for t in s.trials for n in t.system_attrs.get("retry_history", [])}
+
+
+def _owner_alive(t: FrozenTrial) -> bool:
+    """The trial's driver runs on this host and is alive (it may still be closing the trial's run)."""
+    rec = owner_of(t)
+    return rec is not None and rec.get("host") == socket.gethostname() and owner_gone(rec) is None
+
+
+# ---------------------------------------------------------------- RUNNING trials
+
+
+def running_problems(s: Study) -> list[Problem]:
+    """RUNNING trials without a live owner; fills `s.live` with those whose owner may be alive."""
+    running = [t for t in s.trials if t.state == TrialState.RUNNING]
+    # Stale: no heartbeat for GRACE_PERIOD seconds (None: no heartbeat, or a storage without them)
+    stale = {t._trial_id for t in running if (heartbeat_age(s.storage, t._trial_id) or 0) > GRACE_PERIOD}
+    out = []
+    for t in running:
+        why = _why_dead(t, stale, s.storage)
+        if why is None:
+            s.live.add(t.number)
+            continue
+        kind, reason = why
+        out.append(Problem(t.number, f"RUNNING in Optuna, but {reason}",
+                           "mark it FAIL, queue a retry copy that resumes it and close its run FAILED (what the next `study run` does)",
+                           lambda t=t, kind=kind, reason=reason: _reap(s, t, kind, reason)))
+    return out
+
+
+def _reap(s: Study, t: FrozenTrial, kind: str, reason: str) -> str:
+    if not s.storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+        return "it had already finished"
+    copy = RetryCopy(UNLIMITED)(s.study, s.storage.get_trial(t._trial_id), kind=kind)
+    run_id = t.user_attrs.get("mlflow_run_id")
+    if run_id in s.runs:
+        tr.set_tags(s.client, run_id, {"hpolab.state": "FAIL", "hpolab.fail_kind": kind, "hpolab.retried_as_trial": str(copy),
+                                       "hpolab.fail_reason": f"{reason}; retried as trial {copy} {BY_CHECK}"})
+        s.client.set_terminated(run_id, status="FAILED")
+    return f"marked FAIL, queued to resume as trial {copy}" + (f", closed run {run_id} FAILED" if run_id in s.runs else "")
+
+
+# ---------------------------------------------------------------- one trial and its run
+
+
+def trial_problems(s: Study, t: FrozenTrial) -> list[Problem]:
+    if t.system_attrs.get(RELEASED) or t.state == TrialState.WAITING:
+        return []  # given back unrun, or not started yet: no run expected
+    run_id = t.user_attrs.get("mlflow_run_id")
+    if not run_id:
+        if t.state == TrialState.RUNNING or (t.state == TrialState.FAIL and t.number in _retried(s)):
+            return []  # starting now, or an attempt that died before its run was made (its retry has one)
+        return [Problem(t.number, f"{t.state.name} in Optuna, but it has no MLflow run (no user attr mlflow_run_id)",
+                        "none: nothing was logged for it")]
+    run = s.runs.get(run_id)
+    if run is None:
+        return [Problem(t.number, f"its MLflow run {run_id} is not in experiment {s.name!r}",
+                        "none: the run was purged (`mlflow gc`) or lives in another store (check --tracking-uri)")]
+    out = []
+    if run.info.lifecycle_stage == "deleted":
+        out.append(Problem(t.number, f"its MLflow run {run_id} is deleted", "restore the run",
+                           lambda: (s.client.restore_run(run_id), f"restored run {run_id}")[1]))
+    want = {"optuna.trial_number": str(t.number), "optuna.study": s.name}
+    if s.parent_id:
+        want["mlflow.parentRunId"] = s.parent_id
+    bad = {k: v for k, v in want.items() if run.data.tags.get(k) != v}
+    if bad:
+        shown = ", ".join(f"{k}={run.data.tags.get(k)!r}" for k in bad)
+        out.append(Problem(t.number, f"its run {run_id} has {shown}", "set " + ", ".join(f"{k}={v}" for k, v in bad.items()),
+                           _tags_fix(s, run_id, bad, "set " + ", ".join(bad))))
+    return out + _state_problems(s, t, run) + _retry_problems(s, t, run) + _artifact_problems(s, t, run)
+
+
+def _state_problems(s: Study, t: FrozenTrial, run) -> list[Problem]:
+    tags, status, run_id = run.data.tags, run.info.status, run.info.run_id
+    if t.state == TrialState.RUNNING:
+        if status != "RUNNING" and t.number in s.live:
+            return [Problem(t.number, f"RUNNING in Optuna, but its run {run_id} is {status}", "none: its driver closes the run when the trial ends")]
+        return []
+    out = []
+    want = MLFLOW_STATUS[t.state]
+    if tags.get("hpolab.state") != t.state.name or status != want:
+        what = f"Optuna says {t.state.name}, its run {run_id} says hpolab.state={tags.get('hpolab.state')} status {status}"
+        if status == "RUNNING" and _owner_alive(t):
+            out.append(Problem(t.number, what + f"; its driver ({describe(owner_of(t))}) is alive and may still be closing it",
+                               "none: check again when that driver is done"))
+        else:
+            fix = {"hpolab.state": t.state.name, "hpolab.state_repaired": f"was {tags.get('hpolab.state')}/{status} {BY_CHECK}"}
+            if t.state == TrialState.FAIL and not tags.get("hpolab.fail_reason"):
+                fix["hpolab.fail_reason"] = f"FAIL in Optuna, reason unknown {BY_CHECK}"
+
+            def close(fix=fix) -> str:
+                tr.set_tags(s.client, run_id, fix)
+                s.client.set_terminated(run_id, status=want)
+                return f"run {run_id}: hpolab.state={t.state.name}, status {want}"
+            out.append(Problem(t.number, what, f"set hpolab.state={t.state.name} and status {want} (Optuna's state is the truth)", close))
+    elif t.state == TrialState.FAIL and not tags.get("hpolab.fail_reason"):
+        out.append(Problem(t.number, f"FAIL, but its run {run_id} has no hpolab.fail_reason", "set hpolab.fail_reason (unknown)",
+                           _tags_fix(s, run_id, {"hpolab.fail_reason": f"unknown {BY_CHECK}"}, "set hpolab.fail_reason")))
+    kind = tags.get("hpolab.fail_kind") or t.system_attrs.get("hpolab.fail_kind")
+    if t.state == TrialState.FAIL and kind in INTERRUPT_KINDS and t.number not in _retried(s):
+        out.append(Problem(t.number, f"interrupted ({kind}) but not queued to resume",
+                           "queue a retry copy that resumes it from its last checkpoint (the next `study run` runs it)",
+                           lambda: _requeue(s, t, kind, run_id)))
+    return out
+
+
+def _requeue(s: Study, t: FrozenTrial, kind: str, run_id: str) -> str:
+    copy = RetryCopy(UNLIMITED)(s.study, t, kind=kind)
+    tr.set_tags(s.client, run_id, {"hpolab.retried_as_trial": str(copy)})
+    return f"queued to resume as trial {copy}"
+
+
+def _retry_problems(s: Study, t: FrozenTrial, run) -> list[Problem]:
+    history = t.system_attrs.get("retry_history") or []
+    if not history or history[-1] >= len(s.trials):
+        return []
+    prev = s.trials[history[-1]]
+    want = {"hpolab.retry_of_trial": str(prev.number)}
+    if prev.user_attrs.get("mlflow_run_id"):
+        want["hpolab.retry_of_run"] = prev.user_attrs["mlflow_run_id"]
+    bad = {k: v for k, v in want.items() if run.data.tags.get(k) != v}
+    if not bad:
+        return []
+    return [Problem(t.number, f"retry of trial {prev.number}, but its run does not say so ("
+                    + ", ".join(f"{k}={run.data.tags.get(k)!r}" for k in bad) + ")",
+                    "set " + ", ".join(f"{k}={v}" for k, v in bad.items()),
+                    _tags_fix(s, run.info.run_id, bad, "set " + ", ".join(bad)))]
+
+
+# ---------------------------------------------------------------- checkpoints and models
+
+
+def _has_checkpoint(s: Study, run, name: str) -> bool:
+    folder = local_artifact_dir(run.info.artifact_uri)
+    if folder is not None:
+        return (folder / "checkpoints" / name).is_file()
+    return any(a.path.endswith(name) for a in s.client.list_artifacts(run.info.run_id, "checkpoints"))
+
+
+def _model_exists(s: Study, model_id: str) -> bool:
+    m = s.models.get(model_id)
+    if m is None:
+        return False
+    folder = local_artifact_dir(m.artifact_location)
+    return folder is None or (folder / "MLmodel").is_file()
+
+
+def _checkpoint_fix(s: Study, t: FrozenTrial, run_id: str, name: str) -> tuple[str, Callable[[], str]]:
+    local = s.stores.trial_dir(s.name, t.number) / name
+    if local.is_file():
+        def upload() -> str:
+            s.client.log_artifact(run_id, str(local), "checkpoints")
+            return f"uploaded {local} to run {run_id}'s checkpoints/"
+        return f"upload {local} again", upload
+    return ("record it as missing (hpolab.checkpoints_deleted)",
+            _tags_fix(s, run_id, {"hpolab.checkpoints_deleted": f"missing from the artifact store {BY_CHECK}"},
+                      "set hpolab.checkpoints_deleted (missing)"))
+
+
+def _artifact_problems(s: Study, t: FrozenTrial, run) -> list[Problem]:
+    tags, run_id = run.data.tags, run.info.run_id
+    if run.info.status == "RUNNING" or run.info.lifecycle_stage == "deleted":
+        return []  # still being written (or reported above)
+    out = []
+    # last.pt: uploaded while it ran (hpolab.checkpoint_epoch); best.pt: logged when it ended (hpolab.best_epoch)
+    wanted = {"last.pt": tags.get("hpolab.checkpoint_epoch"), "best.pt": tags.get("hpolab.best_epoch")}
+    for name, epoch in wanted.items():
+        if (epoch or "0") in ("0", "None") or "hpolab.checkpoints_deleted" in tags or _has_checkpoint(s, run, name):
+            continue
+        fix, repair = _checkpoint_fix(s, t, run_id, name)
+        out.append(Problem(t.number, f"its run {run_id} has no checkpoints/{name} (epoch {epoch}), and retention did not delete it",
+                           fix, repair))
+    model_id = tags.get("hpolab.model_id")
+    if model_id and "hpolab.model_deleted" not in tags and not _model_exists(s, model_id):
+        out.append(Problem(t.number, f"its run {run_id} names logged model {model_id}, which is missing",
+                           "record it as missing (hpolab.model_deleted)",
+                           _tags_fix(s, run_id, {"hpolab.model_deleted": f"missing {BY_CHECK}"}, "set hpolab.model_deleted (missing)")))
+    reasons = ("hpolab.model_uri", "hpolab.model_skipped", "hpolab.model_error", "hpolab.model_deleted")
+    if t.state == TrialState.COMPLETE and not any(tags.get(k) for k in reasons):
+        out.append(Problem(t.number, f"COMPLETE, but its run {run_id} has no logged model and says no reason",
+                           "record why (hpolab.model_error)",
+                           _tags_fix(s, run_id, {"hpolab.model_error": f"no model was logged {BY_CHECK}"}, "set hpolab.model_error")))
+    return out
+
+
+# ---------------------------------------------------------------- runs without a trial, the parent run
+
+
+def orphan_runs(s: Study) -> list[Problem]:
+    """Trial runs that no trial points at (a driver killed between creating a run and linking it)."""
+    linked = {t.user_attrs.get("mlflow_run_id") for t in s.trials}
+    out = []
+    for run in s.runs.values():
+        tags, run_id = run.data.tags, run.info.run_id
+        n = tags.get("optuna.trial_number")
+        if n is None or run_id in linked or run.info.lifecycle_stage == "deleted" or tags.get("hpolab.orphan"):
+            continue
+        number = int(n) if n.isdigit() and int(n) < len(s.trials) else None
+        if number is not None and number in s.live and run.info.status == "RUNNING":
+            continue  # its driver is linking it now
+        points = s.trials[number].user_attrs.get("mlflow_run_id") if number is not None else None
+
+        def mark(run=run, number=number) -> str:
+            tr.set_tags(s.client, run.info.run_id, {"hpolab.orphan": f"no trial points at this run {BY_CHECK}"})
+            if run.info.status == "RUNNING":
+                s.client.set_terminated(run.info.run_id, status="KILLED")
+            return f"marked run {run.info.run_id} hpolab.orphan" + (" and closed it KILLED" if run.info.status == "RUNNING" else "")
+        out.append(Problem(number, f"run {run_id} ({run.info.status}) says trial {n}, but that trial points at {points or 'no run'}",
+                           "mark it hpolab.orphan" + (" and close it KILLED" if run.info.status == "RUNNING" else "") + " (kept, not deleted)", mark))
+    return out
+
+
+def _budget(tags: dict[str, str], params: dict[str, str]) -> int | None:
+    value = tags.get("hpolab.n_trials") or params.get("n_trials")
+    return int(value) if value and value.isdigit() else None
+
+
+def parent_problems(s: Study) -> list[Problem]:
+    if not s.parent_id:
+        return [Problem(None, "no parent run (study user attr mlflow_parent_run_id)", "none: the next `hpolab study run` creates one")]
+    run = s.runs.get(s.parent_id)
+    if run is None:
+        return [Problem(None, f"parent run {s.parent_id} is not in experiment {s.name!r}", "none: it was purged or lives in another store")]
+    out = []
+    if run.info.lifecycle_stage == "deleted":
+        out.append(Problem(None, f"parent run {s.parent_id} is deleted", "restore it",
+                           lambda: (s.client.restore_run(s.parent_id), f"restored parent run {s.parent_id}")[1]))
+    counts = trial_counts(SimpleNamespace(get_trials=lambda deepcopy=False: s.trials))  # the trials already read
+    n_trials = _budget(run.data.tags, run.data.params)
+    if n_trials is not None and counts["finished"] > n_trials:
+        out.append(Problem(None, f"{counts['finished']} finished trials count against a budget of n_trials={n_trials}",
+                           "none: more trials ran than the budget allows"))
+    want = {f"hpolab.trials_{k}": str(v) for k, v in counts.items()}
+    if run.info.status == "RUNNING":
+        if not s.live:
+            out.append(Problem(None, f"parent run {s.parent_id} is RUNNING, but no worker is running a trial",
+                               "close it with the study's counts (FINISHED when the budget is spent, else KILLED)",
+                               lambda: _close_parent(s, run, want, counts, n_trials)))
+    elif run.info.status != "FAILED":
+        bad = {k: v for k, v in want.items() if run.data.tags.get(k) != v}
+        if bad:
+            shown = ", ".join(f"{k}={run.data.tags.get(k)!r}" for k in bad)
+            out.append(Problem(None, f"parent run {s.parent_id} has {shown}; the study has " + ", ".join(f"{k}={v}" for k, v in bad.items()),
+                               "set the parent run's counts", _tags_fix(s, s.parent_id, bad, "set the parent run's counts")))
+    return out
+
+
+def _close_parent(s: Study, run, counts_tags: dict[str, str], counts: dict[str, Any], n_trials: int | None) -> str:
+    done = (n_trials is not None and counts["finished"] >= n_trials) or bool(run.data.tags.get("hpolab.stop_reason"))
+    status = "FINISHED" if done else "KILLED"
+    tr.set_tags(s.client, s.parent_id, {**counts_tags, "hpolab.closed_by": f"hpolab study check --repair {BY_CHECK}"})
+    s.client.set_terminated(s.parent_id, status=status)
+    return f"closed parent run {s.parent_id} {status} with the study's counts"
