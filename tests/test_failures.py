@@ -209,6 +209,7 @@ def test_study_timeout_stops_starting_trials(store):
     assert parent.info.status == "KILLED"  # the budget is not done; re-running continues
 
 
+@pytest.mark.slow
 def test_direction_change_of_an_existing_study_is_refused(store):
     run_cli("--store", str(store), "study", "run", SPEC, "n_trials=1", "trainer.max_epochs=1", cwd=PROJECT)
     out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=2", "metric=val_loss", "direction=minimize",

@@ -212,6 +212,7 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE_POSTGRES, reason=NO_POSTGRES)
 def test_ui_puts_no_password_on_the_server_command_line(tmp_path):
     """(With the same PostgreSQL: a refused login is bad input, exit 2, the password still redacted.)"""

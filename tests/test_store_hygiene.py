@@ -15,6 +15,7 @@ SPEC = ROOT / "studies" / "digits_cnn.yaml"  # name: digits-cnn
 FAULT_PROJECT = ROOT / "tests" / "fault_project"
 
 
+@pytest.mark.slow
 def test_study_promote_and_lr_find_write_only_to_the_store(tmp_path, store):
     """The real CLI from an unrelated working directory, with the spec in the project and the store
     in a third folder: it runs, and the working directory stays empty."""

@@ -44,6 +44,7 @@ def two_studies(tmp_path_factory, migrated_store) -> tuple[Path, Path, Path]:
     return store, a, b
 
 
+@pytest.mark.slow
 def test_list_shows_one_row_per_study(two_studies):
     store, _, _ = two_studies
     out = run_cli("--store", str(store), "study", "list")
@@ -63,6 +64,7 @@ def test_list_of_an_empty_store_says_so_and_creates_nothing(tmp_path):
     assert not (tmp_path / "none").exists()
 
 
+@pytest.mark.slow
 def test_a_spec_path_names_its_study_in_status_compare_and_report(two_studies, tmp_path):
     store, a, _ = two_studies
     store = copy_store(store, tmp_path / "store")  # report writes STORE/reports/
@@ -77,6 +79,7 @@ def test_a_spec_path_names_its_study_in_status_compare_and_report(two_studies, t
     assert out.returncode == 2 and "no study named" in out.stderr and "sc-a" in out.stderr
 
 
+@pytest.mark.slow
 def test_a_spec_without_a_name_is_one_clear_error(two_studies, tmp_path):
     store, _, _ = two_studies
     bad = tmp_path / "noname.yaml"
@@ -86,6 +89,7 @@ def test_a_spec_without_a_name_is_one_clear_error(two_studies, tmp_path):
     assert "name: missing" in out.stderr
 
 
+@pytest.mark.slow
 def test_delete_removes_one_study_and_leaves_the_other(two_studies, tmp_path):
     from mlflow import MlflowClient
 
@@ -111,6 +115,7 @@ def test_delete_removes_one_study_and_leaves_the_other(two_studies, tmp_path):
     assert "study sc-b" in run_cli("--store", str(store), "study", "status", "sc-b").stdout
 
 
+@pytest.mark.slow
 def test_delete_refuses_unknown_studies_and_asks_before_deleting(two_studies, tmp_path):
     store, _, _ = two_studies
     out = run_cli("--store", str(store), "study", "delete", "nope", "--yes", check=False)

@@ -121,6 +121,7 @@ def test_wrong_targets_are_one_clear_error_before_training():
 # ---------------------------------------------------------------- the real CLI
 
 
+@pytest.mark.slow
 def test_spec_metric_is_checked_against_the_task_before_any_trial(store):
     out = run_cli("--store", str(store), "study", "run", "studies/diabetes_mlp.yaml", "metric=val_acc", "direction=maximize", check=False)
     assert out.returncode == 2
