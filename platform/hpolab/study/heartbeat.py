@@ -87,7 +87,7 @@ def lost_reason(storage, r: Running) -> str | None:
     return f"Optuna has it {t.state.name} while it still ran here (another worker ended it)"
 
 
-def _why_dead(t, stale_ids: set[int], storage) -> tuple[str, str] | None:
+def why_dead(t, stale_ids: set[int], storage) -> tuple[str, str] | None:
     """(kind, reason) when RUNNING trial `t` of another driver is dead, else None (it may be alive)."""
     owner = owner_of(t)
     gone = owner_gone(owner)
@@ -122,7 +122,7 @@ def reap_dead_trials(
     except Exception:
         stale_ids = set()
     for t in others:
-        why = _why_dead(t, stale_ids, storage)
+        why = why_dead(t, stale_ids, storage)
         if why is None:
             continue
         reap_trial(study, storage, t, why, retry, close_run, note)
