@@ -1,0 +1,105 @@
+"""A temporary storage outage (issue 20, item 5): PostgreSQL restarts in the middle of a study.
+
+The real CLI runs a tiny study whose Optuna storage is a real PostgreSQL server (MLflow on the
+embedded SQLite store, the usual set-up of a shared Optuna database). Once a trial is RUNNING and
+has reported an epoch, the server is stopped, kept down until the driver has said so on stderr,
+and started again. The driver rides it out (storage_outage_grace): the running trial keeps training,
+the study finishes with every trial COMPLETE, nothing is lost, and `hpolab study check` is clean.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow import MlflowClient
+from optuna.trial import TrialState
+
+from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, run_cli, trial_run
+from services import HAVE_POSTGRES, NO_POSTGRES, as_postgres, postgres_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not HAVE_POSTGRES, reason=NO_POSTGRES)]
+
+N_TRIALS = 3
+# About 13 forward calls an epoch (train + val): ~2 s an epoch, so the outage falls inside a trial.
+ARGS = [f"n_trials={N_TRIALS}", "trainer.max_epochs=3", "model.sleep=0.15"]
+
+
+def _wait_until(what: str, ok, driver: subprocess.Popen, logs: tuple[Path, Path], timeout: float = 300) -> None:
+    """Poll `ok()` until true; fail at once if the driver exits first (generous ceiling otherwise)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ok():
+            return
+        if driver.poll() is not None:
+            raise AssertionError(f"the driver exited {driver.returncode} before {what}:\n"
+                                 f"stdout:\n{logs[0].read_text()}\nstderr:\n{logs[1].read_text()}")
+        time.sleep(0.2)
+    raise AssertionError(f"not in {timeout} s: {what}")
+
+
+def _start(pg_ctl: str, data: Path, port: int) -> bool:
+    as_postgres(pg_ctl, "-D", str(data), "-w", "-l", str(data / "log"),
+                "-o", f"-p {port} -k {data} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+    return False  # not down any more
+
+
+def _a_trial_mid_run(url: str) -> bool:
+    try:
+        study = optuna.load_study(study_name="faulty", storage=url)
+    except KeyError:
+        return False  # not created yet
+    return any(t.state == TrialState.RUNNING and t.intermediate_values for t in study.get_trials(deepcopy=False))
+
+
+def test_a_postgresql_restart_mid_study_loses_nothing(store, tmp_path):
+    with postgres_cluster() as (bin_dir, port, data):
+        as_postgres(str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "optuna")
+        url = f"postgresql+psycopg2://postgres@127.0.0.1:{port}/optuna"
+        pg_ctl = str(bin_dir / "pg_ctl")
+        out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+        exe = Path(sys.executable).with_name("hpolab")
+        with open(out, "w") as fo, open(err, "w") as fe:
+            # An explicit env without MLFLOW_TRACKING_URI / OPTUNA_STORAGE: --store and --storage decide.
+            driver = subprocess.Popen([str(exe), "--store", str(store), "--storage", url, "study", "run", FAULT_SPEC, *ARGS],
+                                      cwd=FAULT_PROJECT, env=hpolab_env(), stdout=fo, stderr=fe, text=True)
+            down = False
+            try:
+                _wait_until("a trial was RUNNING with an epoch reported", lambda: _a_trial_mid_run(url), driver, (out, err))
+                as_postgres(pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop")
+                down = True
+                # Down until the driver has met the outage (its next epoch's report), then back.
+                _wait_until("the driver said the storage is unreachable", lambda: "storage unreachable" in err.read_text(),
+                            driver, (out, err))
+                down = _start(pg_ctl, data, port)
+                driver.wait(timeout=600)
+            finally:
+                if down:  # the cluster's own clean-up needs it running
+                    _start(pg_ctl, data, port)
+                if driver.poll() is None:
+                    driver.kill()
+                    driver.wait()
+        stdout, stderr = out.read_text(), err.read_text()
+        assert driver.returncode == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
+        assert stderr.count("storage unreachable (") == 1, stderr
+        assert "retrying for up to 120 s (storage_outage_grace)" in stderr
+        assert stderr.count("storage reachable again after") == 1, stderr
+        assert "Traceback" not in stdout + stderr
+
+        study = optuna.load_study(study_name="faulty", storage=url)
+        trials = study.get_trials()
+        # Nothing lost: the trial that ran through the outage finished, no trial failed or was retried.
+        assert [t.state for t in trials] == [TrialState.COMPLETE] * N_TRIALS, [(t.number, t.state) for t in trials]
+        client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+        for t in trials:
+            assert sorted(t.intermediate_values) == [1, 2, 3], (t.number, t.intermediate_values)
+            run = trial_run(t, client)
+            assert (run.info.status, run.data.tags["hpolab.state"]) == ("FINISHED", "COMPLETE")
+            assert [m.step for m in client.get_metric_history(run.info.run_id, "val_acc")] == [1, 2, 3]
+
+        check = run_cli("--store", str(store), "--storage", url, "study", "check", "faulty", cwd=FAULT_PROJECT, check=False)
+        assert check.returncode == 0, check.stdout + check.stderr
