@@ -4,7 +4,9 @@ The real CLI runs a tiny study whose Optuna storage is a real PostgreSQL server 
 embedded SQLite store, the usual set-up of a shared Optuna database). Once a trial is RUNNING and
 has reported an epoch, the server is stopped, kept down until the driver has said so on stderr,
 and started again. The driver rides it out (storage_outage_grace): the running trial keeps training,
-the study finishes with every trial COMPLETE, nothing is lost, and `hpolab study check` is clean.
+the study finishes with every trial COMPLETE, nothing is lost, and `hpolab study check` is clean. A second study keeps the server down past a short grace: the
+driver stops with one line (exit 1, no traceback), and re-running the command once the server is
+back finishes the study.
 """
 
 from __future__ import annotations
@@ -56,7 +58,10 @@ def _a_trial_mid_run(url: str) -> bool:
     return any(t.state == TrialState.RUNNING and t.intermediate_values for t in study.get_trials(deepcopy=False))
 
 
-def test_a_postgresql_restart_mid_study_loses_nothing(store, tmp_path):
+def _run_through_an_outage(store: Path, tmp_path: Path, args: list[str], restart_after_line: bool):
+    """Run the study on a fresh cluster; stop the server mid-trial until the driver says it met the
+    outage, then start it again at once (`restart_after_line`) or only after the driver exited.
+    Yields (exit code, stdout, stderr, url) while the server runs again."""
     with postgres_cluster() as (bin_dir, port, data):
         as_postgres(str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "optuna")
         url = f"postgresql+psycopg2://postgres@127.0.0.1:{port}/optuna"
@@ -65,7 +70,7 @@ def test_a_postgresql_restart_mid_study_loses_nothing(store, tmp_path):
         exe = Path(sys.executable).with_name("hpolab")
         with open(out, "w") as fo, open(err, "w") as fe:
             # An explicit env without MLFLOW_TRACKING_URI / OPTUNA_STORAGE: --store and --storage decide.
-            driver = subprocess.Popen([str(exe), "--store", str(store), "--storage", url, "study", "run", FAULT_SPEC, *ARGS],
+            driver = subprocess.Popen([str(exe), "--store", str(store), "--storage", url, "study", "run", FAULT_SPEC, *args],
                                       cwd=FAULT_PROJECT, env=hpolab_env(), stdout=fo, stderr=fe, text=True)
             down = False
             try:
@@ -75,16 +80,30 @@ def test_a_postgresql_restart_mid_study_loses_nothing(store, tmp_path):
                 # Down until the driver has met the outage (its next epoch's report), then back.
                 _wait_until("the driver said the storage is unreachable", lambda: "storage unreachable" in err.read_text(),
                             driver, (out, err))
-                down = _start(pg_ctl, data, port)
+                if restart_after_line:
+                    down = _start(pg_ctl, data, port)
                 driver.wait(timeout=600)
             finally:
-                if down:  # the cluster's own clean-up needs it running
-                    _start(pg_ctl, data, port)
                 if driver.poll() is None:
                     driver.kill()
                     driver.wait()
-        stdout, stderr = out.read_text(), err.read_text()
-        assert driver.returncode == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
+                if down:  # the cluster's own clean-up needs it running (and a re-run needs it)
+                    down = _start(pg_ctl, data, port)
+        yield driver.returncode, out.read_text(), err.read_text(), url
+
+
+def _states(url: str) -> list[TrialState]:
+    return [t.state for t in optuna.load_study(study_name="faulty", storage=url).get_trials()]
+
+
+def _check(store: Path, url: str) -> None:
+    check = run_cli("--store", str(store), "--storage", url, "study", "check", "faulty", cwd=FAULT_PROJECT, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_postgresql_restart_mid_study_loses_nothing(store, tmp_path):
+    for rc, stdout, stderr, url in _run_through_an_outage(store, tmp_path, ARGS, restart_after_line=True):
+        assert rc == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
         assert stderr.count("storage unreachable (") == 1, stderr
         assert "retrying for up to 120 s (storage_outage_grace)" in stderr
         assert stderr.count("storage reachable again after") == 1, stderr
@@ -100,6 +119,20 @@ def test_a_postgresql_restart_mid_study_loses_nothing(store, tmp_path):
             run = trial_run(t, client)
             assert (run.info.status, run.data.tags["hpolab.state"]) == ("FINISHED", "COMPLETE")
             assert [m.step for m in client.get_metric_history(run.info.run_id, "val_acc")] == [1, 2, 3]
+        _check(store, url)
 
-        check = run_cli("--store", str(store), "--storage", url, "study", "check", "faulty", cwd=FAULT_PROJECT, check=False)
-        assert check.returncode == 0, check.stdout + check.stderr
+
+def test_an_outage_past_the_grace_stops_the_driver_in_one_line_and_the_study_resumes(store, tmp_path):
+    for rc, stdout, stderr, url in _run_through_an_outage(store, tmp_path, [*ARGS, "storage_outage_grace=2"],
+                                                          restart_after_line=False):
+        assert rc == 1, f"stdout:\n{stdout}\nstderr:\n{stderr}"
+        assert stderr.count("storage unreachable (") == 1, stderr
+        assert "hpolab: storage unreachable for " in stderr and "(storage_outage_grace=2): " in stderr, stderr
+        assert "resumable" in stderr and "Traceback" not in stdout + stderr
+        assert TrialState.RUNNING in _states(url)  # its trial could not be told: the next run takes it over
+
+        rerun = run_cli("--store", str(store), "--storage", url, "study", "run", FAULT_SPEC, *ARGS, cwd=FAULT_PROJECT, check=False)
+        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+        assert _states(url).count(TrialState.COMPLETE) == N_TRIALS, _states(url)
+        assert "storage unreachable" not in rerun.stderr  # and no grace setting is a spec change
+        _check(store, url)

@@ -267,6 +267,7 @@ class Driver:
 
     def _on_error(self, e: BaseException) -> None:
         """The driver failed: its trials end (resumable), and the parent run does not stay RUNNING."""
+        self.outage.gave_up = self.mlflow_outage.gave_up = True  # ending: no store call waits out an outage now
         if hasattr(self, "events"):
             self._abort_all()
             self.tracker.shutdown()
