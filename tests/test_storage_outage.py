@@ -14,6 +14,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
@@ -58,6 +59,7 @@ def _a_trial_mid_run(url: str) -> bool:
     return any(t.state == TrialState.RUNNING and t.intermediate_values for t in study.get_trials(deepcopy=False))
 
 
+@contextmanager
 def _run_through_an_outage(store: Path, tmp_path: Path, args: list[str], restart_after_line: bool):
     """Run the study on a fresh cluster; stop the server mid-trial until the driver says it met the
     outage, then start it again at once (`restart_after_line`) or only after the driver exited.
@@ -102,7 +104,7 @@ def _check(store: Path, url: str) -> None:
 
 
 def test_a_postgresql_restart_mid_study_loses_nothing(store, tmp_path):
-    for rc, stdout, stderr, url in _run_through_an_outage(store, tmp_path, ARGS, restart_after_line=True):
+    with _run_through_an_outage(store, tmp_path, ARGS, restart_after_line=True) as (rc, stdout, stderr, url):
         assert rc == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
         assert stderr.count("storage unreachable (") == 1, stderr
         assert "retrying for up to 120 s (storage_outage_grace)" in stderr
@@ -123,8 +125,8 @@ def test_a_postgresql_restart_mid_study_loses_nothing(store, tmp_path):
 
 
 def test_an_outage_past_the_grace_stops_the_driver_in_one_line_and_the_study_resumes(store, tmp_path):
-    for rc, stdout, stderr, url in _run_through_an_outage(store, tmp_path, [*ARGS, "storage_outage_grace=2"],
-                                                          restart_after_line=False):
+    with _run_through_an_outage(store, tmp_path, [*ARGS, "storage_outage_grace=2"],
+                                restart_after_line=False) as (rc, stdout, stderr, url):
         assert rc == 1, f"stdout:\n{stdout}\nstderr:\n{stderr}"
         assert stderr.count("storage unreachable (") == 1, stderr
         assert "hpolab: storage unreachable for " in stderr and "(storage_outage_grace=2): " in stderr, stderr

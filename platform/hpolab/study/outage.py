@@ -82,7 +82,7 @@ class StorageOutage:
                 if cause is None or self.gave_up:
                     raise
                 self._failed(cause)
-                time.sleep(pause)
+                time.sleep(min(pause, self._left()))  # the last try falls at the end of the grace
                 pause = min(pause * 2, MAX_PAUSE_S)
                 continue
             self._reached()
@@ -103,6 +103,10 @@ class StorageOutage:
             self.gave_up = True
         raise StudyError(f"{self.what} unreachable for {elapsed:.0f} s (storage_outage_grace={self.grace:g}): "
                          f"{first_line(cause)}; the study's trials are resumable: re-run the same command once it is back") from None
+
+    def _left(self) -> float:
+        since = self.since
+        return 0.0 if since is None else max(0.05, since + self.grace - time.monotonic())
 
     def _reached(self) -> None:
         if self.since is None:
