@@ -138,3 +138,22 @@ def test_an_outage_past_the_grace_stops_the_driver_in_one_line_and_the_study_res
         assert _states(url).count(TrialState.COMPLETE) == N_TRIALS, _states(url)
         assert "storage unreachable" not in rerun.stderr  # and no grace setting is a spec change
         _check(store, url)
+
+
+def test_the_budget_lock_is_left_cleanly_after_a_restart_and_is_free_again():
+    """A restart while a worker holds the budget lock (between its count and its ask): leaving the lock
+    must not raise (the driver would ask again) and the lock must be free for every worker after."""
+    from hpolab.stores.budget_lock import budget_lock
+    from hpolab.stores.optuna_storage import make_storage
+
+    with postgres_cluster() as (bin_dir, port, data):
+        as_postgres(str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "optuna")
+        url = f"postgresql+psycopg2://postgres@127.0.0.1:{port}/optuna"
+        storage = make_storage(url)
+        with budget_lock(storage, "faulty") as locked:
+            assert locked
+            as_postgres(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
+            _start(str(bin_dir / "pg_ctl"), data, port)
+        for worker in (make_storage(url), storage):
+            with budget_lock(worker, "faulty", timeout=30) as locked:
+                assert locked

@@ -194,7 +194,8 @@ class Driver:
         self.progress.trial_started(trial.number, trial.params, src.retry_of)
 
     def _reap(self) -> None:
-        reap_dead_trials(self.study, self.storage, self.running, self.retry, self.tracker.close_run, self.progress.note)
+        reap_dead_trials(self.study, self.storage, self.running, self.retry, self.tracker.close_run, self.progress.note,
+                         self.outage.call)
 
     def _start_trials(self) -> None:
         """Start trials while there are free slots and the budget allows."""

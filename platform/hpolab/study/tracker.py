@@ -124,8 +124,8 @@ class TrialTracker:
             self.client.log_artifact(run_id, str(p))
 
     def close_run(self, run_id: str, state: TrialState, tags: dict[str, str]) -> None:
-        tr.set_tags(self.client, run_id, {"hpolab.state": state.name, **tags})
-        self.client.set_terminated(run_id, status=MLFLOW_STATUS[state])
+        self.mlflow_guard(tr.set_tags, self.client, run_id, {"hpolab.state": state.name, **tags})
+        self.mlflow_guard(self.client.set_terminated, run_id, status=MLFLOW_STATUS[state])
 
     def finish(self, r: Running, state: TrialState, tags: dict[str, str], model_info: dict | None = None,
                upload_last: bool = False) -> None:
