@@ -157,6 +157,7 @@ END_TO_END_ONLY = {
     "test_failures.py": "crashes, OOMs, kills and timeouts of real trials and drivers",
     "test_faults.py": "signals and kills of real drivers",
     "test_study_check.py": "study check on copies of a study the real CLI built",
+    "test_storage_outage.py": "PostgreSQL restarted under a running study",
     "test_study_e2e.py": "the default study through the CLI",
     "test_ui_browser.py": "the MLflow UI in Chromium",
     "test_uploads.py": "a worker SIGKILLed and another resuming from the artifact store",

@@ -15,6 +15,7 @@ def test_default_spec_loads_and_overrides_are_yaml_typed():
     spec = load_spec(DEFAULT, ["n_trials=4", "trainer.max_epochs=3", "trainer.lr=0.01", "model.channels=8", "timeout=null"])
     assert spec.n_trials == 4 and spec.trainer.max_epochs == 3 and spec.trainer.lr == 0.01
     assert spec.model["channels"] == 8 and spec.timeout is None
+    assert spec.storage_outage_grace == 120  # seconds the driver rides out an unreachable store
     with pytest.raises(ValidationError):
         spec.n_trials = 5  # frozen
 
@@ -48,6 +49,7 @@ def test_every_problem_is_reported_with_its_path():
         ("name=has space", "name: "),
         ("experiment=nothere", "experiment: experiment 'nothere' not found"),
         ("bogus_top_level=1", "bogus_top_level: unknown key"),
+        ("storage_outage_grace=-1", "storage_outage_grace: Input should be greater than or equal to 0"),
     ],
 )
 def test_bad_values_name_the_field(override, expected):

@@ -134,6 +134,81 @@ def test_a_failed_tell_never_leaves_mlflow_saying_complete():
     assert disagreement(done, TrialState.COMPLETE, 0.9, {"model": 1}, None, {}) == (TrialState.COMPLETE, 0.9, {"model": 1}, None)
 
 
+# ---------------------------------------------------------------- a storage outage (the real restart: test_storage_outage.py)
+
+
+def _refused(wrapped_by_optuna: bool = True) -> Exception:
+    """The error a restarting PostgreSQL gives: psycopg2's OperationalError inside SQLAlchemy's (and Optuna's)."""
+    import psycopg2
+    from sqlalchemy.exc import OperationalError
+
+    e = OperationalError("connect", {}, psycopg2.OperationalError('connection to server at "db" failed: Connection refused'))
+    if not wrapped_by_optuna:
+        return e
+    try:
+        raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from e
+    except optuna.exceptions.StorageInternalError as wrapped:
+        return wrapped
+
+
+def test_connection_errors_are_retried_until_the_store_answers_and_others_raise_at_once():
+    import sqlite3
+
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    from hpolab.errors import StudyError
+    from hpolab.study.outage import StorageOutage, unreachable
+
+    assert unreachable(_refused()) is not None and unreachable(_refused(False)) is not None
+    assert unreachable(OperationalError("x", {}, sqlite3.OperationalError("database is locked"))) is None  # a local file
+    assert unreachable(IntegrityError("x", {}, Exception("duplicate key"))) is None
+
+    lines: list[str] = []
+    failures = [_refused(), _refused()]
+
+    def flaky() -> str:
+        if failures:
+            raise failures.pop()
+        return "answered"
+
+    outage = StorageOutage(120, write=lines.append)
+    assert outage.call(flaky) == "answered"
+    assert len(lines) == 2 and lines[0].startswith("storage unreachable (OperationalError: ") and \
+        "retrying for up to 120 s (storage_outage_grace)" in lines[0] and lines[1].startswith("storage reachable again after")
+
+    with pytest.raises(ValueError):  # not a connection error: raised as before, not retried
+        outage.call(lambda: int("x"))
+    assert len(lines) == 2
+
+    def down():
+        raise _refused()
+
+    gone = StorageOutage(0, write=lines.append)  # storage_outage_grace: 0 = give up at once
+    with pytest.raises(StudyError, match=r"storage unreachable for 0 s \(storage_outage_grace=0\): OperationalError: .*resumable"):
+        gone.call(down)
+    with pytest.raises(optuna.exceptions.StorageInternalError):  # spent: the error path is not held up again
+        gone.call(down)
+
+
+def test_a_tell_whose_reply_was_lost_is_not_told_twice():
+    from hpolab.study.events import TrialEvents
+    from hpolab.study.runner import Running
+
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask({"x": FloatDistribution(0, 1)})
+
+    def reply_lost(fn, *args, **kwargs):  # the first call reached the database; the retry runs it again
+        fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    events = TrialEvents(study, study._storage, {}, None, None, None, "val_acc", None, None,
+                         stopping=lambda: False, aborting=lambda: False, guard=reply_lost)
+    r = Running(trial=trial, run_id="run", config={}, trial_dir=Path("."))
+    tags: dict[str, str] = {}
+    frozen = events._tell(r, TrialState.COMPLETE, 0.9, tags)
+    assert (frozen.state, frozen.value, tags) == (TrialState.COMPLETE, 0.9, {})
+
+
 # ---------------------------------------------------------------- retention and a RUNNING run
 
 

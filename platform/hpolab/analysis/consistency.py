@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.paths import Stores
 from hpolab.study.budget import RELEASED, trial_counts
-from hpolab.study.heartbeat import _why_dead
+from hpolab.study.heartbeat import why_dead
 from hpolab.stores.optuna_storage import GRACE_PERIOD
 from hpolab.study.owners import describe, heartbeat_age, owner_gone, owner_of
 from hpolab.study.retry import RetryCopy
@@ -134,7 +134,7 @@ def running_problems(s: Study) -> list[Problem]:
     stale = {t._trial_id for t in running if (heartbeat_age(s.storage, t._trial_id) or 0) > GRACE_PERIOD}
     out = []
     for t in running:
-        why = _why_dead(t, stale, s.storage)
+        why = why_dead(t, stale, s.storage)
         if why is None:
             s.live.add(t.number)
             continue

@@ -150,6 +150,9 @@ class StudySpec(_Frozen):
     # Seconds between uploads of a running trial's last.pt to its run's checkpoints/ (latest only),
     # so a retry on any worker can resume it; 0 = after every epoch; null = only when it is retried.
     checkpoint_upload_every: float | None = Field(default=30.0, ge=0)
+    # Seconds the driver keeps retrying while a database store is unreachable (a PostgreSQL restart),
+    # counted from the outage's start; running trials keep training. Then it stops, trials resumable.
+    storage_outage_grace: float = Field(default=120.0, ge=0)
     # Set by load_spec: the folder holding the experiments/ the experiment came from (the spec's
     # project). Not a field: it is where this spec was found, not part of the study's definition.
     _project_dir: Path | None = PrivateAttr(default=None)

@@ -57,6 +57,7 @@ def budget_lock(storage, study_name: str, timeout: float | None = None) -> Itera
     url = engine.url
     if url.get_backend_name() == "postgresql":
         from sqlalchemy import text
+        from sqlalchemy.exc import SQLAlchemyError
 
         key = _key(study_name)
         with storage.engine.connect() as conn:
@@ -70,8 +71,14 @@ def budget_lock(storage, study_name: str, timeout: float | None = None) -> Itera
             try:
                 yield True
             finally:
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
-                conn.commit()
+                try:
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                    conn.commit()
+                except SQLAlchemyError:
+                    # Its session broke (the server restarted: study/outage.py). Closing it for good
+                    # ends the session, and PostgreSQL drops a session's advisory locks with it: the
+                    # lock is free, and the worker's ask() stands (raising here would ask again).
+                    conn.invalidate()
     elif url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
         path = Path(url.database).with_suffix(".budget.lock")
         with open(path, "a") as f:

@@ -26,6 +26,9 @@ def quiet_mlflow() -> None:
     # MLflow logs INFO lines about DB migrations and artifact downloads; our terminal shows our own progress.
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # A tracking DB that cannot be reached: MLflow logs each failed call with a traceback, then raises
+    # it; the driver retries it (study/outage.py) or reports it in one line, so the log is only noise.
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 

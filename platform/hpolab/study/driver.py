@@ -17,6 +17,7 @@ is the only writer to the Optuna storage and to MLflow. It composes small parts:
     retry.py         retry copies: a failed attempt continues as a new trial from its checkpoint
     signals.py       Ctrl-C / SIGTERM: graceful first, immediate second
     repair.py        MLflow runs a killed driver left open
+    outage.py        a database store briefly unreachable: the loop's store calls retried (storage_outage_grace)
 
 Budget: `n_trials` is the study's total of finished trials (COMPLETE + PRUNED + FAIL, not counting
 failures that were retried). Re-running the same command continues the study up to that total.
@@ -57,6 +58,7 @@ from hpolab.stores.models import warm_exporter
 from hpolab.study.budget import FINISHED, FailureStreak, count_existing_trials, may_start_another, over_budget, release, trial_counts
 from hpolab.study.heartbeat import Heartbeats, others_running, reap_dead_trials
 from hpolab.study.lr_step import ensure_lr_range_test, lr_bounds
+from hpolab.study.outage import StorageOutage
 from hpolab.study.owners import owner_gone, owner_of, owner_record
 from hpolab.study.parent_run import close_parent_run, fail_parent_run, open_parent_run
 from hpolab.study.events import TrialEvents
@@ -109,6 +111,10 @@ class Driver:
         self.env_tags: dict[str, str] = {}
         self.runner = TrialRunner(spec.experiment, self.experiment.__name__, spec.parallel, self.project_dir)
         self._waiting_note = 0.0
+        # The loop's store calls ride out a database restart (outage.py): one per store, each says its name.
+        aborting = lambda: self.signals.aborting  # noqa: E731
+        self.outage = StorageOutage(spec.storage_outage_grace, "storage", aborting)
+        self.mlflow_outage = StorageOutage(spec.storage_outage_grace, "MLflow tracking store", aborting)
 
     # ---------------------------------------------------------------- set-up
 
@@ -156,17 +162,20 @@ class Driver:
         retention = Retention(self.spec, self.study, lambda n: self.stores.trial_dir(self.spec.name, n))
         self.tracker = TrialTracker(self.client, self.experiment_id, self.parent_run_id, self.spec.name,
                                     self.experiment, self.env_tags, self.progress.note, retention,
-                                    self.spec.checkpoint_upload_every)
+                                    self.spec.checkpoint_upload_every, guard=self.outage.call,
+                                    mlflow_guard=self.mlflow_outage.call)
         self.events = TrialEvents(self.study, self.storage, self.running, self.tracker, self.runner, self.progress,
                                   self.spec.metric, self.retry, self.streak,
-                                  stopping=lambda: self.signals.stopping, aborting=lambda: self.signals.aborting)
+                                  stopping=lambda: self.signals.stopping, aborting=lambda: self.signals.aborting,
+                                  guard=self.outage.call)
         self.heartbeats = Heartbeats(self.storage, self.running)
         close_orphan_runs(self.client, self.experiment_id, self.study, self.tracker.close_run, self.progress.note)
 
     # ---------------------------------------------------------------- trials
 
     def _start_trial(self, trial: optuna.Trial) -> None:
-        src = retry_source(self.study, self.stores, self.spec.name, trial.number)
+        g = self.outage.call
+        src = g(retry_source, self.study, self.stores, self.spec.name, trial.number)
         config = self.spec.resolved_config(self.experiment, trial.params)
         config["trainer"].update(src.overrides)  # e.g. the halved micro-batch after a CUDA OOM
         trial_dir = self.stores.trial_dir(self.spec.name, trial.number)
@@ -175,7 +184,7 @@ class Driver:
         tags = {**self.env_tags, "hpolab.torch_threads": str(self.runner.threads_per_trial()),
                 "hpolab.experiment": self.spec.experiment, "hpolab.worker_seed": str(self.worker_seed),
                 "hpolab.sampler_seed": str(self.sampler_seed), **src.tags}
-        trial.set_user_attr("worker_seed", self.worker_seed)
+        g(trial.set_user_attr, "worker_seed", self.worker_seed)
         run_id = self.tracker.start_run(trial, config, trial_dir, tags)
         r = Running(trial=trial, run_id=run_id, config=config, trial_dir=trial_dir)
         if src.resume_from:
@@ -185,13 +194,14 @@ class Driver:
         self.progress.trial_started(trial.number, trial.params, src.retry_of)
 
     def _reap(self) -> None:
-        reap_dead_trials(self.study, self.storage, self.running, self.retry, self.tracker.close_run, self.progress.note)
+        reap_dead_trials(self.study, self.storage, self.running, self.retry, self.tracker.close_run, self.progress.note,
+                         self.outage.call)
 
     def _start_trials(self) -> None:
         """Start trials while there are free slots and the budget allows."""
         while not (self.signals.stopping or self.draining) and len(self.running) < self.spec.parallel:
-            self._reap()
-            trial = self._claim_trial()
+            self.outage.call(self._reap)
+            trial = self.outage.call(self._claim_trial)  # before ask(): all again; after it, its own writes are retried
             if trial is None:
                 break
             self._start_trial(trial)
@@ -203,12 +213,13 @@ class Driver:
             if not may_start_another(trial_counts(self.study), self.spec.n_trials):
                 return None
             trial = self.study.ask(fixed_distributions=optuna_distributions(self.spec, lr_bounds(self.study)))
-            if not locked and over_budget(self.study, trial.number, self.spec.n_trials):
-                release(self.study, trial)  # another worker took the last slot first
+            g = self.outage.call
+            if not locked and g(over_budget, self.study, trial.number, self.spec.n_trials):
+                g(release, self.study, trial)  # another worker took the last slot first
                 return None
-            trial.set_user_attr("hpolab.owner", owner_record(trial.number))  # first: a dead owner is seen at once
+            g(trial.set_user_attr, "hpolab.owner", owner_record(trial.number))  # first: a dead owner is seen at once
             if isinstance(self.storage, BaseHeartbeat):
-                self.storage.record_heartbeat(trial._trial_id)
+                g(self.storage.record_heartbeat, trial._trial_id)
         return trial
 
     def _check_timeouts(self) -> None:
@@ -225,14 +236,15 @@ class Driver:
         retry them once they are dead)? Dead ones are reaped here and become WAITING copies."""
         if self.signals.stopping or self.draining:
             return False
-        self._reap()
-        others = others_running(self.study, self.storage, self.running)
+        g = self.outage.call
+        g(self._reap)
+        others = g(others_running, self.study, self.storage, self.running)
         if others and time.monotonic() - self._waiting_note > 30:
             self._waiting_note = time.monotonic()
             self.progress.note("waiting for trials of other drivers: " + "; ".join(others))
         if others:
             time.sleep(1.0)
-        counts = trial_counts(self.study)
+        counts = g(trial_counts, self.study)
         return bool(others) or (counts["waiting"] > 0 and may_start_another(counts, self.spec.n_trials))
 
     # ---------------------------------------------------------------- main loop
@@ -256,6 +268,7 @@ class Driver:
 
     def _on_error(self, e: BaseException) -> None:
         """The driver failed: its trials end (resumable), and the parent run does not stay RUNNING."""
+        self.outage.gave_up = self.mlflow_outage.gave_up = True  # ending: no store call waits out an outage now
         if hasattr(self, "events"):
             self._abort_all()
             self.tracker.shutdown()
@@ -270,7 +283,7 @@ class Driver:
         self.heartbeats.start()
         deadline = time.monotonic() + self.spec.timeout if self.spec.timeout else None
         try:
-            self.progress.begin(trial_counts(self.study), self.stores)
+            self.progress.begin(self.outage.call(trial_counts, self.study), self.stores)
             while True:
                 if deadline and time.monotonic() > deadline and not self.draining:
                     outcome.timed_out = self.draining = True
@@ -280,7 +293,7 @@ class Driver:
                     outcome.failure_limit = (f"{self.streak.count} trials failed in a row (max_failures={self.spec.max_failures}); "
                                              f"the last: {self.streak.last_reason}")
                     self.progress.note(f"stopping: {outcome.failure_limit}; running trials finish")
-                if not self.draining and self.no_improvement.should_stop():
+                if not self.draining and self.outage.call(self.no_improvement.should_stop):
                     self.draining = True  # stop_after_no_improvement: no new trials; running ones finish
                     outcome.stopped = self.no_improvement.reason
                 self._start_trials()
@@ -311,6 +324,7 @@ class Driver:
 
     def _close(self, outcome: Outcome) -> None:
         self.tracker.shutdown()  # every trial's model is logged before the study closes
-        outcome.counts = trial_counts(self.study)
-        close_parent_run(self.client, self.parent_run_id, self.study, self.spec, outcome.counts, self.no_improvement.reason)
-        self.progress.end(self.study, outcome.counts, self.spec)
+        g = self.outage.call
+        outcome.counts = g(trial_counts, self.study)
+        g(close_parent_run, self.client, self.parent_run_id, self.study, self.spec, outcome.counts, self.no_improvement.reason)
+        g(self.progress.end, self.study, outcome.counts, self.spec)

@@ -16,6 +16,10 @@ Optuna's state is the truth MLflow records: after every tell the trial is read b
 failed, or that Optuna recorded otherwise, closes the run with Optuna's state (FAIL when it cannot be
 read), never COMPLETE with a model. A COMPLETE whose study metric was never finite is a FAIL.
 Every retry is a new Optuna trial and MLflow run (retry.py) that carries the epochs over.
+
+Store calls go through `guard` (outage.py: retried while the database is unreachable). A tell that
+reached the database but whose reply was lost in the outage is not told twice: the retry skips a
+trial that is already finished, and the state read back decides, as always.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.study.budget import FINISHED, FailureStreak, trial_counts
+from hpolab.errors import StudyError
 from hpolab.study.heartbeat import REAPED, beat, lost_reason
+from hpolab.study.outage import passthrough
 from hpolab.study.progress import Progress
 from hpolab.study.retry import RetryCopy
 from hpolab.study.runner import Running, TrialRunner, next_message
@@ -40,7 +46,7 @@ class TrialEvents:
 
     def __init__(self, study: optuna.Study, storage, running: dict[int, Running], tracker: TrialTracker, runner: TrialRunner,
                  progress: Progress, metric: str, retry: RetryCopy, streak: FailureStreak,
-                 stopping: Callable[[], bool], aborting: Callable[[], bool]):
+                 stopping: Callable[[], bool], aborting: Callable[[], bool], guard: Callable[..., Any] = passthrough):
         self.study = study
         self.storage = storage  # for the heartbeat after every epoch
         self.running = running  # the driver's own dict: a finished trial leaves it here
@@ -53,6 +59,7 @@ class TrialEvents:
         # The driver's stop state, read when it matters (a signal handler may flip it any time):
         self.stopping = stopping  # first Ctrl-C / SIGTERM: trials stop after their current epoch
         self.aborting = aborting  # second one: the driver kills the trials
+        self.guard = guard  # calls the Optuna storage, riding out a database outage (outage.py)
 
     def handle(self, r: Running) -> None:
         """Drain everything the trial sent, then notice if its process ended (or it was lost)."""
@@ -90,12 +97,12 @@ class TrialEvents:
         if value is not None and value == value:  # not NaN
             r.last_value = value
             try:
-                r.trial.report(value, epoch)
+                self.guard(r.trial.report, value, epoch)
             except optuna.exceptions.UpdateFinishedTrialError:  # another worker reaped it
-                r.lost = lost_reason(self.storage, r) or "Optuna has it finished while it still ran here"
+                r.lost = self.guard(lost_reason, self.storage, r) or "Optuna has it finished while it still ran here"
                 self.on_lost(r)
                 return
-            if r.pruned_at is None and r.trial.should_prune():
+            if r.pruned_at is None and self.guard(r.trial.should_prune):
                 r.pruned_at = epoch
         # After its last epoch a trial is done anyway: a Ctrl-C then must not make it an interrupted one.
         last = epoch >= int(r.config["trainer"]["max_epochs"])
@@ -108,7 +115,7 @@ class TrialEvents:
         # The child trains its next epoch while we write this one (the pruner needed Optuna's report only).
         self.tracker.log_epoch(r.run_id, epoch, metrics)
         self.tracker.upload(r, staged)
-        beat(self.storage, r, force=True)
+        self.guard(beat, self.storage, r, force=True)
         self.progress.epoch(r.number, epoch)
 
     def finish(self, r: Running, state: TrialState, tags: dict[str, str], value: float | None = None,
@@ -127,7 +134,7 @@ class TrialEvents:
             state, value, model_info, retry = disagreement(frozen, state, value, model_info, retry, tags)
         copy = None
         if retry is not None:
-            copy = self.retry(self.study, frozen, kind=retry, overrides=overrides)
+            copy = self.guard(self.retry, self.study, frozen, kind=retry, overrides=overrides)
             tags["hpolab.fail_reason"] += (f"; retried as trial {copy}, resuming from its last checkpoint" if copy is not None
                                            else f"; not retried (max_retries={self.retry.max_retries} reached)")
             if copy is not None:
@@ -135,19 +142,28 @@ class TrialEvents:
         self.streak.record(state, copy is not None, tags.get("hpolab.fail_kind"), tags.get("hpolab.fail_reason"))
         self.tracker.finish(r, state, tags, model_info, upload_last=copy is not None)
         history = frozen.intermediate_values if frozen is not None else {}  # the line says best and last, like the table
-        self.progress.trial_finished(number, state.name, value if value is not None else r.last_value, tags.get("hpolab.fail_reason"), trial_counts(self.study), history)
+        self.progress.trial_finished(number, state.name, value if value is not None else r.last_value, tags.get("hpolab.fail_reason"), self.guard(trial_counts, self.study), history)
 
     def _tell(self, r: Running, state: TrialState, value: float | None, tags: dict[str, str]) -> FrozenTrial | None:
         """Tell Optuna; the trial as Optuna has it afterwards (None when it cannot be read)."""
+        attempts = 0
+
+        def tell() -> None:
+            nonlocal attempts
+            attempts += 1  # a retry after an outage: the first tell may have gone through, its reply lost
+            self.study.tell(r.trial, value if state == TrialState.COMPLETE else None,
+                            state=None if state == TrialState.COMPLETE else state, skip_if_finished=attempts > 1)
+
         try:
-            if state == TrialState.COMPLETE:
-                self.study.tell(r.trial, value)
-            else:
-                self.study.tell(r.trial, state=state)
+            self.guard(tell)
+        except StudyError:
+            raise  # the store stayed unreachable past storage_outage_grace: the driver stops
         except Exception as e:  # e.g. another worker reaped it: Optuna has it FAIL already
             tags["hpolab.tell_error"] = f"{type(e).__name__}: {e}"
         try:
-            return self.storage.get_trial(r.trial._trial_id)
+            return self.guard(self.storage.get_trial, r.trial._trial_id)
+        except StudyError:
+            raise
         except Exception as e:
             tags.setdefault("hpolab.tell_error", f"reading the trial back: {type(e).__name__}: {e}")
             return None

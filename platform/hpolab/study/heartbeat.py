@@ -16,12 +16,13 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from typing import Callable
+from typing import Any, Callable
 
 import optuna
 from optuna.trial import TrialState
 
 from hpolab.stores.optuna_storage import GRACE_PERIOD, HEARTBEAT_INTERVAL
+from hpolab.study.outage import passthrough
 from hpolab.study.owners import age_since_start, describe, heartbeat_age, owner_gone, owner_of, owner_record
 from hpolab.study.retry import RetryCopy
 from hpolab.study.runner import Running
@@ -87,7 +88,7 @@ def lost_reason(storage, r: Running) -> str | None:
     return f"Optuna has it {t.state.name} while it still ran here (another worker ended it)"
 
 
-def _why_dead(t, stale_ids: set[int], storage) -> tuple[str, str] | None:
+def why_dead(t, stale_ids: set[int], storage) -> tuple[str, str] | None:
     """(kind, reason) when RUNNING trial `t` of another driver is dead, else None (it may be alive)."""
     owner = owner_of(t)
     gone = owner_gone(owner)
@@ -109,11 +110,13 @@ def reap_dead_trials(
     retry: RetryCopy,
     close_run: Callable[[str, TrialState, dict[str, str]], None],
     note: Callable[[str], None],
+    guard: Callable[..., Any] = passthrough,
 ) -> None:
     """RUNNING trials of other drivers that are dead -> FAIL, a WAITING retry copy, and their MLflow
     runs closed with the reason, so none stays RUNNING. Dead: an owner on this host that is gone
     (at once), or no heartbeat for GRACE_PERIOD seconds (any host).
-    `mine`: the trials this driver runs (alive by definition; never reaped here)."""
+    `mine`: the trials this driver runs (alive by definition; never reaped here). `guard`: the driver's
+    store calls, retried through a database outage (outage.py), so a reap is not left half done."""
     others = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.number not in mine]
     if not others:
         return
@@ -122,25 +125,26 @@ def reap_dead_trials(
     except Exception:
         stale_ids = set()
     for t in others:
-        why = _why_dead(t, stale_ids, storage)
+        why = why_dead(t, stale_ids, storage)
         if why is None:
             continue
-        reap_trial(study, storage, t, why, retry, close_run, note)
+        reap_trial(study, storage, t, why, retry, close_run, note, guard)
 
 
 def reap_trial(study: optuna.Study, storage, t, why: tuple[str, str], retry: RetryCopy,
-               close_run: Callable[[str, TrialState, dict[str, str]], None], note: Callable[[str], None]) -> None:
+               close_run: Callable[[str, TrialState, dict[str, str]], None], note: Callable[[str], None],
+               guard: Callable[..., Any] = passthrough) -> None:
     """Fail RUNNING trial `t` of another driver as dead (`why`: kind, reason), queue its retry
     copy and close its MLflow run."""
     kind, reason = why
     me = owner_record(t.number)
     try:  # the mark first (a FAIL trial takes no attrs); it stays on a trial whose owner finished it first
-        storage.set_trial_system_attr(t._trial_id, REAPED, f"{me['host']} pid {me['pid']}: {reason}")
-        if not storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+        guard(storage.set_trial_system_attr, t._trial_id, REAPED, f"{me['host']} pid {me['pid']}: {reason}")
+        if not guard(storage.set_trial_state_values, t._trial_id, state=TrialState.FAIL):
             return
     except optuna.exceptions.UpdateFinishedTrialError:
         return  # another driver reaped (or its owner finished) it first
-    copy = retry(study, storage.get_trial(t._trial_id), kind=kind)
+    copy = guard(retry, study, guard(storage.get_trial, t._trial_id), kind=kind)
     reason += f"; retried as trial {copy}" if copy is not None else f"; not retried (max_retries={retry.max_retries} reached)"
     run_id = t.user_attrs.get("mlflow_run_id")
     if run_id:

@@ -14,7 +14,7 @@ Re-running with a different definition is refused (exit 2, nothing written) with
       same log scale, same categorical choices). Accepted changes are recorded as `spec-<n>.yaml`.
 Run controls never count (nor trainer placement knobs: PLACEMENT below): name, n_trials, timeout, trial_timeout, parallel, max_retries, enqueue,
 stop_after_no_improvement,
-log_models, keep_checkpoints, checkpoint_upload_every.
+log_models, keep_checkpoints, checkpoint_upload_every, storage_outage_grace.
 """
 
 from __future__ import annotations

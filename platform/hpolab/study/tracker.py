@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.artifacts import upload_checkpoints
 from hpolab.stores.models import log_trial_model
+from hpolab.study.outage import passthrough
 from hpolab.study.retention import Retention
 from hpolab.study.retry import RetrySource, retry_source  # noqa: F401  (re-exported: the driver imports them here)
 from hpolab.study.runner import Running
@@ -34,7 +35,8 @@ class TrialTracker:
 
     def __init__(self, client, experiment_id: str, parent_run_id: str, study_name: str, experiment: Any,
                  env_tags: dict[str, str], note: Callable[[str], None], retention: Retention | None = None,
-                 upload_every: float | None = None):
+                 upload_every: float | None = None, guard: Callable[..., Any] = passthrough,
+                 mlflow_guard: Callable[..., Any] = passthrough):
         self.client = client
         self.experiment_id = experiment_id
         self.parent_run_id = parent_run_id
@@ -44,18 +46,22 @@ class TrialTracker:
         self.note = note
         self.retention = retention
         self.upload_every = upload_every  # seconds between checkpoint uploads of a running trial (None: never)
-        self.uploads = Uploader(note)
+        # Store calls ride out a database outage (outage.py): `guard` for Optuna, `mlflow_guard` for
+        # MLflow (a tracking store on a database server; the upload thread's jobs too).
+        self.guard, self.mlflow_guard = guard, mlflow_guard
+        self.uploads = Uploader(note, mlflow_guard)
 
     def start_run(self, trial: optuna.Trial, config: dict[str, Any], trial_dir: Path, tags: dict[str, str]) -> str:
         """The trial's child run with its params and config.yaml; its id goes on the Optuna trial."""
-        run_id = tr.start_child_run(self.client, self.experiment_id, self.parent_run_id, self.study_name, trial.number, tags)
-        trial.set_user_attr("mlflow_run_id", run_id)
-        tr.log_params(self.client, run_id, tr.flatten(config))
+        run_id = self.mlflow_guard(tr.start_child_run, self.client, self.experiment_id, self.parent_run_id, self.study_name,
+                                   trial.number, tags)
+        self.guard(trial.set_user_attr, "mlflow_run_id", run_id)
+        self.mlflow_guard(tr.log_params, self.client, run_id, tr.flatten(config))
         cfg_path = trial_dir / "config.yaml"
         import yaml
 
         cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        self.client.log_artifact(run_id, str(cfg_path))
+        self.mlflow_guard(self.client.log_artifact, run_id, str(cfg_path))
         return run_id
 
     def carry_over_history(self, r: Running, checkpoint: str, metric: str) -> None:
@@ -71,16 +77,16 @@ class TrialTracker:
         for h in history:
             epoch = int(h["epoch"])
             metrics = {k: v for k, v in h.items() if k != "epoch"}
-            tr.log_epoch(self.client, r.run_id, epoch, metrics)
+            self.mlflow_guard(tr.log_epoch, self.client, r.run_id, epoch, metrics)
             value = metrics.get(metric)
             if value is not None and value == value:
-                r.trial.report(value, epoch)
+                self.guard(r.trial.report, value, epoch)
                 r.last_value = value
             r.epoch = epoch
-        tr.set_tags(self.client, r.run_id, {"hpolab.resumed_after_epoch": str(r.epoch)})
+        self.mlflow_guard(tr.set_tags, self.client, r.run_id, {"hpolab.resumed_after_epoch": str(r.epoch)})
 
     def log_epoch(self, run_id: str, epoch: int, metrics: dict[str, float]) -> None:
-        tr.log_epoch(self.client, run_id, epoch, metrics)
+        self.mlflow_guard(tr.log_epoch, self.client, run_id, epoch, metrics)
 
     def stage_upload(self, r: Running, force: bool = False) -> Path | None:
         """When an upload is due (or `force`): hard-link the trial's checkpoints for upload (O(1)).
@@ -118,8 +124,8 @@ class TrialTracker:
             self.client.log_artifact(run_id, str(p))
 
     def close_run(self, run_id: str, state: TrialState, tags: dict[str, str]) -> None:
-        tr.set_tags(self.client, run_id, {"hpolab.state": state.name, **tags})
-        self.client.set_terminated(run_id, status=MLFLOW_STATUS[state])
+        self.mlflow_guard(tr.set_tags, self.client, run_id, {"hpolab.state": state.name, **tags})
+        self.mlflow_guard(self.client.set_terminated, run_id, status=MLFLOW_STATUS[state])
 
     def finish(self, r: Running, state: TrialState, tags: dict[str, str], model_info: dict | None = None,
                upload_last: bool = False) -> None:

@@ -28,8 +28,11 @@ MAX_QUEUED = 4
 
 
 class Uploader:
-    def __init__(self, note: Callable[[str], None]):
+    def __init__(self, note: Callable[[str], None], guard: Callable[..., Any] | None = None):
         self.note = note
+        # Each job runs through `guard` (outage.py): while the tracking store's database is briefly
+        # unreachable a job is retried, so a run's close is not lost to a restart.
+        self.guard = guard or (lambda fn, *args: fn(*args))
         self._queue: queue.Queue = queue.Queue(maxsize=MAX_QUEUED)
         self._thread: threading.Thread | None = None
         self.waited_s = 0.0  # time the driver spent waiting for a free slot (for bench attribution)
@@ -51,7 +54,7 @@ class Uploader:
                     return
                 label, fn, args = item
                 try:
-                    fn(*args)
+                    self.guard(fn, *args)
                 except Exception as e:  # a failed upload must not stop the ones behind it
                     self.note(f"{label} failed: {type(e).__name__}: {e}")
             finally:
