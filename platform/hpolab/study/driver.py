@@ -55,7 +55,7 @@ from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.environment import capture_environment
 from hpolab.stores.models import warm_exporter
 from hpolab.study.budget import FINISHED, FailureStreak, count_existing_trials, may_start_another, over_budget, release, trial_counts
-from hpolab.study.heartbeat import Heartbeats, others_running, reap_dead_trials
+from hpolab.study.heartbeat import HEARTBEAT_ATTR, AttrBeats, Heartbeats, others_running, reap_dead_trials
 from hpolab.study.lr_step import ensure_lr_range_test, lr_bounds
 from hpolab.study.owners import owner_gone, owner_of, owner_record
 from hpolab.study.parent_run import close_parent_run, fail_parent_run, open_parent_run
@@ -109,6 +109,7 @@ class Driver:
         self.env_tags: dict[str, str] = {}
         self.runner = TrialRunner(spec.experiment, self.experiment.__name__, spec.parallel, self.project_dir)
         self._waiting_note = 0.0
+        self.beat_watch = AttrBeats()  # other drivers' heartbeats through the gRPC proxy (heartbeat.py)
 
     # ---------------------------------------------------------------- set-up
 
@@ -185,7 +186,8 @@ class Driver:
         self.progress.trial_started(trial.number, trial.params, src.retry_of)
 
     def _reap(self) -> None:
-        reap_dead_trials(self.study, self.storage, self.running, self.retry, self.tracker.close_run, self.progress.note)
+        reap_dead_trials(self.study, self.storage, self.running, self.retry, self.tracker.close_run, self.progress.note,
+                         self.beat_watch)
 
     def _start_trials(self) -> None:
         """Start trials while there are free slots and the budget allows."""
@@ -209,6 +211,8 @@ class Driver:
             trial.set_user_attr("hpolab.owner", owner_record(trial.number))  # first: a dead owner is seen at once
             if isinstance(self.storage, BaseHeartbeat):
                 self.storage.record_heartbeat(trial._trial_id)
+            else:  # the gRPC proxy: the first hpolab heartbeat attr (heartbeat.py)
+                self.storage.set_trial_system_attr(trial._trial_id, HEARTBEAT_ATTR, time.time())
         return trial
 
     def _check_timeouts(self) -> None:
@@ -226,7 +230,7 @@ class Driver:
         if self.signals.stopping or self.draining:
             return False
         self._reap()
-        others = others_running(self.study, self.storage, self.running)
+        others = others_running(self.study, self.storage, self.running, self.beat_watch)
         if others and time.monotonic() - self._waiting_note > 30:
             self._waiting_note = time.monotonic()
             self.progress.note("waiting for trials of other drivers: " + "; ".join(others))
