@@ -3,6 +3,6 @@ FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml constraints.txt README.md ./
 COPY platform ./platform
-RUN pip install --no-cache-dir -c constraints.txt -e ".[postgres]"
+RUN pip install --no-cache-dir -c constraints.txt -e ".[postgres,auth]"
 COPY experiments ./experiments
 COPY studies ./studies

@@ -153,6 +153,8 @@ END_TO_END_ONLY = {
     "test_distributed.py": "PostgreSQL + a real mlflow server + four workers",
     "test_fashion_e2e.py": "a study, promote and predict on image files",
     "test_launch_slurm.py": "sbatch arrays and scancel on the local Slurm",
+    "test_mlflow_auth.py": "a study against a real basic-auth mlflow server",
+    "test_proxy_heartbeat.py": "a worker SIGKILLed on another host, reaped through the gRPC proxy",
     "test_lr_step_faults.py": "signals and two workers during a study's LR range test",
     "test_failures.py": "crashes, OOMs, kills and timeouts of real trials and drivers",
     "test_faults.py": "signals and kills of real drivers",

@@ -109,7 +109,8 @@ def _add_result_commands(sub) -> None:
     p.add_argument("--format", default="table", choices=["table", "csv", "json", "markdown"])
 
     p = _command(sub, "storage-proxy", "serve the Optuna storage (--storage) to many workers over gRPC")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on; the proxy has no login or TLS: "
+                   "keep 127.0.0.1 and reach it through an SSH tunnel, or use a private, firewalled address")
     p.add_argument("--port", type=int, default=13000)
 
     add_launch_parsers(sub, _command)

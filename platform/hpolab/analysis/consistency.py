@@ -8,7 +8,6 @@ queues an interrupted attempt to resume, or records that an artifact is missing.
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,7 +21,7 @@ from hpolab.stores.paths import Stores
 from hpolab.study.budget import RELEASED, trial_counts
 from hpolab.study.heartbeat import why_dead
 from hpolab.stores.optuna_storage import GRACE_PERIOD
-from hpolab.study.owners import describe, heartbeat_age, owner_gone, owner_of
+from hpolab.study.owners import describe, heartbeat_age, owner_gone, owner_of, this_host
 from hpolab.study.retry import RetryCopy
 
 MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
@@ -121,7 +120,7 @@ def _retried(s: Study) -> set[int]:
 def _owner_alive(t: FrozenTrial) -> bool:
     """The trial's driver runs on this host and is alive (it may still be closing the trial's run)."""
     rec = owner_of(t)
-    return rec is not None and rec.get("host") == socket.gethostname() and owner_gone(rec) is None
+    return rec is not None and rec.get("host") == this_host() and owner_gone(rec) is None
 
 
 # ---------------------------------------------------------------- RUNNING trials

@@ -183,13 +183,24 @@ def _check_mlflow_server(uri: str, shown: str) -> None:
         except MlflowException as e:
             reason = one_line(e.message if hasattr(e, "message") else e)
             if any(code in reason for code in ("401", "403", "Unauthorized", "Forbidden", "PERMISSION_DENIED", "UNAUTHENTICATED")):
-                raise UserError(f"the MLflow server {shown} refused the credentials ({_short(reason)}); set MLFLOW_TRACKING_USERNAME "
-                                f"/ MLFLOW_TRACKING_PASSWORD or fix the URI ({TRACKING_FIX})") from None
+                raise UserError(_auth_failed(shown, reason)) from None
             raise StoreUnreachable(f"cannot reach the MLflow tracking server {shown} ({_short(reason)}); is `mlflow server` "
                                    f"running there? ({TRACKING_FIX})") from None
         except Exception as e:  # requests' own errors, a non-MLflow answer
             raise StoreUnreachable(f"cannot reach the MLflow tracking server {shown} ({_short(one_line(e))}); is `mlflow server` "
                                    f"running there? ({TRACKING_FIX})") from None
+
+
+def _auth_failed(shown: str, reason: str) -> str:
+    """The server wants a login (`mlflow server --app-name basic-auth`): which variables to set."""
+    given = bool(os.environ.get("MLFLOW_TRACKING_USERNAME") or os.environ.get("MLFLOW_TRACKING_TOKEN"))
+    code = "403" if ("403" in reason or "Forbidden" in reason or "PERMISSION_DENIED" in reason) else "401"
+    if code == "403":
+        return (f"the MLflow server {shown} refused this user (HTTP 403: authenticated, but not permitted); ask its admin for "
+                f"EDIT permission, or log in as another user with MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD")
+    what = "the credentials in MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD were refused" if given else "no credentials were given"
+    return (f"authentication failed at the MLflow server {shown} (HTTP 401: {what}); set MLFLOW_TRACKING_USERNAME and "
+            f"MLFLOW_TRACKING_PASSWORD in the environment (or MLFLOW_TRACKING_TOKEN), never on the command line")
 
 
 def one_line(e: object) -> str:

@@ -56,7 +56,7 @@ from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.environment import capture_environment
 from hpolab.stores.models import warm_exporter
 from hpolab.study.budget import FINISHED, FailureStreak, count_existing_trials, may_start_another, over_budget, release, trial_counts
-from hpolab.study.heartbeat import Heartbeats, others_running, reap_dead_trials
+from hpolab.study.heartbeat import HEARTBEAT_ATTR, AttrBeats, Heartbeats, others_running, reap_dead_trials
 from hpolab.study.lr_step import ensure_lr_range_test, lr_bounds
 from hpolab.study.outage import StorageOutage
 from hpolab.study.owners import owner_gone, owner_of, owner_record
@@ -115,6 +115,7 @@ class Driver:
         aborting = lambda: self.signals.aborting  # noqa: E731
         self.outage = StorageOutage(spec.storage_outage_grace, "storage", aborting)
         self.mlflow_outage = StorageOutage(spec.storage_outage_grace, "MLflow tracking store", aborting)
+        self.beat_watch = AttrBeats()  # other drivers' heartbeats through the gRPC proxy (heartbeat.py)
 
     # ---------------------------------------------------------------- set-up
 
@@ -195,7 +196,7 @@ class Driver:
 
     def _reap(self) -> None:
         reap_dead_trials(self.study, self.storage, self.running, self.retry, self.tracker.close_run, self.progress.note,
-                         self.outage.call)
+                         self.outage.call, self.beat_watch)
 
     def _start_trials(self) -> None:
         """Start trials while there are free slots and the budget allows."""
@@ -220,6 +221,8 @@ class Driver:
             g(trial.set_user_attr, "hpolab.owner", owner_record(trial.number))  # first: a dead owner is seen at once
             if isinstance(self.storage, BaseHeartbeat):
                 g(self.storage.record_heartbeat, trial._trial_id)
+            else:  # the gRPC proxy: the first hpolab heartbeat attr (heartbeat.py)
+                g(self.storage.set_trial_system_attr, trial._trial_id, HEARTBEAT_ATTR, time.time())
         return trial
 
     def _check_timeouts(self) -> None:
@@ -238,7 +241,7 @@ class Driver:
             return False
         g = self.outage.call
         g(self._reap)
-        others = g(others_running, self.study, self.storage, self.running)
+        others = g(others_running, self.study, self.storage, self.running, self.beat_watch)
         if others and time.monotonic() - self._waiting_note > 30:
             self._waiting_note = time.monotonic()
             self.progress.note("waiting for trials of other drivers: " + "; ".join(others))

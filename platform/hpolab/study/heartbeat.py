@@ -9,6 +9,11 @@ A reaped trial is marked (system attr `hpolab.reaped`: who reaped it and why). I
 alive (a heartbeat write failed, a long stall): the owner's heartbeat thread reads the trial's state
 after each beat and, once Optuna no longer has it RUNNING, marks it lost (`Running.lost`); the
 driver then stops the child and records the run as Optuna has it (FAIL, no model, no second retry).
+
+Through Optuna's gRPC storage proxy there is no Optuna heartbeat (GrpcStorageProxy is no
+BaseHeartbeat). The driver then beats by writing the trial's system attr `hpolab.heartbeat` (the
+writer's wall-clock time), and other drivers watch it change (`AttrBeats`): a trial whose attr has
+not changed for GRACE_PERIOD seconds, as timed by the reader, is stale like an RDB one.
 """
 
 from __future__ import annotations
@@ -33,12 +38,47 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
 
+HEARTBEAT_ATTR = "hpolab.heartbeat"  # system attr: the writer's time.time() at its last beat (proxy stores)
+
+
 def beat(storage, r: Running, force: bool = False) -> None:
     """Record a heartbeat for `r` if one is due (or `force`)."""
     now = time.monotonic()
-    if (force or now - r.last_heartbeat >= HEARTBEAT_INTERVAL) and hasattr(storage, "record_heartbeat"):
+    if not (force or now - r.last_heartbeat >= HEARTBEAT_INTERVAL):
+        return
+    if hasattr(storage, "record_heartbeat"):
         storage.record_heartbeat(r.trial._trial_id)
-        r.last_heartbeat = now
+    else:  # the gRPC proxy: an attr write is the heartbeat (AttrBeats reads it)
+        try:
+            storage.set_trial_system_attr(r.trial._trial_id, HEARTBEAT_ATTR, time.time())
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return  # another worker reaped it: lost_reason tells the driver
+    r.last_heartbeat = now
+
+
+class AttrBeats:
+    """Which RUNNING trials stopped beating, for a storage without Optuna heartbeats (the proxy).
+
+    Clock skew: the attr holds the writer's wall-clock time, but we never compare it with our clock
+    (hosts' clocks may differ by more than the grace period). We remember the last value seen per
+    trial and when (our time.monotonic()) we saw it change; a trial is stale once it has not changed
+    for GRACE_PERIOD seconds of our own clock. A trial first seen now starts its grace now, so a
+    worker that (re)starts waits one grace period before reaping anything."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[object, float]] = {}  # trial id -> (last value, when it changed)
+
+    def silent_for(self, t) -> float:
+        """Seconds (our clock) since trial `t`'s heartbeat attr last changed as we saw it."""
+        now, value = time.monotonic(), t.system_attrs.get(HEARTBEAT_ATTR)
+        last = self._seen.get(t._trial_id)
+        if last is None or last[0] != value:
+            self._seen[t._trial_id] = (value, now)
+            return 0.0
+        return now - last[1]
+
+    def stale_ids(self, trials) -> set[int]:
+        return {t._trial_id for t in trials if self.silent_for(t) > GRACE_PERIOD}
 
 
 class Heartbeats:
@@ -51,10 +91,7 @@ class Heartbeats:
         self._stop = threading.Event()
 
     def start(self) -> None:
-        from optuna.storages._heartbeat import BaseHeartbeat
-
-        if not isinstance(self.storage, BaseHeartbeat):
-            return  # the gRPC storage proxy has no heartbeat API (see stores/grpc_proxy.py)
+        # (the gRPC storage proxy has no heartbeat API: `beat` writes the heartbeat attr instead)
         threading.Thread(target=self._loop, name="heartbeats", daemon=True).start()
 
     def stop(self) -> None:
@@ -111,19 +148,24 @@ def reap_dead_trials(
     close_run: Callable[[str, TrialState, dict[str, str]], None],
     note: Callable[[str], None],
     guard: Callable[..., Any] = passthrough,
+    watch: AttrBeats | None = None,
 ) -> None:
     """RUNNING trials of other drivers that are dead -> FAIL, a WAITING retry copy, and their MLflow
     runs closed with the reason, so none stays RUNNING. Dead: an owner on this host that is gone
     (at once), or no heartbeat for GRACE_PERIOD seconds (any host).
     `mine`: the trials this driver runs (alive by definition; never reaped here). `guard`: the driver's
-    store calls, retried through a database outage (outage.py), so a reap is not left half done."""
+    store calls, retried through a database outage (outage.py), so a reap is not left half done.
+    `watch`: the driver's AttrBeats, for a storage without Optuna heartbeats (the gRPC proxy)."""
     others = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.number not in mine]
     if not others:
         return
-    try:
-        stale_ids = set(storage._get_stale_trial_ids(study._study_id))
-    except Exception:
-        stale_ids = set()
+    if not hasattr(storage, "record_heartbeat"):
+        stale_ids = watch.stale_ids(others) if watch is not None else set()
+    else:
+        try:
+            stale_ids = set(storage._get_stale_trial_ids(study._study_id))
+        except Exception:
+            stale_ids = set()
     for t in others:
         why = why_dead(t, stale_ids, storage)
         if why is None:
@@ -155,15 +197,16 @@ def reap_trial(study: optuna.Study, storage, t, why: tuple[str, str], retry: Ret
     note(f"trial {t.number} was left RUNNING: {reason}")
 
 
-
-
-def others_running(study: optuna.Study, storage, mine: dict[int, Running]) -> list[str]:
+def others_running(study: optuna.Study, storage, mine: dict[int, Running], watch: AttrBeats | None = None) -> list[str]:
     """RUNNING trials of other (live-looking) drivers, described with their owner and heartbeat age."""
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if t.number in mine:
             continue
-        age = heartbeat_age(storage, t._trial_id)
+        if watch is not None and not hasattr(storage, "record_heartbeat"):
+            age = watch.silent_for(t) if t.system_attrs.get(HEARTBEAT_ATTR) is not None else None
+        else:
+            age = heartbeat_age(storage, t._trial_id)
         beat_txt = f"last heartbeat {age:.0f} s ago" if age is not None else "no heartbeat yet"
         out.append(f"trial {t.number} ({describe(owner_of(t))}, {beat_txt})")
     return out

@@ -18,6 +18,12 @@ from typing import Any
 OWNER_ATTR = "hpolab.owner"
 
 
+def this_host() -> str:
+    """This machine's name as owner records give it. HPOLAB_TEST_HOSTNAME overrides it for tests
+    only: a worker that must look as if it ran on another host (tests/test_proxy_heartbeat.py)."""
+    return os.environ.get("HPOLAB_TEST_HOSTNAME") or socket.gethostname()
+
+
 def _boot_id() -> str:
     try:
         return open("/proc/sys/kernel/random/boot_id").read().strip()
@@ -40,7 +46,7 @@ def process_start_time(pid: int) -> str | None:
 def owner_record(trial_number: int) -> dict[str, Any]:
     """This driver, as the owner of trial `trial_number`."""
     pid = os.getpid()
-    return {"host": socket.gethostname(), "boot_id": _boot_id(), "pid": pid,
+    return {"host": this_host(), "boot_id": _boot_id(), "pid": pid,
             "start_time": process_start_time(pid), "trial": trial_number}
 
 
@@ -54,7 +60,7 @@ def owner_of(trial) -> dict[str, Any] | None:
 
 def owner_gone(rec: dict[str, Any] | None) -> str | None:
     """Why the owner is certainly gone (same host only), or None when it may be alive."""
-    if rec is None or rec.get("host") != socket.gethostname():
+    if rec is None or rec.get("host") != this_host():
         return None  # another host: only its heartbeats can tell
     where = f"its driver (pid {rec.get('pid')} on {rec.get('host')})"
     if rec.get("boot_id") and _boot_id() and rec["boot_id"] != _boot_id():

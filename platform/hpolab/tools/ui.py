@@ -50,8 +50,9 @@ def check_address(host: str, port: int) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as e:
-        raise UserError(f"--host {host!r} is not an address of this machine ({e}); use --host 127.0.0.1 (this machine only) "
-                        "or --host 0.0.0.0 (every interface)") from None
+        raise UserError(f"--host {host!r} is not an address of this machine ({e}); use --host 127.0.0.1 and reach the UI "
+                        "from elsewhere through an SSH tunnel (ssh -N -L PORT:127.0.0.1:PORT THIS_HOST); the UI has no login, "
+                        "so bind a wider address only behind authentication or on a firewalled private network") from None
     family, _, _, _, addr = infos[0]
     with socket.socket(family, socket.SOCK_STREAM) as s:
         # Like the server itself: connections of a previous server in TIME_WAIT do not count.
