@@ -88,7 +88,8 @@ def load_recorded(code: ExperimentCode, where: str) -> ModuleType:
     private = "_hpolab_recorded_" + re.sub(r"\W", "_", code.filename.removesuffix(".py")) + "_" + code.hash
     if private in sys.modules:
         return sys.modules[private]
-    loader = _RecordedLoader(code.source, f"<recorded code/{code.filename} {code.hash}>")
+    # Not "<...>": linecache (tracebacks, inspect) would ignore it; the loader's get_source fills it in.
+    loader = _RecordedLoader(code.source, f"recorded:code/{code.filename}#{code.hash}")
     spec = importlib.util.spec_from_loader(private, loader, origin=loader.origin)
     module = importlib.util.module_from_spec(spec)
     sys.modules[private] = module  # before exec: dataclasses and pickling look the module up by name
