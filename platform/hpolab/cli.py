@@ -28,6 +28,8 @@ def _add_spec_change_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-study", metavar="NAME", help="run this spec as a new study named NAME (e.g. after editing the spec of an existing study)")
     p.add_argument("--allow-spec-change", action="store_true",
                    help="continue an existing study with a changed spec (recorded as spec-<n>.yaml); refused if a sampled value no longer fits the search space")
+    p.add_argument("--allow-code-change", action="store_true",
+                   help="continue an existing study although its experiment module changed (hash differs); each trial run records the code it ran")
 
 
 def _command(subparsers, name: str, help_: str) -> argparse.ArgumentParser:
@@ -79,6 +81,8 @@ def _add_run_commands(sub) -> None:
     p = _command(sub, "reproduce", "train a trial again from its MLflow run and compare the metrics")
     p.add_argument("run_id", help="an MLflow run id of a trial (hpolab compare NAME shows them)")
     p.add_argument("--tolerance", type=float, default=0.0, help="largest accepted abs difference per metric (default 0: identical)")
+    p.add_argument("--allow-code-change", action="store_true",
+                   help="retrain with the importable experiment module although its hash differs from the code the run recorded")
 
     p = _command(sub, "lr-find", "LR range test (Leslie Smith) on the spec's experiment")
     p.add_argument("spec")
@@ -165,7 +169,7 @@ def cmd_study_run(args) -> int:
     # The spec's project (the folder holding its experiments/): trial processes import the
     # experiment from there, whatever the working directory.
     outcome = Driver(spec, stores, Progress(spec), project_dir=spec.project_dir, worker_seed=worker_seed,
-                     allow_spec_change=args.allow_spec_change).run()
+                     allow_spec_change=args.allow_spec_change, allow_code_change=args.allow_code_change).run()
     code, message = study_exit(outcome)
     if message:
         print(f"hpolab: {message}", file=sys.stderr)

@@ -61,11 +61,29 @@ def _history(client, run_id: str, config: dict) -> tuple[tuple[str, ...], dict[s
     return compared, history, epochs
 
 
-def _retrain(config: dict, tags: dict[str, str], experiment: str, epochs: int, console):
+def _experiment(client, run, experiment: str, allow_change: bool, console):
+    """The module to retrain with: the importable one (refused when its code differs from what the run
+    ran, unless --allow-code-change), else the code the run recorded."""
+    from hpolab.config.experiment_code import mismatch
+    from hpolab.errors import UserError
+    from hpolab.stores.code_artifacts import experiment_for_runs
+
+    found = experiment_for_runs(client, [run], experiment)
+    if found.here is None:
+        console.print(f"  experiment {experiment}: not importable here; using the code the run recorded (hash {found.recorded_hash})")
+    elif found.differs:
+        text = mismatch(experiment, found.here, found.recorded_hash, f"run {run.info.run_id}")
+        if not allow_change:
+            raise UserError(f"{text}: the retrained numbers would not test the same code. Sync the module with the run's "
+                            "(its artifact code/ holds it), or pass --allow-code-change to retrain with the code here")
+        console.print(f"  [yellow]code differs[/] (--allow-code-change): {text}")
+    return found.module
+
+
+def _retrain(config: dict, tags: dict[str, str], exp, epochs: int, console):
     """fit() again with the run's config, seed and thread count, for the run's number of epochs."""
     import torch
 
-    from hpolab.config.experiment import load_experiment
     from hpolab.train import fit, seed_everything
     from hpolab.train.config import trainer_config
     from hpolab.train.tasks import task_for
@@ -75,7 +93,6 @@ def _retrain(config: dict, tags: dict[str, str], experiment: str, epochs: int, c
         console.print(f"  [yellow]note[/]: this attempt ran with {tags['hpolab.trainer_overrides']} (after a CUDA OOM); "
                       "epochs it carried over from an earlier attempt were trained without it")
     torch.set_num_threads(int(tags.get("hpolab.torch_threads", "1")))
-    exp = load_experiment(experiment)
     seed_everything(config["seed"], bool(trainer.get("deterministic", False)))  # as the trial process did
     data = exp.load_data(config["data"], config["seed"])
     model = exp.build_model(config["model"], data.input_shape, data.num_classes)
@@ -126,7 +143,8 @@ def reproduce_cmd(args, stores) -> int:
     # Same epochs as the original: a pruned or early-stopped trial ran fewer than max_epochs. It keeps
     # its configured max_epochs (the LR schedule is a function of it) and stops after those epochs.
     compared, history, epochs = _history(client, args.run_id, config)
-    result = _retrain(config, tags, experiment, epochs, console)
+    exp = _experiment(client, run, experiment, bool(getattr(args, "allow_code_change", False)), console)
+    result = _retrain(config, tags, exp, epochs, console)
 
     table, worst = _compare_table(f"{run.info.run_name}: original vs reproduced", compared, history, result)
     console.print(table)

@@ -16,6 +16,11 @@ from types import ModuleType
 PACKAGE = "experiments"
 
 
+class ExperimentNotFound(ModuleNotFoundError):
+    """No module of that name where experiments are looked for (a module that exists but whose own
+    imports fail raises the plain ModuleNotFoundError/ImportError instead)."""
+
+
 def find_project_root(start: str | Path) -> Path | None:
     """The folder holding `experiments/` at or above `start` (a folder or a file in it), or None."""
     p = Path(start).resolve()
@@ -138,4 +143,4 @@ def load_experiment(name: str, search_from: str | Path | None = None) -> ModuleT
                 raise  # the module exists but one of its own imports is missing
             last = e
     looked.append(f"{' / '.join(candidates)} on the import path")
-    raise ModuleNotFoundError(f"experiment {name!r} not found (looked at: {'; '.join(looked)})") from last
+    raise ExperimentNotFound(f"experiment {name!r} not found (looked at: {'; '.join(looked)})") from last

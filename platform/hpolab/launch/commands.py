@@ -70,10 +70,27 @@ def cmd_launch_slurm(args) -> int:
 
     check_stores(stores)  # a wrong or down store is said now, not in every array task's log
     prepare_stores(stores)
+    record_code(stores, spec)  # a worker whose experiment module differs from this host's refuses to run
     job_id = slurm.submit(script, spec.name, stores, opts, cwd)
     store_flags = f" --store {shlex.quote(str(stores.root))}" if getattr(args, "store", None) else ""
     print(slurm.follow_text(job_id, spec.name, opts, cwd, store_flags))
     return 0
+
+
+def record_code(stores, spec) -> None:
+    """On the submit host, before any worker starts: the study records the experiment module's hash and
+    the project it was imported from (study/code_guard.py); UserError if the study ran other code."""
+    import optuna
+
+    from hpolab.config.experiment import load_experiment
+    from hpolab.config.experiment_code import code_of
+    from hpolab.stores.optuna_storage import make_storage
+    from hpolab.study.code_guard import record_at_launch
+
+    module = load_experiment(spec.experiment)  # load_spec imported it from the spec's project (the import check)
+    study = optuna.create_study(storage=make_storage(stores.optuna_url), study_name=spec.name, direction=spec.direction,
+                                load_if_exists=True)
+    record_at_launch(study, code_of(module, spec.experiment))
 
 
 def cmd_launch_k8s(args) -> int:

@@ -132,7 +132,6 @@ def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp
     import mlflow.artifacts
     import yaml
 
-    from hpolab.config.experiment import load_experiment
     from hpolab.errors import UserError
     from hpolab.registry.serving import ServingModel
     from hpolab.train import load_checkpoint, load_model_state
@@ -150,10 +149,36 @@ def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp
 
     ch.config = yaml.safe_load(fetch("config.yaml").read_text())
     ckpt = load_checkpoint(fetch("checkpoints/best.pt"), map_location="cpu")
-    exp = load_experiment(info.experiment)
+    exp = challenger_experiment(client, info, ch, run)
     splits = exp.load_data(ch.config["data"], ch.config["seed"])
     model = exp.build_model(ch.config["model"], tuple(splits.input_shape), splits.num_classes)
     load_model_state(model, ckpt["model"])
     model.eval()
     bound = task_for(exp).bind(trainer_config(ch.config["trainer"]), splits, torch.device("cpu"))
     return exp, splits, model, ServingModel(splits.preprocess, model, bound.head()).eval(), bound
+
+
+def challenger_experiment(client, info: StudyInfo, ch: Challenger, run):
+    """The experiment module for the challenger: the importable one (a warning when its code differs
+    from what the trial ran), else the code the trial's run (or the study's parent run) recorded."""
+    import sys
+
+    from hpolab.stores.code_artifacts import experiment_for_runs
+
+    def parent():
+        try:
+            return client.get_run(info.parent_run_id)
+        except Exception:  # noqa: BLE001 -- the trial's own run decides then
+            return None
+
+    runs = [run] if run.data.tags.get("hpolab.code_hash") else [run, parent()]
+    found = experiment_for_runs(client, runs, info.experiment)
+    if found.here is None:
+        print(f"experiment {info.experiment}: not importable here; using the code {found.recorded_by} recorded "
+              f"(hash {found.recorded_hash})")
+    elif found.differs:
+        from hpolab.config.experiment_code import mismatch
+
+        print(f"hpolab: warning: {mismatch(info.experiment, found.here, found.recorded_hash, f'trial {ch.trial_number}')}; "
+              "promoting with the module here (its model must load the trial's checkpoint)", file=sys.stderr)
+    return found.module

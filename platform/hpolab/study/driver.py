@@ -47,6 +47,7 @@ from optuna.trial import TrialState
 
 from hpolab.errors import StudyError
 from hpolab.config.spec import StudySpec, load_experiment
+from hpolab.config.experiment_code import code_of
 from hpolab.stores.budget_lock import budget_lock
 from hpolab.stores.optuna_storage import make_storage
 from hpolab.stores.paths import Stores, ensure_local
@@ -71,6 +72,7 @@ from hpolab.study.search_space import optuna_distributions
 from hpolab.study.signals import StopSignals, signals_ignored
 from hpolab.study.enqueue import enqueue_known_good
 from hpolab.study.spec_guard import check_spec, record_spec
+from hpolab.study.code_guard import check_code, record_code
 from hpolab.study.stopping import NoImprovementStop
 from hpolab.study.tracker import TrialTracker, retry_source
 
@@ -93,7 +95,7 @@ class Outcome:
 
 class Driver:
     def __init__(self, spec: StudySpec, stores: Stores, progress: Progress | None = None, project_dir: Path | None = None, worker_seed: int = 0,
-                 allow_spec_change: bool = False):
+                 allow_spec_change: bool = False, allow_code_change: bool = False):
         self.spec = spec
         self.allow_spec_change = allow_spec_change  # accept a changed spec that keeps the search space valid (spec_guard.py)
         self.worker_seed = worker_seed  # the salt mixed into the sampler seed so concurrent workers draw differently
@@ -102,6 +104,8 @@ class Driver:
         self.progress = progress or Progress(spec, quiet=True)
         self.project_dir = (project_dir or Path.cwd()).resolve()
         self.experiment = load_experiment(spec.experiment)
+        self.code = code_of(self.experiment, spec.experiment)  # recorded on the study and every trial run (code_guard.py)
+        self.allow_code_change = allow_code_change
         self.running: dict[int, Running] = {}
         self.signals = StopSignals(self.progress.note)  # first Ctrl-C/SIGTERM: graceful; second: now
         self.draining = False  # study timeout or failure limit: start nothing new; running trials finish
@@ -148,6 +152,7 @@ class Driver:
             storage=self.storage, study_name=self.spec.name, sampler=make_sampler(self.spec, seed_offset=self._seed_offset()),
             pruner=make_pruner(self.spec), direction=self.spec.direction, load_if_exists=True)
         spec_change = check_spec(self.study, self.spec, self.allow_spec_change)  # refused: UserError, nothing written
+        code_change = check_code(self.study, self.code, self.allow_code_change)  # likewise
         if self.study.direction.name.lower() != self.spec.direction:
             raise StudyError(
                 f"study {self.spec.name!r} already exists with direction {self.study.direction.name.lower()}; "
@@ -159,12 +164,13 @@ class Driver:
         self.env_tags = capture_environment(self.project_dir)
         self.parent_run_id = open_parent_run(self.client, self.experiment_id, self.study, self.spec, self.env_tags)
         record_spec(self.study, self.client, self.parent_run_id, self.spec, spec_change, self.progress.note)
+        record_code(self.study, self.client, self.parent_run_id, self.code, code_change, self.progress.note)
         self.no_improvement = NoImprovementStop(self.spec, self.study, self.client, self.parent_run_id, self.progress.note)
         retention = Retention(self.spec, self.study, lambda n: self.stores.trial_dir(self.spec.name, n))
         self.tracker = TrialTracker(self.client, self.experiment_id, self.parent_run_id, self.spec.name,
                                     self.experiment, self.env_tags, self.progress.note, retention,
                                     self.spec.checkpoint_upload_every, guard=self.outage.call,
-                                    mlflow_guard=self.mlflow_outage.call)
+                                    mlflow_guard=self.mlflow_outage.call, code=self.code)
         self.events = TrialEvents(self.study, self.storage, self.running, self.tracker, self.runner, self.progress,
                                   self.spec.metric, self.retry, self.streak,
                                   stopping=lambda: self.signals.stopping, aborting=lambda: self.signals.aborting,

@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.artifacts import upload_checkpoints
+from hpolab.stores.code_artifacts import log_code
 from hpolab.stores.models import log_trial_model
 from hpolab.study.outage import passthrough
 from hpolab.study.retention import Retention
@@ -36,7 +37,7 @@ class TrialTracker:
     def __init__(self, client, experiment_id: str, parent_run_id: str, study_name: str, experiment: Any,
                  env_tags: dict[str, str], note: Callable[[str], None], retention: Retention | None = None,
                  upload_every: float | None = None, guard: Callable[..., Any] = passthrough,
-                 mlflow_guard: Callable[..., Any] = passthrough):
+                 mlflow_guard: Callable[..., Any] = passthrough, code=None):
         self.client = client
         self.experiment_id = experiment_id
         self.parent_run_id = parent_run_id
@@ -50,6 +51,7 @@ class TrialTracker:
         # MLflow (a tracking store on a database server; the upload thread's jobs too).
         self.guard, self.mlflow_guard = guard, mlflow_guard
         self.uploads = Uploader(note, mlflow_guard)
+        self.code = code  # the experiment's ExperimentCode: code/<module>.py on every trial run (None: no file)
 
     def start_run(self, trial: optuna.Trial, config: dict[str, Any], trial_dir: Path, tags: dict[str, str]) -> str:
         """The trial's child run with its params and config.yaml; its id goes on the Optuna trial."""
@@ -62,6 +64,8 @@ class TrialTracker:
 
         cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
         self.mlflow_guard(self.client.log_artifact, run_id, str(cfg_path))
+        if self.code is not None:  # what `hpolab reproduce` / `promote` load where the module is not importable
+            self.mlflow_guard(log_code, self.client, run_id, self.code)
         return run_id
 
     def carry_over_history(self, r: Running, checkpoint: str, metric: str) -> None:
