@@ -154,6 +154,7 @@ END_TO_END_ONLY = {
     "test_fashion_e2e.py": "a study, promote and predict on image files",
     "test_launch_slurm.py": "sbatch arrays and scancel on the local Slurm",
     "test_lr_step_faults.py": "signals and two workers during a study's LR range test",
+    "test_pyfunc_serving.py": "the champion per task type through pyfunc in an empty folder and mlflow models serve",
     "test_failures.py": "crashes, OOMs, kills and timeouts of real trials and drivers",
     "test_faults.py": "signals and kills of real drivers",
     "test_study_check.py": "study check on copies of a study the real CLI built",

@@ -197,7 +197,7 @@ def test_champion_loads_by_alias_and_reproduces_the_test_accuracy(promoted):
     mlflow.set_tracking_uri(_uri(store))
     try:
         pyfunc = mlflow.pyfunc.load_model("models:/digits-cnn@champion")
-        acc = float((pyfunc.predict(x).argmax(1) == y).mean())
+        acc = float((pyfunc.predict(x)["class"].to_numpy() == y).mean())
         assert acc == float(mv.tags["hpolab.test_acc"])  # exactly: preprocessing is inside the model
         model = mlflow.pytorch.load_model("models:/digits-cnn@champion")
         with torch.no_grad():
@@ -311,7 +311,7 @@ def test_predict_cli_matches_the_champion(promoted, tmp_path):
     preds = np.load(tmp_path / "p.npy")
     mlflow.set_tracking_uri(_uri(store))
     try:
-        expected = mlflow.pyfunc.load_model("models:/digits-cnn@champion").predict(x).argmax(1)
+        expected = mlflow.pyfunc.load_model("models:/digits-cnn@champion").predict(x)["class"].to_numpy()
     finally:
         mlflow.set_tracking_uri(None)
     assert preds.dtype == np.int64 and np.array_equal(preds, expected)
@@ -335,9 +335,10 @@ def test_predict_prints_csv_and_rejects_what_the_model_cannot_take(promoted, tmp
 
     assert predict_cmd(args(tmp_path / "one.npy"), stores) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].split("\t") == ["input", "class", "label", "probability"] and len(lines) == 2
+    probs = [f"prob_{c}" for c in range(10)]  # digits declares class names "0".."9"
+    assert lines[0].split("\t") == ["input", "class", "label", *probs] and len(lines) == 2
     assert predict_cmd(args(tmp_path / "one.npy", str(tmp_path / "p.csv")), stores) == 0
-    assert (tmp_path / "p.csv").read_text().splitlines()[0] == "input,class,label,probability"
+    assert (tmp_path / "p.csv").read_text().splitlines()[0] == ",".join(["input", "class", "label", *probs])
 
     np.save(tmp_path / "wrong.npy", np.zeros((3, 28, 28), np.float32))
     with pytest.raises(UserError, match="shape"):
