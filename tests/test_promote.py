@@ -348,6 +348,27 @@ def test_predict_prints_csv_and_rejects_what_the_model_cannot_take(promoted, tmp
         predict_cmd(args(tmp_path / "imgs"), stores)
 
 
+def test_the_served_table_per_task():
+    """hpolab_pyfunc.output_frame: what the champion's pyfunc returns and predict prints."""
+    from hpolab.registry.hpolab_pyfunc import output_frame
+
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.0, 3.0, 0.0]])
+    t = output_frame("classification", logits, ["cat", "dog", "eel"])
+    assert list(t.columns) == ["class", "label", "prob_cat", "prob_dog", "prob_eel"]
+    assert t["class"].tolist() == [0, 1] and t["label"].tolist() == ["cat", "dog"]
+    assert np.allclose(t[["prob_cat", "prob_dog", "prob_eel"]].to_numpy(), torch.softmax(logits, 1).numpy())
+    # no names, or names that cannot be columns (too few, repeated): the indices
+    assert list(output_frame("classification", logits, ["a", "a", "b"]).columns)[2:] == ["prob_0", "prob_1", "prob_2"]
+    assert output_frame("classification", logits)["label"].tolist() == ["0", "1"]
+    m = output_frame("multilabel", torch.tensor([[0.2, 0.7], [0.35, 0.1]]), ["x", "y"], threshold=0.3)
+    assert list(m.columns) == ["label_x", "label_y", "prob_x", "prob_y"]
+    assert m[["label_x", "label_y"]].to_numpy().tolist() == [[0, 1], [1, 0]]
+    assert list(output_frame("regression", torch.tensor([[150.0], [80.0]])).columns) == ["prediction"]
+    assert list(output_frame("regression", torch.zeros(2, 2), ["sys", "dia"]).columns) == ["prediction_sys", "prediction_dia"]
+    raw = output_frame("custom", torch.ones(2, 4, 4))
+    assert isinstance(raw, np.ndarray) and raw.shape == (2, 4, 4)
+
+
 def test_image_folder_becomes_raw_uint8_inputs(tmp_path):
     from PIL import Image
 

@@ -166,6 +166,7 @@ def test_mlflow_models_serve_answers_with_labels_and_probabilities(champion, tmp
     empty.mkdir()
     port = free_port()
     env = {**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OPTUNA_STORAGE")}, "MLFLOW_TRACKING_URI": _uri(store)}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # an activated venv: serve execs its uvicorn
     log = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "models", "serve", "-m", f"models:/{name}@champion",
                              "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port)],
