@@ -17,7 +17,9 @@ The output (one row per input; `<c>` = the declared class / label / target name,
     custom          the served outputs as a numpy array (the experiment's predict(outputs), else the model's
                     raw outputs): the experiment defines what they mean
 
-The task, class names and threshold are the pyfunc flavour's `model_config` (in the MLmodel file).
+The task, class names and threshold are the pyfunc flavour's `model_config` (in the MLmodel file); a
+user may override one at load time, e.g. `mlflow.pyfunc.load_model(uri, model_config={"multilabel_threshold":
+0.7})` (then the labels no longer match `hpolab predict`, which uses the study's).
 """
 
 from __future__ import annotations

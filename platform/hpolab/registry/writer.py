@@ -143,7 +143,7 @@ def _pyfunc_config(ev: Evaluation) -> dict:
     """The pyfunc flavour's model_config: what hpolab_pyfunc needs to shape the outputs."""
     from hpolab.registry import hpolab_pyfunc as hp
 
-    config = {hp.TASK: ev.bound.task.name, hp.CLASS_NAMES: list(ev.class_names)}
+    config = {hp.TASK: ev.bound.task.name, hp.CLASS_NAMES: [str(c) for c in ev.class_names]}  # numpy str_ would not go to YAML
     threshold = getattr(ev.bound, "threshold", None)
     if threshold is not None:
         config[hp.THRESHOLD] = float(threshold)
