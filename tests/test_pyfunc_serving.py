@@ -283,7 +283,7 @@ def test_a_user_project_outside_the_repo_travels_too(tmp_path, store):
     ns: dict = {}
     exec(compile(textwrap.dedent(USER_EXPERIMENT), "iris_user", "exec"), ns)  # noqa: S102 -- the test's own text
     x, y = ns["raw_test"]({}, 0)
-    assert x.max() > 7  # raw centimetres: the served model must standardise them itself
+    assert x.max() > 5  # raw centimetres: the served model must standardise them itself
     folder = tmp_path / "io"
     folder.mkdir()
     predicted = _predict(store, "iris-user", x, folder)
