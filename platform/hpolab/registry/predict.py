@@ -14,8 +14,8 @@ INPUT is
 Output: one line per input: `input` (its index, or the file name), then exactly the columns the
 champion's pyfunc returns (hpolab_pyfunc.output_frame, by the model's task, tag hpolab.task):
 classification: class, label, prob_<class>...; multilabel: label_<l> (0/1 at the study's threshold),
-prob_<l>...; regression: prediction (or prediction_<t>) in the target's units; custom: output_<j>, the
-served outputs. Tab-separated on stdout; --out FILE.csv (the same columns, comma-separated) / FILE.npy
+prob_<l>...; regression: prediction (or prediction_<t>) in the target's units; custom: the
+served outputs (output_<c>). Tab-separated on stdout; --out FILE.csv (the same columns, comma-separated) / FILE.npy
 (class indices, int64, for classification; else the served values).
 """
 
