@@ -156,6 +156,7 @@ END_TO_END_ONLY = {
     "test_mlflow_auth.py": "a study against a real basic-auth mlflow server",
     "test_proxy_heartbeat.py": "a worker SIGKILLed on another host, reaped through the gRPC proxy",
     "test_lr_step_faults.py": "signals and two workers during a study's LR range test",
+    "test_pyfunc_serving.py": "the champion per task type through pyfunc in an empty folder and mlflow models serve",
     "test_failures.py": "crashes, OOMs, kills and timeouts of real trials and drivers",
     "test_faults.py": "signals and kills of real drivers",
     "test_study_check.py": "study check on copies of a study the real CLI built",

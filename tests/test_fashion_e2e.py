@@ -43,7 +43,8 @@ def test_fashion_study_promote_and_predict_on_images(store, tmp_path):
     mlflow.set_tracking_uri(f"sqlite:///{store / 'mlflow.db'}")
     try:
         model = mlflow.pyfunc.load_model("models:/fashion-mnist@champion")
-        logits = np.asarray(model.predict(arrays["test_x"][:5]))
+        served = model.predict(arrays["test_x"][:5])  # class, label, prob_<class name>
     finally:
         mlflow.set_tracking_uri(None)
-    assert [int(r["class"]) for r in rows] == logits.argmax(axis=1).tolist()
+    assert [int(r["class"]) for r in rows] == served["class"].tolist()
+    assert [r["label"] for r in rows] == served["label"].tolist() and "prob_Ankle boot" in served.columns

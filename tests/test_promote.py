@@ -197,7 +197,7 @@ def test_champion_loads_by_alias_and_reproduces_the_test_accuracy(promoted):
     mlflow.set_tracking_uri(_uri(store))
     try:
         pyfunc = mlflow.pyfunc.load_model("models:/digits-cnn@champion")
-        acc = float((pyfunc.predict(x).argmax(1) == y).mean())
+        acc = float((pyfunc.predict(x)["class"].to_numpy() == y).mean())
         assert acc == float(mv.tags["hpolab.test_acc"])  # exactly: preprocessing is inside the model
         model = mlflow.pytorch.load_model("models:/digits-cnn@champion")
         with torch.no_grad():
@@ -311,7 +311,7 @@ def test_predict_cli_matches_the_champion(promoted, tmp_path):
     preds = np.load(tmp_path / "p.npy")
     mlflow.set_tracking_uri(_uri(store))
     try:
-        expected = mlflow.pyfunc.load_model("models:/digits-cnn@champion").predict(x).argmax(1)
+        expected = mlflow.pyfunc.load_model("models:/digits-cnn@champion").predict(x)["class"].to_numpy()
     finally:
         mlflow.set_tracking_uri(None)
     assert preds.dtype == np.int64 and np.array_equal(preds, expected)
@@ -335,9 +335,10 @@ def test_predict_prints_csv_and_rejects_what_the_model_cannot_take(promoted, tmp
 
     assert predict_cmd(args(tmp_path / "one.npy"), stores) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].split("\t") == ["input", "class", "label", "probability"] and len(lines) == 2
+    probs = [f"prob_{c}" for c in range(10)]  # digits declares class names "0".."9"
+    assert lines[0].split("\t") == ["input", "class", "label", *probs] and len(lines) == 2
     assert predict_cmd(args(tmp_path / "one.npy", str(tmp_path / "p.csv")), stores) == 0
-    assert (tmp_path / "p.csv").read_text().splitlines()[0] == "input,class,label,probability"
+    assert (tmp_path / "p.csv").read_text().splitlines()[0] == ",".join(["input", "class", "label", *probs])
 
     np.save(tmp_path / "wrong.npy", np.zeros((3, 28, 28), np.float32))
     with pytest.raises(UserError, match="shape"):
@@ -345,6 +346,27 @@ def test_predict_prints_csv_and_rejects_what_the_model_cannot_take(promoted, tmp
     (tmp_path / "imgs").mkdir()
     with pytest.raises(UserError, match="not uint8 images"):
         predict_cmd(args(tmp_path / "imgs"), stores)
+
+
+def test_the_served_table_per_task():
+    """hpolab_pyfunc.output_frame: what the champion's pyfunc returns and predict prints."""
+    from hpolab.registry.hpolab_pyfunc import output_frame
+
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.0, 3.0, 0.0]])
+    t = output_frame("classification", logits, ["cat", "dog", "eel"])
+    assert list(t.columns) == ["class", "label", "prob_cat", "prob_dog", "prob_eel"]
+    assert t["class"].tolist() == [0, 1] and t["label"].tolist() == ["cat", "dog"]
+    assert np.allclose(t[["prob_cat", "prob_dog", "prob_eel"]].to_numpy(), torch.softmax(logits, 1).numpy())
+    # no names, or names that cannot be columns (too few, repeated): the indices
+    assert list(output_frame("classification", logits, ["a", "a", "b"]).columns)[2:] == ["prob_0", "prob_1", "prob_2"]
+    assert output_frame("classification", logits)["label"].tolist() == ["0", "1"]
+    m = output_frame("multilabel", torch.tensor([[0.2, 0.7], [0.35, 0.1]]), ["x", "y"], threshold=0.3)
+    assert list(m.columns) == ["label_x", "label_y", "prob_x", "prob_y"]
+    assert m[["label_x", "label_y"]].to_numpy().tolist() == [[0, 1], [1, 0]]
+    assert list(output_frame("regression", torch.tensor([[150.0], [80.0]])).columns) == ["prediction"]
+    assert list(output_frame("regression", torch.zeros(2, 2), ["sys", "dia"]).columns) == ["prediction_sys", "prediction_dia"]
+    raw = output_frame("custom", torch.ones(2, 4, 4))
+    assert isinstance(raw, np.ndarray) and raw.shape == (2, 4, 4)
 
 
 def test_image_folder_becomes_raw_uint8_inputs(tmp_path):

@@ -171,7 +171,8 @@ def test_regression_study_prunes_promotes_and_predicts_in_the_targets_units(stor
     assert rmse == pytest.approx(float(mv.tags["hpolab.test_rmse"]), rel=1e-5)  # the user's units, end to end
     assert 20 < rmse < 120  # disease-progression units (targets 25..346), not standardized ones
     mlflow.set_tracking_uri(f"sqlite:///{store / 'mlflow.db'}")
-    assert mlflow.pyfunc.load_model("models:/diabetes-mlp@champion").predict(x[:4]).shape == (4, 1)
+    served = mlflow.pyfunc.load_model("models:/diabetes-mlp@champion").predict(x[:4])
+    assert list(served.columns) == ["prediction"] and np.allclose(served["prediction"], pred[:4])
 
 
 @pytest.mark.slow
@@ -190,6 +191,8 @@ def test_multilabel_study_prunes_promotes_and_predicts_probabilities(store, tmp_
     np.save(tmp_path / "x.npy", x[:5])
     out = run_cli("--store", str(store), "predict", "models:/digits-multilabel@champion", str(tmp_path / "x.npy"))
     lines = out.stdout.strip().splitlines()
-    assert lines[0].split("\t") == ["input", "even", "greater_than_4", "loop", "labels (p >= 0.5)"] and len(lines) == 6
-    probs = np.array([[float(v) for v in line.split("\t")[1:4]] for line in lines[1:]])
-    assert ((probs >= 0) & (probs <= 1)).all()
+    labels = ["even", "greater_than_4", "loop"]
+    assert lines[0].split("\t") == ["input", *(f"label_{c}" for c in labels), *(f"prob_{c}" for c in labels)] and len(lines) == 6
+    rows = np.array([[float(v) for v in line.split("\t")[1:7]] for line in lines[1:]])
+    assert ((rows[:, 3:] >= 0) & (rows[:, 3:] <= 1)).all()
+    assert (rows[:, :3] == (rows[:, 3:] >= 0.5)).all()  # the 0/1 labels at the study's threshold

@@ -11,15 +11,16 @@ INPUT is
 - or a folder of images, for models whose raw input is uint8 images ((H, W) grayscale, or (C, H, W)
   with C = 1 or 3): each file is converted to that many channels and resized to H x W.
 
-Output: one line per input, by the model's task (tag hpolab.task): classification: index or file name,
-class index, class name, probability (.npy: class indices, int64); regression: the predicted values in
-the target's units; multilabel: each label's probability and the predicted labels; custom: the served
-outputs. --out FILE.csv (same columns) / FILE.npy (the array).
+Output: one line per input: `input` (its index, or the file name), then exactly the columns the
+champion's pyfunc returns (hpolab_pyfunc.output_frame, by the model's task, tag hpolab.task):
+classification: class, label, prob_<class>...; multilabel: label_<l> (0/1 at the study's threshold),
+prob_<l>...; regression: prediction (or prediction_<t>) in the target's units; custom: the
+served outputs (output_<c>). Tab-separated on stdout; --out FILE.csv (the same columns, comma-separated) / FILE.npy
+(class indices, int64, for classification; else the served values).
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 import sys
@@ -64,53 +65,47 @@ def predict_cmd(args, stores: Stores) -> int:
     model = mlflow.pytorch.load_model(args.model_uri, map_location="cpu")
     served = predict_logits(model, x)
     task = tags.get(TAG_TASK, "classification")
-    array, header, rows = _task_rows(task, served, names, class_names, float(tags.get(TAG_THRESHOLD, "0.5")))
-    print(f"{len(x)} predictions ({task}) from {what}", file=sys.stderr)
-    _write(out, array, header, rows)
+    threshold = float(tags.get(TAG_THRESHOLD, "0.5"))
+    table = predictions_table(task, served, names, class_names, threshold)
+    at = f", labels at probability >= {threshold:g}" if task == "multilabel" else ""
+    print(f"{len(x)} predictions ({task}{at}) from {what}", file=sys.stderr)
+    _write(out, _npy_array(task, served), table)
     return 0
 
 
-def _task_rows(task: str, served, names: list[str], class_names: list[str], threshold: float):
-    """(the .npy array, CSV header, CSV rows) of the task's predictions.
+def predictions_table(task: str, served, names: list[str], class_names: list[str], threshold: float):
+    """The champion's pyfunc output (hpolab_pyfunc.output_frame: the same code, the same columns) with the
+    input's index or file name first; custom: the served outputs as columns output_<c>."""
+    import pandas as pd
 
-    classification: class index, name, probability (.npy: class indices, int64); regression: the values in
-    the target's units (.npy: float32 (N, k)); multilabel: each label's probability and the labels at or
-    above the threshold (.npy: probabilities (N, k)); custom: the served outputs (.npy: them)."""
-    import torch
+    from hpolab.registry.hpolab_pyfunc import output_frame, suffixes
 
+    table = output_frame(task, served, class_names, threshold)
+    if not isinstance(table, pd.DataFrame):  # custom: the raw outputs
+        values = table.reshape(len(table), -1)
+        table = pd.DataFrame({f"output_{c}": values[:, j] for j, c in enumerate(suffixes(values.shape[1], class_names))})
+    table.insert(0, "input", names)
+    return table
+
+
+def _npy_array(task: str, served) -> np.ndarray:
+    """--out FILE.npy: class indices (int64) for classification; else the served values (regression: the
+    target's units, (N, k); multilabel: probabilities (N, k); custom: the outputs)."""
     if task == "classification":
-        conf, pred = torch.softmax(served, dim=1).max(dim=1)
-        pred_np = pred.numpy().astype(np.int64)
-        labels = [class_names[i] if i < len(class_names) else str(i) for i in pred_np]
-        rows = [(n, int(p), lab, f"{float(c):.4f}") for n, p, lab, c in zip(names, pred_np, labels, conf)]
-        return pred_np, ["input", "class", "label", "probability"], rows
-    values = served.reshape(len(served), -1).numpy()
-    cols = [class_names[j] if j < len(class_names) else f"output_{j}" for j in range(values.shape[1])]
-    if task == "regression" and values.shape[1] == 1:
-        cols = ["prediction"]
-    header = ["input", *cols]
-    if task == "multilabel":
-        header.append(f"labels (p >= {threshold:g})")
-        rows = [(n, *(f"{v:.4f}" for v in row), "|".join(c for c, v in zip(cols, row) if v >= threshold)) for n, row in zip(names, values)]
-    else:
-        rows = [(n, *(f"{v:.6g}" for v in row)) for n, row in zip(names, values)]
-    return values, header, rows
+        return served.argmax(dim=1).numpy().astype(np.int64)
+    values = served.numpy()
+    return values if task == "custom" else values.reshape(len(values), -1)
 
 
-def _write(out: Path | None, array: np.ndarray, header: list[str], rows: list[tuple]) -> None:
+def _write(out: Path | None, array: np.ndarray, table) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
     if out is not None and out.suffix.lower() == ".npy":
         np.save(out, array)
     elif out is not None:
-        with open(out, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(header)
-            w.writerows(rows)
+        table.to_csv(out, index=False)
     else:
-        w = csv.writer(sys.stdout, delimiter="\t", lineterminator="\n")
-        w.writerow(header)
-        w.writerows(rows)
+        table.to_csv(sys.stdout, sep="\t", index=False, lineterminator="\n")
     if out is not None:
         print(f"wrote {out}", file=sys.stderr)
 

@@ -1,6 +1,8 @@
 """The serving model: raw inputs in, the task's predictions out, with the experiment's own preprocessing
 inside (classification: logits; regression: values in the target's units; multilabel: per-label
-probabilities; custom: the experiment's predict(outputs), else its raw outputs).
+probabilities; custom: the experiment's predict(outputs), else its raw outputs). That is what the
+network module (and mlflow.pytorch, ONNX, TorchScript) returns; the registered model's pyfunc and
+`hpolab predict` shape it into the task's table (hpolab_pyfunc.output_frame: class, label, prob_<c>...).
 
 A trial's logged model takes *model inputs* (already preprocessed). What we deploy takes what the
 user has (digits: float32 (N, 8, 8) in 0..16; Fashion-MNIST: uint8 (N, 28, 28)), so promote wraps

@@ -1,7 +1,8 @@
 """The writes of a promotion, after the gate and every check passed.
 
 A run `promote-trial-<n>` nested under the study's parent run holds the serving model (an MLflow
-LoggedModel, torch.export "pt2" format, raw-input signature), export/model.onnx,
+LoggedModel, torch.export "pt2" format, raw-input signature; its pyfunc flavour answers with the task's
+table, see hpolab_pyfunc), export/model.onnx,
 export/model.torchscript.pt and the test metrics. A new version of the registered model is created
 from that serving model, tagged with its lineage, and the alias moves to it. If anything fails on
 the way the run is marked FAILED with the reason.
@@ -10,6 +11,7 @@ the way the run is marked FAILED with the reason.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 from hpolab.registry.champion import TAG_TRIAL_RUN
@@ -95,24 +97,38 @@ def _create_promote_run(client, model_name: str, info: StudyInfo, ch: Challenger
 
 
 def _log_serving_model(client, run_id: str, ev: Evaluation, trial_tags: dict[str, str], s_tags: dict[str, str]):
-    """(the LoggedModel, max abs logit difference of the logged artifact vs the evaluated model)."""
+    """(the LoggedModel, max abs logit difference of the logged artifact vs the evaluated model).
+
+    Two flavours over one torch.export'ed file: `pytorch` (mlflow.pytorch.load_model: the raw network
+    outputs, which promote compares champions on) and `python_function` through hpolab_pyfunc (copied
+    into the model), whose predict returns the task's table: class + label + probabilities, ..."""
     import mlflow.pytorch
     import torch
-    from mlflow.models import infer_signature
+    from mlflow.models import Model, infer_signature
 
+    from hpolab.registry import hpolab_pyfunc
     from hpolab.registry.serving import predict_logits
     from hpolab.stores.models import new_run_model, pip_requirements
 
     example = ev.x_raw[:EXAMPLE_ROWS]
-    logged = mlflow.pytorch.log_model(
-        ev.serving,
+    config = _pyfunc_config(ev)
+    table = hpolab_pyfunc.output_frame(config[hpolab_pyfunc.TASK], ev.logits[:EXAMPLE_ROWS], ev.class_names,
+                                       config.get(hpolab_pyfunc.THRESHOLD, 0.5))
+    with warnings.catch_warnings():  # "integer columns cannot hold missing values": class and 0/1 labels never miss
+        warnings.filterwarnings("ignore", message="Hint: Inferred schema contains integer")
+        signature = infer_signature(example, table)  # raw tensor in; the task's columns out
+    logged = Model.log(
+        artifact_path=None,
         name=SERVING_MODEL_NAME,
+        flavor=_ServingFlavor(config),
         # created in the run's (the study's) experiment: log_model alone files it under "Default"
         model_id=new_run_model(client, run_id, SERVING_MODEL_NAME, s_tags).model_id,
-        input_example=example,
-        signature=infer_signature(example, ev.logits[:EXAMPLE_ROWS].numpy()),
         run_id=run_id,
-        pip_requirements=pip_requirements(trial_tags),  # pinned to what trained it
+        pytorch_model=ev.serving,
+        input_example=example,
+        signature=signature,
+        code_paths=[hpolab_pyfunc.__file__],
+        pip_requirements=[*pip_requirements(trial_tags), *_pandas_pin()],  # pinned to what trained it
     )
     # The registered artifact (torch.export "pt2") must predict exactly what we evaluated.
     served = predict_logits(mlflow.pytorch.load_model(logged.model_uri, map_location="cpu"), ev.x_raw)
@@ -121,6 +137,43 @@ def _log_serving_model(client, run_id: str, ev: Evaluation, trial_tags: dict[str
     if not same:
         raise PromotionFailed("the logged serving model's predictions differ from the evaluated model's; nothing was registered")
     return logged, float((served - ev.logits).abs().max())
+
+
+def _pyfunc_config(ev: Evaluation) -> dict:
+    """The pyfunc flavour's model_config: what hpolab_pyfunc needs to shape the outputs."""
+    from hpolab.registry import hpolab_pyfunc as hp
+
+    config = {hp.TASK: ev.bound.task.name, hp.CLASS_NAMES: [str(c) for c in ev.class_names]}  # numpy str_ would not go to YAML
+    threshold = getattr(ev.bound, "threshold", None)
+    if threshold is not None:
+        config[hp.THRESHOLD] = float(threshold)
+    return config
+
+
+def _pandas_pin() -> list[str]:
+    from importlib import metadata
+
+    return [f"pandas=={metadata.version('pandas')}"]  # hpolab_pyfunc returns DataFrames
+
+
+class _ServingFlavor:
+    """mlflow.pytorch's save_model, then the pyfunc flavour loads through hpolab_pyfunc (in the model's code/)
+    with `config` as its model_config. Model.log calls save_model and uploads the folder."""
+
+    __name__ = "mlflow.pytorch"
+
+    def __init__(self, config: dict):
+        self.config = config
+
+    def save_model(self, path: str, mlflow_model, **kwargs) -> None:
+        import mlflow.pytorch
+        from mlflow.models.model import MODEL_CONFIG  # "config": handed to _load_pyfunc as model_config
+
+        mlflow.pytorch.save_model(path=path, mlflow_model=mlflow_model, **kwargs)
+        pyfunc = mlflow_model.flavors["python_function"]
+        pyfunc["loader_module"] = "hpolab_pyfunc"
+        pyfunc[MODEL_CONFIG] = {**pyfunc.get(MODEL_CONFIG, {}), **self.config}
+        mlflow_model.save(str(Path(path) / "MLmodel"))
 
 
 def _lineage(info: StudyInfo, ch: Challenger, ev: Evaluation, exports: Exports, gate: str, selection_metric: str,
