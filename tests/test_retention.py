@@ -4,6 +4,7 @@ Determined's checkpoint GC. Logic on fabricated trials, then the real CLI on a t
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -222,3 +223,43 @@ def test_prune_files_says_what_it_deletes_and_deletes_only_with_yes(store):
     assert out.returncode == 0, out.stdout + out.stderr
     out = run_cli("--store", str(store), "study", "prune-files", "keep", "--keep", "1")
     assert "nothing to delete" in out.stdout, out.stdout
+
+
+def test_retention_leaves_a_pending_retry_resumable_on_another_worker(store, tmp_path):
+    """Real stores, fabricated trials: worker 1 ran trials 0-2 (2 died after uploading its last.pt;
+    its retry 3 waits). Retention (top 1) deletes trial 1's files but not 2's, and worker 2, which
+    cannot see worker 1's trial folders, still resumes trial 3 from the uploaded checkpoint."""
+    import torch
+
+    from hpolab.stores.paths import Stores
+    from hpolab.study.retention import Retention
+    from hpolab.study.retry import retry_source
+
+    uri, optuna_url = f"sqlite:///{store / 'mlflow.db'}", f"sqlite:///{store / 'optuna.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("keep", artifact_location=(store / "artifacts").as_uri())
+    study = optuna.create_study(study_name="keep", storage=optuna_url, direction="maximize")
+    w1 = Stores(store, optuna_url, uri, (store / "artifacts").as_uri())
+    for n, (state, value, status) in enumerate([(TrialState.COMPLETE, 0.9, "FINISHED"), (TrialState.COMPLETE, 0.5, "FINISHED"),
+                                                (TrialState.FAIL, None, "FAILED")]):
+        run_id = client.create_run(exp).info.run_id
+        folder = w1.trial_dir("keep", n)
+        folder.mkdir(parents=True)
+        torch.save({"epoch": 1, "model": {"w": torch.zeros(2)}}, folder / "last.pt")
+        client.log_artifact(run_id, str(folder / "last.pt"), "checkpoints")
+        client.set_terminated(run_id, status)
+        study.add_trial(optuna.trial.create_trial(state=state, value=value, params={"x": 0.5}, distributions=DIST,
+                                                  user_attrs={"mlflow_run_id": run_id}))
+    study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, params={"x": 0.5}, distributions=DIST,
+                                              system_attrs={"retry_history": [2], "failed_trial": 2}))
+    spec = SimpleNamespace(log_models="complete", keep_checkpoints=SimpleNamespace(top_k=1), direction="maximize")
+    retention = Retention(spec, study, lambda n: w1.trial_dir("keep", n))
+    retention.purge(client, retention.plan())
+    runs = [t.user_attrs["mlflow_run_id"] for t in study.get_trials()[:3]]
+    assert client.list_artifacts(runs[1], "checkpoints") == [] and not (w1.trial_dir("keep", 1) / "last.pt").exists()
+    assert [a.path for a in client.list_artifacts(runs[2], "checkpoints")] == ["checkpoints/last.pt"]
+
+    w2 = Stores(tmp_path / "w2", optuna_url, uri, (store / "artifacts").as_uri())
+    src = retry_source(study, w2, "keep", 3)
+    assert src.tags["hpolab.resume_source"] == "artifact" and src.tags["hpolab.resumed_from"] == f"runs:/{runs[2]}/checkpoints/last.pt"
+    assert torch.load(src.resume_from, weights_only=True)["epoch"] == 1
