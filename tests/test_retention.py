@@ -4,6 +4,7 @@ Determined's checkpoint GC. Logic on fabricated trials, then the real CLI on a t
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -93,10 +94,11 @@ def test_top_k_keeps_the_best_models_and_checkpoints_only(store):
     live = client.search_logged_models([exp.experiment_id])
     assert [m.source_run_id for m in live] == [runs[best].info.run_id]
     assert [p for p in (store / "artifacts" / "models").rglob("*") if p.is_file() and live[0].model_id not in str(p)] == []
-    for n in (best, second):
-        assert (store / "trials" / "keep" / f"trial-{n}" / "best.pt").exists()
+    for n in (best, second):  # best.pt once, in the artifact store; last.pt gone with the trial's end
+        folder = store / "trials" / "keep" / f"trial-{n}"
+        assert not (folder / "best.pt").exists() and not (folder / "last.pt").exists()
         names = [a.path for a in client.list_artifacts(runs[n].info.run_id, "checkpoints")]
-        assert "checkpoints/best.pt" in names and "checkpoints/last.pt" in names
+        assert names == ["checkpoints/best.pt"]
     for n in rest:
         folder = store / "trials" / "keep" / f"trial-{n}"
         assert not (folder / "last.pt").exists() and not (folder / "best.pt").exists()
@@ -110,8 +112,154 @@ def test_top_k_keeps_the_best_models_and_checkpoints_only(store):
 
 @pytest.mark.slow
 def test_log_models_none_logs_no_model_and_all_keeps_every_checkpoint(store):
-    run_cli("--store", str(store), "study", "run", *ARGS, "n_trials=2", "log_models=none")
+    run_cli("--store", str(store), "study", "run", *ARGS, "n_trials=2", "log_models=none", "keep_checkpoints=all")
     client, study, exp, runs = _runs(store)
     assert client.search_logged_models([exp.experiment_id]) == []
     assert all(r.data.tags["hpolab.model_skipped"] == "log_models: none" for r in runs.values())
-    assert all((store / "trials" / "keep" / f"trial-{n}" / "last.pt").exists() for n in runs)
+    for n, run in runs.items():  # every best.pt kept, once (artifact store); no last.pt once finished
+        assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")] == ["checkpoints/best.pt"]
+        assert not any((store / "trials" / "keep" / f"trial-{n}" / name).exists() for name in ("last.pt", "best.pt"))
+
+
+# ---------------------------------------------------------------- the default retention (issue 21)
+
+DEFAULTS = ["studies/digits_cnn.yaml", "name=keep", "n_trials=7", "parallel=2", "trainer.max_epochs=1",
+            "pruner={type: none}", "sampler={type: random}", "checkpoint_upload_every=0"]
+
+
+@pytest.fixture(scope="module")
+def defaults_store(tmp_path_factory, migrated_store) -> Path:
+    """One study of 7 one-epoch trials with the default retention (top 5), shared by the tests below
+    (they only read it, or promote: the last test of the module to write)."""
+    import shutil
+
+    store = tmp_path_factory.mktemp("defaults") / "store"
+    store.mkdir()
+    for name in ("mlflow.db", "optuna.db"):
+        shutil.copy(migrated_store / name, store / name)
+    run_cli("--store", str(store), "study", "run", *DEFAULTS)
+    return store
+
+
+@pytest.mark.slow
+def test_default_retention_keeps_the_top_5_best_pt_once_and_no_last_pt(defaults_store):
+    store = defaults_store
+    client, study, exp, runs = _runs(store)
+    ranked = top_k(study.get_trials(), 7, "maximize")
+    assert len(ranked) == 7
+    live = client.search_logged_models([exp.experiment_id])
+    assert sorted(m.source_run_id for m in live) == sorted(runs[n].info.run_id for n in ranked[:5])
+    for n in ranked:
+        run_id, folder = runs[n].info.run_id, store / "trials" / "keep" / f"trial-{n}"
+        assert not (folder / "last.pt").exists() and not (folder / "best.pt").exists()  # best.pt: artifact store only
+        assert (folder / "config.yaml").exists()  # reproduce needs only the config
+        assert runs[n].data.tags["hpolab.last_checkpoint"] == "deleted when the trial finished"
+        names = [a.path for a in client.list_artifacts(run_id, "checkpoints")]
+        if n in ranked[:5]:
+            assert names == ["checkpoints/best.pt"], (n, names)
+        else:
+            assert names == [] and runs[n].data.tags["hpolab.checkpoints_deleted"] == "keep_checkpoints: top_k 5"
+    # study check: a checkpoint deleted on purpose (retention, or last.pt at the end) is no defect
+    out = run_cli("--store", str(store), "study", "check", "keep", check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_promote_of_a_top_k_trial_works_and_retention_keeps_a_promoted_trial(defaults_store):
+    from types import SimpleNamespace
+
+    from hpolab.study.retention import Retention
+
+    store = defaults_store
+    out = run_cli("--store", str(store), "promote", "keep", check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    client, study, exp, runs = _runs(store)
+    best = top_k(study.get_trials(), 1, "maximize")[0]
+    run_id = runs[best].info.run_id
+    assert client.get_model_version_by_alias("keep", "champion").tags.get("hpolab.trial_run_id") == run_id
+    # Whatever its rank later, a promoted trial's checkpoints are not deleted by retention.
+    spec = SimpleNamespace(log_models="complete", keep_checkpoints=SimpleNamespace(top_k=1), direction="maximize")
+    folder = store / "trials" / "keep" / f"trial-{best}"
+    Retention(spec, study, lambda n: folder).purge(client, [("checkpoints", best, run_id, folder)])
+    assert [a.path for a in client.list_artifacts(run_id, "checkpoints")] == ["checkpoints/best.pt"]
+    assert "hpolab.checkpoints_deleted" not in client.get_run(run_id).data.tags
+
+
+@pytest.mark.slow
+def test_prune_files_says_what_it_deletes_and_deletes_only_with_yes(store):
+    """A store made before the default retention (`keep_checkpoints: all`, every model, a last.pt and
+    a best.pt in each trial folder): prune-files lists, asks (no terminal: deletes nothing), then
+    deletes with --yes what the default retention would not keep; study check finds no problem."""
+    import shutil
+
+    run_cli("--store", str(store), "study", "run", *ARGS, "n_trials=3", "trainer.max_epochs=1",
+            "keep_checkpoints=all", "log_models=complete")
+    client, study, exp, runs = _runs(store)
+    for n, run in runs.items():  # what the old code left in every trial folder
+        best = Path(client.download_artifacts(run.info.run_id, "checkpoints/best.pt", str(store / f"dl-{n}")))
+        folder = store / "trials" / "keep" / f"trial-{n}"
+        shutil.copy(best, folder / "best.pt")
+        shutil.copy(best, folder / "last.pt")
+        shutil.rmtree(store / f"dl-{n}")
+    ranked = top_k(study.get_trials(), 3, "maximize")
+    before = {p: p.stat().st_size for p in (store / "trials").rglob("*.pt")}
+
+    out = run_cli("--store", str(store), "study", "prune-files", "keep", "--keep", "1", check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "checkpoints (last.pt, best.pt) of 2 finished trials outside the top 1" in out.stdout, out.stdout
+    assert "logged models of 2 COMPLETE trials outside the top 1" in out.stdout, out.stdout
+    assert "nothing deleted: pass --yes" in out.stdout, out.stdout
+    assert {p: p.stat().st_size for p in (store / "trials").rglob("*.pt")} == before
+
+    out = run_cli("--store", str(store), "study", "prune-files", "keep", "--keep", "1", "--yes")
+    assert "deleted" in out.stdout.splitlines()[-1], out.stdout
+    assert list((store / "trials").rglob("*.pt")) == []  # top 1: best.pt in the artifact store only
+    client, study, exp, runs = _runs(store)
+    assert [a.path for a in client.list_artifacts(runs[ranked[0]].info.run_id, "checkpoints")] == ["checkpoints/best.pt"]
+    assert [m.source_run_id for m in client.search_logged_models([exp.experiment_id])] == [runs[ranked[0]].info.run_id]
+    for n in ranked[1:]:
+        assert client.list_artifacts(runs[n].info.run_id, "checkpoints") == []
+    out = run_cli("--store", str(store), "study", "check", "keep", check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = run_cli("--store", str(store), "study", "prune-files", "keep", "--keep", "1")
+    assert "nothing to delete" in out.stdout, out.stdout
+
+
+def test_retention_leaves_a_pending_retry_resumable_on_another_worker(store, tmp_path):
+    """Real stores, fabricated trials: worker 1 ran trials 0-2 (2 died after uploading its last.pt;
+    its retry 3 waits). Retention (top 1) deletes trial 1's files but not 2's, and worker 2, which
+    cannot see worker 1's trial folders, still resumes trial 3 from the uploaded checkpoint."""
+    import torch
+
+    from hpolab.stores.paths import Stores
+    from hpolab.study.retention import Retention
+    from hpolab.study.retry import retry_source
+
+    uri, optuna_url = f"sqlite:///{store / 'mlflow.db'}", f"sqlite:///{store / 'optuna.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("keep", artifact_location=(store / "artifacts").as_uri())
+    study = optuna.create_study(study_name="keep", storage=optuna_url, direction="maximize")
+    w1 = Stores(store, optuna_url, uri, (store / "artifacts").as_uri())
+    for n, (state, value, status) in enumerate([(TrialState.COMPLETE, 0.9, "FINISHED"), (TrialState.COMPLETE, 0.5, "FINISHED"),
+                                                (TrialState.FAIL, None, "FAILED")]):
+        run_id = client.create_run(exp).info.run_id
+        folder = w1.trial_dir("keep", n)
+        folder.mkdir(parents=True)
+        torch.save({"epoch": 1, "model": {"w": torch.zeros(2)}}, folder / "last.pt")
+        client.log_artifact(run_id, str(folder / "last.pt"), "checkpoints")
+        client.set_terminated(run_id, status)
+        study.add_trial(optuna.trial.create_trial(state=state, value=value, params={"x": 0.5}, distributions=DIST,
+                                                  user_attrs={"mlflow_run_id": run_id}))
+    study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, params={"x": 0.5}, distributions=DIST,
+                                              system_attrs={"retry_history": [2], "failed_trial": 2}))
+    spec = SimpleNamespace(log_models="complete", keep_checkpoints=SimpleNamespace(top_k=1), direction="maximize")
+    retention = Retention(spec, study, lambda n: w1.trial_dir("keep", n))
+    retention.purge(client, retention.plan())
+    runs = [t.user_attrs["mlflow_run_id"] for t in study.get_trials()[:3]]
+    assert client.list_artifacts(runs[1], "checkpoints") == [] and not (w1.trial_dir("keep", 1) / "last.pt").exists()
+    assert [a.path for a in client.list_artifacts(runs[2], "checkpoints")] == ["checkpoints/last.pt"]
+
+    w2 = Stores(tmp_path / "w2", optuna_url, uri, (store / "artifacts").as_uri())
+    src = retry_source(study, w2, "keep", 3)
+    assert src.tags["hpolab.resume_source"] == "artifact" and src.tags["hpolab.resumed_from"] == f"runs:/{runs[2]}/checkpoints/last.pt"
+    assert torch.load(src.resume_from, weights_only=True)["epoch"] == 1

@@ -56,6 +56,10 @@ def _add_study_commands(sub) -> None:
     p = _command(ssub, "delete", "delete a study: its Optuna study, its MLflow experiment (soft delete) and its local trial folders")
     p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation (needed without a terminal)")
+    p = _command(ssub, "prune-files", "delete the checkpoints and models the default retention would not keep (says what, asks)")
+    p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file")
+    p.add_argument("--keep", type=int, default=5, metavar="N", help="keep the N best COMPLETE trials' files (default 5)")
+    p.add_argument("--yes", "-y", action="store_true", help="delete without asking (needed without a terminal)")
     p = _command(ssub, "validate", "check a spec and print the resolved version")
     p.add_argument("spec")
     p.add_argument("overrides", nargs="*")
@@ -219,6 +223,13 @@ def cmd_study_check(args) -> int:
     return check_cmd(args, stores)
 
 
+def cmd_study_prune_files(args) -> int:
+    stores = _stores(args)
+    from hpolab.study.prune_files import prune_files_cmd
+
+    return prune_files_cmd(args, stores)
+
+
 def cmd_study_list(args) -> int:
     stores = _stores(args)
     from hpolab.analysis.status import print_study_list
@@ -313,7 +324,7 @@ def _resolve_study_names(args) -> None:
         return study_name_from(arg, full=full)
 
     command = (args.command, getattr(args, "study_command", None))
-    if command in (("study", "status"), ("study", "check"), ("study", "delete"), ("report", None)):
+    if command in (("study", "status"), ("study", "check"), ("study", "delete"), ("study", "prune-files"), ("report", None)):
         args.name = name_of(args.name)
     elif command == ("promote", None):
         args.name = name_of(args.name, full=True)
@@ -329,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         ("study", "check"): cmd_study_check,
         ("study", "list"): cmd_study_list,
         ("study", "delete"): cmd_study_delete,
+        ("study", "prune-files"): cmd_study_prune_files,
         ("study", "validate"): cmd_study_validate,
         ("worker", None): cmd_study_run,
         ("ui", None): cmd_ui,

@@ -31,7 +31,8 @@ def compare_cmd(args, stores: Stores) -> int:
     targets = list(args.targets)
     ids = [t for t in targets if RUN_ID.match(t)]
     if len(targets) == 1 and not ids:
-        table = load_study_table(targets[0], stores)
+        # --top K by the study metric: only the K shown trials' runs are read (issue 21)
+        table = load_study_table(targets[0], stores, top=(args.state, args.top) if args.top and not args.sort else None)
         df = select(table, state=args.state, sort=args.sort, top=args.top)
         print_study(table, df, args.format, args.state)
         return 0

@@ -65,6 +65,21 @@ def mlflow_runs_by_id(client, experiment_id: str | None) -> dict[str, Any]:
     return {r.info.run_id: r for r in find_runs(client, experiment_id, "")}
 
 
+def runs_of_trials(client, experiment_id: str | None, trials: Iterable) -> dict[str, Any]:
+    """The MLflow runs of these trials only, by run id (one query per 100): what a --top K table or
+    the report shows costs K runs, not the whole study's."""
+    ids = sorted({t.user_attrs["mlflow_run_id"] for t in trials if t.user_attrs.get("mlflow_run_id")})
+    if client is None or experiment_id is None or not ids:
+        return {}
+    from hpolab.stores.mlflow_runs import find_runs
+
+    out = {}
+    for i in range(0, len(ids), 100):
+        chunk = ", ".join(f"'{r}'" for r in ids[i:i + 100])
+        out.update({r.info.run_id: r for r in find_runs(client, experiment_id, f"attributes.run_id IN ({chunk})")})
+    return out
+
+
 def _best(values: Iterable[float], direction: str) -> float | None:
     vals = [v for v in values if v is not None and not math.isnan(v)]
     if not vals:
@@ -125,18 +140,23 @@ def _trial_row(t, run, params: list[str], metric: str, direction: str, now: dt.d
     return row
 
 
-def study_frame(study, client=None, experiment_id: str | None = None, metric: str | None = None) -> StudyTable:
+def study_frame(study, client=None, experiment_id: str | None = None, metric: str | None = None,
+                only: set[int] | None = None) -> StudyTable:
     """One row per trial of an Optuna study, joined with its MLflow run when there is one.
 
     Columns: trial, state, params.<name> (the sampled values), best_<metric> (best epoch; the
     trial's value for COMPLETE trials), final_<metric> (last epoch), epochs, pruned_at_epoch,
     duration_s, fail_reason, run_id, started, finished, and metrics.<name> for every metric the
-    trial's MLflow run logged (its last value).
+    trial's MLflow run logged (its last value). `only`: join the MLflow runs of these trial numbers
+    only (the other rows hold what Optuna knows).
     """
     direction = study.direction.name.lower()
     metric = metric or study_metric(study, client, experiment_id)
-    runs = mlflow_runs_by_id(client, experiment_id)
     trials = study.get_trials(deepcopy=False)
+    if only is None:
+        runs = mlflow_runs_by_id(client, experiment_id)
+    else:
+        runs = runs_of_trials(client, experiment_id, [t for t in trials if t.number in only])
     params = sorted({p for t in trials for p in t.params})
     now = dt.datetime.now()
     rows = []
@@ -153,10 +173,21 @@ def study_frame(study, client=None, experiment_id: str | None = None, metric: st
     # Integer columns with gaps (RUNNING trials, no MLflow run) stay integers, not floats.
     for col in ("trial", "epochs", "pruned_at_epoch"):
         frame[col] = frame[col].astype("Int64")
-    return StudyTable(study.study_name, metric, direction, frame, params, bool(runs))
+    found = bool(runs) if only is None else (client is not None and experiment_id is not None)
+    return StudyTable(study.study_name, metric, direction, frame, params, found)
 
 
-def load_study_table(name: str, stores: Stores) -> StudyTable:
+def top_numbers(study, metric: str, state: str, top: int, also: tuple[str, ...] = ()) -> set[int]:
+    """Trial numbers of the `top` best rows (select's order, from Optuna alone), plus every trial
+    in the states `also` (e.g. FAIL for the report's failed-trials table)."""
+    pre = study_frame(study, None, None, metric)
+    numbers = {int(n) for n in select(pre, state=state, top=top)["trial"]}
+    return numbers | {int(n) for n, st in zip(pre.frame["trial"], pre.frame["state"]) if st in also}
+
+
+def load_study_table(name: str, stores: Stores, top: tuple[str, int] | None = None) -> StudyTable:
+    """`top` = (state, K): the table of `compare --top K` (sorted by the study metric): only the K
+    shown trials' MLflow runs are read."""
     from hpolab.stores.optuna_storage import load_study
 
     study = load_study(name, stores)
@@ -167,7 +198,10 @@ def load_study_table(name: str, stores: Stores) -> StudyTable:
         experiment_id = exp.experiment_id if client is not None and exp is not None else None
     except Exception:
         client = None  # the MLflow store is unreachable: Optuna's side alone still makes a table
-    return study_frame(study, client, experiment_id)
+    if top is None:
+        return study_frame(study, client, experiment_id)
+    metric = study_metric(study, client, experiment_id)
+    return study_frame(study, client, experiment_id, metric, only=top_numbers(study, metric, *top))
 
 
 def tracking_client(stores: Stores):

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from hpolab.analysis import report_html as H
-from hpolab.analysis.report_data import ReportData, best_number, gather
+from hpolab.analysis.report_data import TOP_ROWS, ReportData, best_number, gather
 from hpolab.analysis.report_figures import PLOTS, quiet
 from hpolab.stores.paths import Stores
 
 ARTIFACT_DIR = "report"  # on the study's parent run: report/<study>.html
-TOP_K = 10
+TOP_K = TOP_ROWS
 
 
 # ---------------------------------------------------------------- page

@@ -13,6 +13,8 @@ from typing import Any
 
 from hpolab.stores.paths import Stores
 
+TOP_ROWS = 10  # the report's top-trials table (report.py)
+
 LR_RUN_NAME = "lr-range-test"
 
 
@@ -45,7 +47,7 @@ def best_number(data: ReportData) -> int | None:
 
 
 def gather(study, stores: Stores | None = None, client=None) -> ReportData:
-    from hpolab.analysis.compare_study import study_frame, study_metric
+    from hpolab.analysis.compare_study import study_frame, study_metric, top_numbers
 
     problems: list[str] = []
     experiment_id, parent = None, None
@@ -69,7 +71,8 @@ def gather(study, stores: Stores | None = None, client=None) -> ReportData:
             except Exception:
                 problems.append(f"the study's parent run {parent_id} is not in the tracking store")
     metric = study_metric(study, client, experiment_id)
-    table = study_frame(study, client, experiment_id, metric=metric)
+    # Runs of what the page shows only: the top complete trials and the failed ones (issue 21)
+    table = study_frame(study, client, experiment_id, metric=metric, only=top_numbers(study, metric, "complete", TOP_ROWS, ("FAIL",)))
     counts = Counter(t.state.name for t in study.get_trials(deepcopy=False))
     data = ReportData(study, metric, study.direction.name.lower(), counts, client, experiment_id, parent, table, problems=problems)
     data.lr_test = _lr_test(study, client, experiment_id, problems)

@@ -145,8 +145,9 @@ class StudySpec(_Frozen):
     # Retention (like Ray Tune's num_to_keep, Determined's checkpoint GC): which trials log a model
     # (all = COMPLETE + PRUNED; complete = COMPLETE only; none; {top_k: N} = the N best COMPLETE), and
     # whose last.pt/best.pt (trial folder + uploaded checkpoints/) survive once the trial has finished.
-    log_models: Union[Literal["all", "complete", "none"], TopK] = "complete"
-    keep_checkpoints: Union[Literal["all"], TopK] = "all"
+    # Default {top_k: 5}: a study of thousands of trials keeps a bounded store (README, "Retention").
+    log_models: Union[Literal["all", "complete", "none"], TopK] = TopK(top_k=5)
+    keep_checkpoints: Union[Literal["all"], TopK] = TopK(top_k=5)
     # Seconds between uploads of a running trial's last.pt to its run's checkpoints/ (latest only),
     # so a retry on any worker can resume it; 0 = after every epoch; null = only when it is retried.
     checkpoint_upload_every: float | None = Field(default=30.0, ge=0)

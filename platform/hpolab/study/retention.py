@@ -6,7 +6,14 @@ Optuna). Running trials are never touched (a trial's running best is kept until 
 the chain of a retry that has not finished (it resumes from those checkpoints), nor the earlier
 attempts of a kept trial. Deleting is idempotent and marked on the run (`hpolab.checkpoints_deleted`,
 `hpolab.model_deleted`), so any worker can do it once the run is closed; a run still RUNNING (another
-worker may still be uploading or logging its model) is left for a later pass.
+worker may still be uploading or logging its model) is left for a later pass. A trial someone
+promoted keeps its files whatever its rank (promote runs name it: `hpolab.trial_run_id`).
+
+Checkpoints by purpose (tidy_finished): `last.pt` is for resuming, so it lives only while the trial
+can still be resumed (running, or FAIL with a retry to come); a COMPLETE or PRUNED trial loses it (trial
+folder, `fetched/` copy and the run's checkpoints/last.pt) when its run closes. `best.pt` is for
+promote and comparison: kept once, in the run's checkpoints/ (the trial folder's copy is deleted once
+the upload is there with the same size).
 """
 
 from __future__ import annotations
@@ -18,9 +25,10 @@ from typing import Any, Callable, Iterable
 from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.stores import mlflow_runs as tr
-from hpolab.stores.artifacts import delete_checkpoints, delete_logged_model
+from hpolab.stores.artifacts import CHECKPOINTS, delete_checkpoints, delete_logged_model
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+LAST_DELETED = "hpolab.last_checkpoint"  # run tag: last.pt deleted when the trial finished (nothing resumes it)
 
 
 def top_k(trials: Iterable[FrozenTrial], k: int, direction: str) -> list[int]:
@@ -98,10 +106,13 @@ class Retention:
     def purge(self, client, items: list[tuple[str, int, str | None, Path]]) -> None:
         """Delete what plan() listed (upload thread). A run still RUNNING is left for a later pass, its
         local files included: another worker on the same --store may still be uploading them."""
+        promoted = promoted_runs(client, items)
         for what, n, run_id, folder in items:
             run = client.get_run(run_id) if run_id is not None else None
             if run is not None and run.info.status == "RUNNING":  # first: its files may still be uploading
                 self._queued.discard((what, n))
+                continue
+            if run_id in promoted:  # promote (or a later re-promote) reads its best.pt and model
                 continue
             if what == "checkpoints":
                 for name in ("last.pt", "best.pt", "fetched"):
@@ -116,3 +127,27 @@ class Retention:
             elif what == "model" and tags.get("hpolab.model_id") and "hpolab.model_deleted" not in tags:
                 delete_logged_model(client, tags["hpolab.model_id"])
                 tr.set_tags(client, run_id, {"hpolab.model_deleted": f"pushed out of log_models: top_k {self.log_models.top_k}"})
+
+
+def promoted_runs(client, items: list[tuple[str, int, str | None, Path]]) -> set[str]:
+    """Run ids of the trials promote runs name (one query; none when nothing is to be deleted)."""
+    run_id = next((i[2] for i in items if i[2] is not None), None)
+    if run_id is None:
+        return set()
+    exp_id = client.get_run(run_id).info.experiment_id
+    runs = client.search_runs([exp_id], "tags.`hpolab.role` = 'promote'", max_results=10000)
+    return {r.data.tags["hpolab.trial_run_id"] for r in runs if "hpolab.trial_run_id" in r.data.tags}
+
+
+def tidy_finished(client, run_id: str, folder: Path) -> dict[str, str]:
+    """A COMPLETE or PRUNED trial (nothing resumes it): delete its last.pt everywhere and the trial
+    folder's best.pt once the run's checkpoints/best.pt is there (same size). Tags for its run."""
+    sizes = {Path(a.path).name: a.file_size for a in client.list_artifacts(run_id, CHECKPOINTS)}
+    if "last.pt" in sizes:
+        delete_checkpoints(client, run_id, "last.pt")
+    (folder / "last.pt").unlink(missing_ok=True)
+    shutil.rmtree(folder / "fetched", ignore_errors=True)
+    best = folder / "best.pt"
+    if best.is_file() and sizes.get("best.pt") == best.stat().st_size:
+        best.unlink()
+    return {LAST_DELETED: "deleted when the trial finished"}

@@ -23,7 +23,7 @@ from hpolab.stores.artifacts import upload_checkpoints
 from hpolab.stores.code_artifacts import log_code
 from hpolab.stores.models import log_trial_model
 from hpolab.study.outage import passthrough
-from hpolab.study.retention import Retention
+from hpolab.study.retention import Retention, tidy_finished
 from hpolab.study.retry import RetrySource, retry_source  # noqa: F401  (re-exported: the driver imports them here)
 from hpolab.study.runner import Running
 from hpolab.study.uploads import Uploader, stage_checkpoints, upload_due
@@ -155,6 +155,11 @@ class TrialTracker:
             except Exception as e:  # the trial's result stands even if the model could not be logged
                 tags["hpolab.model_error"] = f"{type(e).__name__}: {e}"
                 self.note(f"trial {r.number}: logging the model failed: {e}")
+        if state in (TrialState.COMPLETE, TrialState.PRUNED):  # nothing resumes it (a FAIL may be retried)
+            try:
+                tags.update(tidy_finished(self.client, r.run_id, r.trial_dir))
+            except Exception as e:  # its files stay; the result stands
+                self.note(f"trial {r.number}: deleting its last.pt: {type(e).__name__}: {e}")
         self.close_run(r.run_id, state, tags)
 
     def _retain(self) -> None:
