@@ -24,6 +24,19 @@ def _no_store_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _repo_experiments_package():
+    # A test that loads a temp project's `experiments` package leaves it in sys.modules; a later test in
+    # the same process (pytest-xdist puts modules together in any order) that imports this repository's
+    # `experiments.X` would then find the wrong package. Drop a foreign one after each test.
+    yield
+    pkg = sys.modules.get("experiments")
+    paths = [str(p) for p in getattr(pkg, "__path__", [])] if pkg is not None else []
+    if pkg is not None and str(ROOT / "experiments") not in paths:
+        for name in [n for n in sys.modules if n == "experiments" or n.startswith("experiments.")]:
+            del sys.modules[name]
+
+
 @pytest.fixture(scope="session")
 def migrated_store(tmp_path_factory) -> Path:
     template = tmp_path_factory.mktemp("template-store")
