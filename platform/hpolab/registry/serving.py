@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 # The one implementation lives with the training routine; promote imports it from here.
+from hpolab.registry.hpolab_pyfunc import forward
 from hpolab.train.metrics import classification_metrics  # noqa: F401  (re-exported)
 
 PREDICT_BATCH = 512  # samples per forward pass when predicting a whole split
@@ -92,13 +93,7 @@ def predict_logits(model: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray,
             model.eval()
         except NotImplementedError:  # torch.export'ed: already in eval mode, and cannot be switched
             pass
-    outs = []
-    with torch.inference_mode():
-        for lo in range(0, len(x), batch_size):
-            outs.append(model(torch.from_numpy(np.ascontiguousarray(x[lo : lo + batch_size]))).float().cpu())
-    if not outs:
-        raise ValueError("no inputs to predict")
-    return torch.cat(outs)
+    return forward(model, x, batch_size)  # the served pyfunc's own batching, so both agree
 
 
 def serving_tags(experiment_name: str, x_raw: np.ndarray, y: np.ndarray, num_classes: int, class_names: tuple[str, ...],
