@@ -2,6 +2,7 @@
 
 Four real `hpolab worker` processes start together on the embedded SQLite store; each counts and asks
 under the study's budget lock. Repeated: a second round raises the budget and they start together again.
+After each round `hpolab study check` finds the two stores in agreement.
 (PostgreSQL's advisory-lock path runs in tests/test_distributed.py.)
 """
 
@@ -36,3 +37,6 @@ def test_four_workers_never_overshoot_the_budget(store):
         trials = optuna.load_study(study_name="budget", storage=f"sqlite:///{store / 'optuna.db'}").get_trials()
         assert [t.state for t in trials].count(TrialState.COMPLETE) == budget, [t.state for t in trials]
         assert len(trials) == budget
+        check = subprocess.run([str(Path(sys.executable).with_name("hpolab")), "--store", str(store), "study", "check", "budget"],
+                               cwd=ROOT, env=hpolab_env(), capture_output=True, text=True, timeout=300)
+        assert check.returncode == 0, check.stdout + check.stderr  # both stores agree after four workers

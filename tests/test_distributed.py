@@ -85,6 +85,7 @@ def test_four_workers_share_one_study_on_postgres_and_an_mlflow_server(postgres,
         assert [m.step for m in client.get_metric_history(run.info.run_id, "val_acc")] == [1, 2]
         assert "config.yaml" in [a.path for a in client.list_artifacts(run.info.run_id)]
         assert run.data.tags.get("hpolab.model_uri", "").startswith("models:/"), run.data.tags.get("hpolab.model_error")
+    _study_check_is_clean("digits-cnn", storage, mlflow_server)
 
 
 @pytest.mark.slow
@@ -122,3 +123,12 @@ def test_four_workers_through_the_grpc_storage_proxy(postgres, mlflow_server, tm
     exp = client.get_experiment_by_name("via-proxy")
     runs = client.search_runs([exp.experiment_id], filter_string="attributes.run_name LIKE 'trial-%'")
     assert sorted(r.info.run_name for r in runs) == sorted(f"trial-{t.number}" for t in counted)
+    _study_check_is_clean("via-proxy", database, mlflow_server)
+
+
+def _study_check_is_clean(name: str, storage: str, tracking_uri: str) -> None:
+    """After the workers: both stores tell the same story (`hpolab study check`, exit 0)."""
+    exe = str(Path(sys.executable).with_name("hpolab"))
+    env = {**hpolab_env(), "OPTUNA_STORAGE": storage, "MLFLOW_TRACKING_URI": tracking_uri}
+    check = subprocess.run([exe, "study", "check", name], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
