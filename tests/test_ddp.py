@@ -52,6 +52,18 @@ def _fit(cfg: TrainConfig, ranks=None, on_epoch=None, checkpoint_dir=None):
 
 
 def _rank(rank: int, world: int, port: int, kw: dict, out, stop_after: int | None, ckpt: str | None) -> None:
+    try:
+        _rank_body(rank, world, port, kw, out, stop_after, ckpt)
+    except BaseException:  # the parent's assertion says why this rank died, instead of waiting on its pipe
+        import traceback
+
+        out.send(("error", rank, traceback.format_exc()))
+        raise
+    finally:
+        out.close()
+
+
+def _rank_body(rank: int, world: int, port: int, kw: dict, out, stop_after: int | None, ckpt: str | None) -> None:
     torch.set_num_threads(1)
     ranks = init_ranks(rank, world, host="127.0.0.1", port=port, device=torch.device("cpu"), timeout_s=120)
     seen = []
@@ -63,7 +75,6 @@ def _rank(rank: int, world: int, port: int, kw: dict, out, stop_after: int | Non
     result = _fit(_cfg(world, **kw), ranks, on_epoch=on_epoch, checkpoint_dir=ckpt if rank == 0 else None)
     close_ranks()
     out.send((rank, result.history, result.stop_reason, seen))
-    out.close()
 
 
 def _fit_ranks(world: int, stop_after: int | None = None, ckpt: str | None = None, **kw):
@@ -76,7 +87,18 @@ def _fit_ranks(world: int, stop_after: int | None = None, ckpt: str | None = Non
     procs = [ctx.Process(target=_rank, args=(r, world, store.port, kw, pipes[r][1], stop_after, ckpt)) for r in range(world)]
     for p in procs:
         p.start()
-    results = [pipes[r][0].recv() for r in range(world)]
+    for _, child_end in pipes:
+        child_end.close()  # only the rank holds its write end: a rank that dies is an EOF here, not a hang
+    results = []
+    for r in range(world):
+        ready = pipes[r][0].poll(600)  # a ceiling, not a threshold: a rank takes seconds
+        try:
+            message = pipes[r][0].recv() if ready else None
+        except EOFError:
+            message = None
+        assert message is not None and message[0] != "error", (
+            f"rank {r} sent no result (exit codes {[p.exitcode for p in procs]}): {message}")
+        results.append(message)
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
