@@ -28,10 +28,9 @@ import torch
 from torch import nn
 
 # The one implementation lives with the training routine; promote imports it from here.
-from hpolab.registry.hpolab_pyfunc import forward
+from hpolab.registry.hpolab_pyfunc import PREDICT_BATCH, forward  # noqa: F401  (PREDICT_BATCH re-exported)
 from hpolab.train.metrics import classification_metrics  # noqa: F401  (re-exported)
 
-PREDICT_BATCH = 512  # samples per forward pass when predicting a whole split
 
 # Tags on the logged serving model and on its registered version: what `hpolab predict` needs to
 # turn a user's file into the model's raw input, and to name the predicted classes.

@@ -78,6 +78,9 @@ class AttrBeats:
         return now - last[1]
 
     def stale_ids(self, trials) -> set[int]:
+        """`trials`: every RUNNING trial of other drivers; the ones no longer among them are forgotten."""
+        ids = {t._trial_id for t in trials}
+        self._seen = {i: v for i, v in self._seen.items() if i in ids}
         return {t._trial_id for t in trials if self.silent_for(t) > GRACE_PERIOD}
 
 

@@ -23,7 +23,7 @@ from hpolab.errors import UserError
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.artifacts import CHECKPOINTS
 from hpolab.stores.paths import Stores
-from hpolab.study.retention import LAST_DELETED, Retention, promoted_runs, tidy_finished
+from hpolab.study.retention import Retention, promoted_in, tidy_finished
 
 
 @dataclass
@@ -66,11 +66,11 @@ def plan_prune(study, client, stores: Stores, keep: int) -> tuple[Retention, Pla
                            direction=study.direction.name.lower())
     retention = Retention(spec, study, lambda n: stores.trial_dir(study.study_name, n))
     items = retention.plan()
-    runs = {}
+    runs, promoted = {}, set()
     exp = client.get_experiment_by_name(study.study_name)
     if exp is not None:
         runs = {r.info.run_id: r for r in tr.find_runs(client, exp.experiment_id, "")}
-    promoted = promoted_runs(client, [("", 0, next(iter(runs), None), Path())]) if runs else set()
+        promoted = promoted_in(client, exp.experiment_id)
     plan, purged = Plan(), set()
     for what, n, run_id, folder in items:
         run = runs.get(run_id)
@@ -135,6 +135,6 @@ def prune_files_cmd(args, stores: Stores) -> int:
             return 0
     retention.purge(client, plan.purge)
     for _, run_id, folder in plan.tidy:
-        tr.set_tags(client, run_id, tidy_finished(client, run_id, folder) or {LAST_DELETED: "deleted by prune-files"})
+        tr.set_tags(client, run_id, tidy_finished(client, run_id, folder))
     print(f"deleted {sum(v[1] for v in plan.sizes.values())} files, {sum(v[2] for v in plan.sizes.values()) / 1e6:.1f} MB")
     return 0

@@ -132,10 +132,12 @@ class Retention:
 def promoted_runs(client, items: list[tuple[str, int, str | None, Path]]) -> set[str]:
     """Run ids of the trials promote runs name (one query; none when nothing is to be deleted)."""
     run_id = next((i[2] for i in items if i[2] is not None), None)
-    if run_id is None:
-        return set()
-    exp_id = client.get_run(run_id).info.experiment_id
-    runs = client.search_runs([exp_id], "tags.`hpolab.role` = 'promote'", max_results=10000)
+    return set() if run_id is None else promoted_in(client, client.get_run(run_id).info.experiment_id)
+
+
+def promoted_in(client, experiment_id: str) -> set[str]:
+    """Run ids of the trials that promote runs in this experiment name (`hpolab.trial_run_id`)."""
+    runs = client.search_runs([experiment_id], "tags.`hpolab.role` = 'promote'", max_results=10000)
     return {r.data.tags["hpolab.trial_run_id"] for r in runs if "hpolab.trial_run_id" in r.data.tags}
 
 

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from hpolab.study.outage import passthrough
+
 # Jobs waiting at most. When full, submit() waits (the driver's loop blocks) rather than queueing
 # more: each job holds a staged checkpoint on disk and the model info in memory, so an unbounded
 # queue would let a slow artifact store fall arbitrarily behind (and a killed driver lose it all);
@@ -32,7 +34,7 @@ class Uploader:
         self.note = note
         # Each job runs through `guard` (outage.py): while the tracking store's database is briefly
         # unreachable a job is retried, so a run's close is not lost to a restart.
-        self.guard = guard or (lambda fn, *args: fn(*args))
+        self.guard = guard or passthrough
         self._queue: queue.Queue = queue.Queue(maxsize=MAX_QUEUED)
         self._thread: threading.Thread | None = None
         self.waited_s = 0.0  # time the driver spent waiting for a free slot (for bench attribution)
