@@ -3,8 +3,8 @@
 A study of short trials on the embedded store. A seeded helper thread SIGKILLs random trial
 processes; the test itself SIGKILLs the driver twice at random moments while trials run and
 restarts it at once. Afterwards: exactly n_trials finished, nothing RUNNING or WAITING, every
-finished Optuna trial has exactly one closed MLflow run with the same state, every retry links to
-the run it continues, no process of the study is alive, and `hpolab study check` is clean. The counts are printed (pytest -s).
+finished Optuna trial has exactly one closed MLflow run with the same state (but an attempt whose
+driver died before making its run, which has none and was retried), every retry links to the run it continues, no process of the study is alive, and `hpolab study check` is clean. The counts are printed (pytest -s).
 """
 
 from __future__ import annotations
@@ -135,6 +135,11 @@ def test_chaos_random_sigkills_of_trials_and_driver(store, tmp_path):
         if "optuna.trial_number" in run.data.tags:
             by_trial.setdefault(int(run.data.tags["optuna.trial_number"]), []).append(run)
     for t in trials:
+        if t.number not in by_trial and t.state == TrialState.FAIL and t.number in retried:
+            # the driver was killed between asking for the trial and making its run: no run, and
+            # its retry (which has one) carries on; `study check` accepts exactly this case
+            assert "mlflow_run_id" not in t.user_attrs, t.number
+            continue
         (run,) = by_trial[t.number]  # exactly one run per trial
         assert run.info.run_id == t.user_attrs["mlflow_run_id"]
         assert run.info.status != "RUNNING", t.number
@@ -142,7 +147,8 @@ def test_chaos_random_sigkills_of_trials_and_driver(store, tmp_path):
         history = t.system_attrs.get("retry_history")
         if history:
             assert run.data.tags["hpolab.retry_of_trial"] == str(history[-1])
-            assert run.data.tags["hpolab.retry_of_run"] == trials[history[-1]].user_attrs["mlflow_run_id"]
+            if "mlflow_run_id" in trials[history[-1]].user_attrs:  # (the previous attempt may have died runless)
+                assert run.data.tags["hpolab.retry_of_run"] == trials[history[-1]].user_attrs["mlflow_run_id"]
     deadline = time.monotonic() + 10
     while any(_alive(p) for p in _trial_pids(pid_dir) + driver_pids) and time.monotonic() < deadline:
         time.sleep(0.2)
