@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from hpolab.study.objective_values import VALUES_ATTR
 from hpolab.stores.paths import Stores
 
 # Metrics that are better when larger; anything else sorts ascending (losses, seconds, ...).
@@ -102,6 +103,13 @@ def _float_or_none(v: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
+def primary_direction(study, metric: str) -> str:
+    """The direction of the study metric (several objectives: of the one pruned on, named `metric`)."""
+    directions = [d.name.lower() for d in study.directions]
+    names = study.metric_names or []
+    return directions[names.index(metric)] if metric in names else directions[0]
+
+
 def _trial_row(t, run, params: list[str], metric: str, direction: str, now: dt.datetime) -> dict[str, Any]:
     """One trial's row of study_frame (run: its MLflow run, or None)."""
     run_id = t.user_attrs.get("mlflow_run_id")
@@ -109,8 +117,10 @@ def _trial_row(t, run, params: list[str], metric: str, direction: str, now: dt.d
     run_metrics = run.data.metrics if run is not None else {}
     steps = sorted(t.intermediate_values.items())
     best = _float_or_none(tags.get(f"hpolab.best_{metric}")) if t.state.name == "COMPLETE" else None
-    if best is None and t.state.name == "COMPLETE" and t.value is not None:
-        best = float(t.value)
+    if best is None and t.state.name == "COMPLETE" and t.values is not None and len(t.values) == 1:
+        best = float(t.values[0])
+    if best is None and t.state.name in ("COMPLETE", "PRUNED"):  # several objectives: what the trial recorded
+        best = _float_or_none((t.user_attrs.get(VALUES_ATTR) or {}).get(metric))
     if best is None:
         best = _best((v for _, v in steps), direction)
     final = _float_or_none(run_metrics.get(metric))
@@ -150,8 +160,8 @@ def study_frame(study, client=None, experiment_id: str | None = None, metric: st
     trial's MLflow run logged (its last value). `only`: join the MLflow runs of these trial numbers
     only (the other rows hold what Optuna knows).
     """
-    direction = study.direction.name.lower()
     metric = metric or study_metric(study, client, experiment_id)
+    direction = primary_direction(study, metric)
     trials = study.get_trials(deepcopy=False)
     if only is None:
         runs = mlflow_runs_by_id(client, experiment_id)

@@ -13,6 +13,11 @@ from hpolab.stores.paths import Stores, redact
 
 def print_status(name: str, stores: Stores) -> int:
     study = load_study(name, stores)
+    if len(study.directions) > 1:  # several objectives: the front, not one best value
+        from hpolab.study.front_table import front_table
+
+        Console(highlight=False, width=200 if not Console().is_terminal else None).print(front_table(study, name))
+        return 0
     trials = study.get_trials(deepcopy=False)
     params = sorted({p for t in trials for p in t.params})
     table = Table(title=f"study {name} ({study.direction.name.lower()})")

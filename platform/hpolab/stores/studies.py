@@ -51,11 +51,21 @@ def _storage_or_none(stores: Stores) -> optuna.storages.BaseStorage | None:
     return open_storage(url)
 
 
+# A study of several objectives prunes through a companion study in the same storage
+# (study/pruning.py); it is part of its study, never listed as one. '~' is not allowed in study names.
+COMPANION_SUFFIX = "~pruning"
+
+
+def is_companion(study_name: str) -> bool:
+    return study_name.endswith(COMPANION_SUFFIX)
+
+
 def study_names(stores: Stores) -> list[str]:
     storage = _storage_or_none(stores)
     if storage is None:
         return []
-    return sorted(s.study_name for s in optuna.get_all_study_summaries(storage=storage, include_best_trial=False))
+    return sorted(s.study_name for s in optuna.get_all_study_summaries(storage=storage, include_best_trial=False)
+                  if not is_companion(s.study_name))
 
 
 def list_studies(stores: Stores) -> list[StudyRow]:
@@ -68,6 +78,8 @@ def list_studies(stores: Stores) -> list[StudyRow]:
     client = None
     rows = []
     for s in summaries:
+        if is_companion(s.study_name):
+            continue
         study_id = storage.get_study_id_from_name(s.study_name)
         trials = storage.get_all_trials(study_id, deepcopy=False)
         counts = {k: 0 for k in (*STATES, "waiting")}
@@ -135,6 +147,8 @@ def delete_study(name: str, stores: Stores) -> Deleted:
             client.delete_experiment(exp_id)
 
     optuna.delete_study(study_name=name, storage=storage)
+    if name + COMPANION_SUFFIX in {s.study_name for s in optuna.get_all_study_summaries(storage=storage, include_best_trial=False)}:
+        optuna.delete_study(study_name=name + COMPANION_SUFFIX, storage=storage)
 
     folders = []
     for d in (stores.trials_dir / name, stores.root / "lr-find" / name):
