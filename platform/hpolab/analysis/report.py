@@ -83,7 +83,7 @@ def _summary_cards(data: ReportData, trials: list, best: int | None) -> str:
         if best is not None:
             items.append(("Pareto front", f"{_front_size(data)} trials <small>knee: trial {best}</small>"))
     elif best is not None:
-        items.append(("best " + data.metric, f"{H.fmt_num(data.study.best_value)} <small>trial {best}</small>"))
+        items.append(("best " + data.metric, f"{H.fmt_num(data.study.trials[best].value)} <small>trial {best}</small>"))
     return H.cards(items)
 
 

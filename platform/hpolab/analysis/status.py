@@ -38,10 +38,10 @@ def print_status(name: str, stores: Stores) -> int:
     for t in trials:
         states[t.state.name] = states.get(t.state.name, 0) + 1
     summary = ", ".join(f"{v} {k.lower()}" for k, v in sorted(states.items())) or "no trials"
-    try:
-        best = f"best: trial {study.best_trial.number} value {study.best_value:.4g}"
-    except ValueError:
-        best = "best: none yet"
+    from hpolab.study import ranking
+
+    top = ranking.best(trials, ranking.directions_of(study))  # (feasible, not imported by a warm start)
+    best = f"best: trial {top.number} value {top.value:.4g}" if top is not None else "best: none yet"
     console.print(f"{summary}; {best}")
     return 0
 

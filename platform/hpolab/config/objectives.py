@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Measured on the trained model, not per epoch: what "smaller" or "faster" means for a second objective.
 COST_METRICS = {
@@ -121,3 +121,13 @@ def measured_metrics(spec) -> list[str]:
     """The cost metrics a trial must measure (its objectives' and constraints')."""
     names = [o.metric for o in spec.objectives or []] + [c.metric for c in spec.constraints]
     return [n for n in COST_METRICS if n in names]
+
+
+class WarmStart(BaseModel):
+    """Start from an earlier study in the same store (study/warm_start.py): enqueue its `top_k` best
+    configurations, and with `import_trials` add its finished trials to the sampler's history."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
+    from_: str = Field(alias="from", min_length=1)  # a study name, or its spec file
+    top_k: int = Field(default=5, ge=0)
+    import_trials: bool = False

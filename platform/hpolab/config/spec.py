@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from hpolab.config.controls import NoImprovementStop, check_enqueue
 from hpolab.config.experiment import load_experiment, project_root_of
 from hpolab.config.overrides import apply_overrides, parse_overrides  # noqa: F401  (tests import it from here)
-from hpolab.config.objectives import Constraint, Objective, Pruning, fill_primary, measured_metrics, objective_problems
+from hpolab.config.objectives import Constraint, Objective, Pruning, WarmStart, fill_primary, measured_metrics, objective_problems
 from hpolab.config.samplers import check_named
 from hpolab.errors import SpecError
 from hpolab.train.config import TrainConfig
@@ -147,6 +147,7 @@ class StudySpec(_Frozen):
     lr_range_test: LRRangeTestSpec = LRRangeTestSpec()
     # Run controls (config/controls.py): known-good configurations evaluated first, and when to stop.
     enqueue: list[dict[str, Any]] = Field(default_factory=list)
+    warm_start: WarmStart | None = None  # begin from an earlier study (study/warm_start.py)
     stop_after_no_improvement: NoImprovementStop | None = None
     # Retention (like Ray Tune's num_to_keep, Determined's checkpoint GC): which trials log a model
     # (all = COMPLETE + PRUNED; complete = COMPLETE only; none; {top_k: N} = the N best COMPLETE), and

@@ -67,8 +67,10 @@ def close_parent_run(client, parent_run_id: str, study: optuna.Study, spec: Stud
 
 def _best_tags(client, parent_run_id: str, study: optuna.Study, spec: StudySpec) -> dict[str, str]:
     tags = {}
-    try:
-        best = study.best_trial
+    from hpolab.study import ranking
+
+    best = ranking.best(study.get_trials(deepcopy=False), ranking.directions_of(study))  # (feasible, not imported)
+    if best is not None:
         tags.update(
             {
                 "hpolab.best_trial": str(best.number),
@@ -77,8 +79,6 @@ def _best_tags(client, parent_run_id: str, study: optuna.Study, spec: StudySpec)
             }
         )
         client.log_metric(parent_run_id, f"best_{spec.metric}", float(best.value))
-    except ValueError:
-        pass  # no COMPLETE (feasible) trial yet
     return tags
 
 

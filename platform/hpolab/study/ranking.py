@@ -19,6 +19,8 @@ import numpy as np
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from hpolab.study.budget import IMPORTED
+
 
 def directions_of(study) -> list[str]:
     """'maximize'/'minimize' per objective of an Optuna study."""
@@ -36,7 +38,9 @@ def feasible(t: FrozenTrial) -> bool:
 
 
 def _complete(trials: Iterable[FrozenTrial], n: int) -> list[FrozenTrial]:
-    return [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None and len(t.values) == n]
+    """This study's own COMPLETE trials (not those a warm start imported: history for the sampler only)."""
+    return [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None and len(t.values) == n
+            and not t.system_attrs.get(IMPORTED)]
 
 
 def losses(trials: Sequence[FrozenTrial], directions: str | Sequence) -> np.ndarray:
