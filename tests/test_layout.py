@@ -163,3 +163,28 @@ def test_the_size_check_names_offenders(tmp_path):
         "big.py: 463 lines (module limit 400)",
         "big.py:2 long(): 62 lines (function limit 60)",
     ]
+
+
+# What reading a study may import (issue 21: torch costs seconds, MLflow seconds more). Not a timing:
+# which libraries a module pulls in at import time.
+LIGHT_MODULES = {
+    "hpolab.cli": ("torch", "mlflow", "optuna", "pandas"),
+    "hpolab.config.spec": ("torch", "mlflow"),  # `study validate`, a spec named where a study is
+    "hpolab.analysis.status": ("torch", "mlflow", "pandas"),  # `study status`, `study list`
+    "hpolab.stores.studies": ("torch", "mlflow", "pandas"),
+}
+
+
+def test_read_paths_do_not_import_heavy_libraries():
+    import subprocess
+    import sys
+
+    code = ("import importlib, json, sys; mods = json.loads(sys.argv[1]); out = {}\n"
+            "for m, banned in mods.items():\n"
+            "    importlib.import_module(m); out[m] = [b for b in banned if b in sys.modules]\n"
+            "print(json.dumps(out))")
+    import json
+
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(LIGHT_MODULES)], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, check=True).stdout
+    assert json.loads(out) == {m: [] for m in LIGHT_MODULES}

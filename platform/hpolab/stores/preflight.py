@@ -98,15 +98,15 @@ def parse_database_url(url: str, what: str, fix: str):
 
 
 def check_database(url: str, what: str, fix: str, root: Path | None = None) -> None:
-    u, _ = parse_database_url(url, what, fix)
     shown = redact(url)
+    if url.startswith("sqlite:///") and not any(c in url for c in "?#%"):
+        # A plain SQLite file URL (the store's default) always parses and its driver is the standard
+        # library's: no SQLAlchemy import (a second on a loaded machine) to learn what we know.
+        _check_sqlite_folder(url[len("sqlite:///"):], what, shown, fix, root)
+        return
+    u, _ = parse_database_url(url, what, fix)
     if u.get_backend_name() == "sqlite":
-        db = u.database
-        if db and db != ":memory:" and not db.startswith("file:"):
-            folder = Path(db).expanduser().resolve().parent
-            # The store folder itself is created by the commands that write (ensure_local).
-            if not folder.is_dir() and (root is None or folder != Path(root).resolve()):
-                raise UserError(f"{what} {shown!r}: folder {folder} does not exist; create it or {fix}")
+        _check_sqlite_folder(u.database, what, shown, fix, root)
         return
     from sqlalchemy import create_engine
     from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -122,6 +122,14 @@ def check_database(url: str, what: str, fix: str, root: Path | None = None) -> N
         raise StoreUnreachable(f"cannot open the {what} {shown} ({one_line(e)}); {fix}") from None
     finally:
         engine.dispose()
+
+
+def _check_sqlite_folder(db: str | None, what: str, shown: str, fix: str, root: Path | None) -> None:
+    if db and db != ":memory:" and not db.startswith("file:"):
+        folder = Path(db).expanduser().resolve().parent
+        # The store folder itself is created by the commands that write (ensure_local).
+        if not folder.is_dir() and (root is None or folder != Path(root).resolve()):
+            raise UserError(f"{what} {shown!r}: folder {folder} does not exist; create it or {fix}")
 
 
 def _refused(what: str, shown: str, fix: str, reason: str) -> Exception:

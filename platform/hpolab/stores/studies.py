@@ -12,11 +12,13 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-
-import optuna
+from typing import TYPE_CHECKING
 
 from hpolab.errors import UserError
 from hpolab.stores.paths import Stores, redact
+
+if TYPE_CHECKING:
+    import optuna
 
 STATES = ("complete", "pruned", "fail", "running")
 
@@ -42,6 +44,8 @@ class Deleted:
 
 def _storage_or_none(stores: Stores) -> optuna.storages.BaseStorage | None:
     """The Optuna storage, or None for a default SQLite store that does not exist (not created here)."""
+    import optuna  # here, not at the top: `study list` of an empty store needs no Optuna (a second)
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = stores.optuna_url
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
@@ -64,8 +68,7 @@ def study_names(stores: Stores) -> list[str]:
     storage = _storage_or_none(stores)
     if storage is None:
         return []
-    return sorted(s.study_name for s in optuna.get_all_study_summaries(storage=storage, include_best_trial=False)
-                  if not is_companion(s.study_name))
+    return sorted(s.study_name for s in storage.get_all_studies() if not is_companion(s.study_name))  # names only: no trial is read
 
 
 def list_studies(stores: Stores) -> list[StudyRow]:
@@ -74,14 +77,15 @@ def list_studies(stores: Stores) -> list[StudyRow]:
     storage = _storage_or_none(stores)
     if storage is None:
         return []
-    summaries = sorted(optuna.get_all_study_summaries(storage=storage, include_best_trial=True), key=lambda s: s.study_name)
+    # One read of each study's trials (optuna.get_all_study_summaries would read them all again,
+    # deep-copied, just for the best value and the start time: issue 21).
+    studies = sorted(storage.get_all_studies(), key=lambda s: s.study_name)
     client = None
     rows = []
-    for s in summaries:
+    for s in studies:
         if is_companion(s.study_name):
             continue
-        study_id = storage.get_study_id_from_name(s.study_name)
-        trials = storage.get_all_trials(study_id, deepcopy=False)
+        trials = storage.get_all_trials(storage.get_study_id_from_name(s.study_name), deepcopy=False)
         counts = {k: 0 for k in (*STATES, "waiting")}
         for t in trials:
             counts[t.state.name.lower()] = counts.get(t.state.name.lower(), 0) + 1
@@ -104,11 +108,22 @@ def list_studies(stores: Stores) -> list[StudyRow]:
                 direction="/".join(d.name.lower() for d in directions),
                 metric=metric,
                 counts=counts,
-                best_value=s.best_trial.value if s.best_trial is not None and len(directions) == 1 else None,
-                last_activity=max(stamps) if stamps else s.datetime_start,
+                best_value=_best_value(trials, directions),
+                last_activity=max(stamps) if stamps else None,  # (no stamps: no trial started)
             )
         )
     return rows
+
+
+def _best_value(trials: list, directions: list) -> float | None:
+    """The best COMPLETE value of a single-objective study, as Optuna's study summary picks it."""
+    import optuna
+
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and not t.system_attrs.get("hpolab.imported_from")]
+    if len(directions) != 1 or not complete:  # (a warm start's imported trials are not this study's results)
+        return None
+    pick = max if directions[0] == optuna.study.StudyDirection.MAXIMIZE else min
+    return pick(complete, key=lambda t: t.value).value
 
 
 def delete_study(name: str, stores: Stores) -> Deleted:
@@ -123,6 +138,8 @@ def delete_study(name: str, stores: Stores) -> Deleted:
     names = study_names(stores)
     if name not in names:
         raise UserError(f"no study named {name!r} in {redact(stores.optuna_url)} (studies there: {', '.join(names) or 'none'})")
+    import optuna
+
     storage = _storage_or_none(stores)
     study = optuna.load_study(study_name=name, storage=storage)
     n_trials = len(study.get_trials(deepcopy=False))
@@ -147,7 +164,7 @@ def delete_study(name: str, stores: Stores) -> Deleted:
             client.delete_experiment(exp_id)
 
     optuna.delete_study(study_name=name, storage=storage)
-    if name + COMPANION_SUFFIX in {s.study_name for s in optuna.get_all_study_summaries(storage=storage, include_best_trial=False)}:
+    if name + COMPANION_SUFFIX in {s.study_name for s in storage.get_all_studies()}:
         optuna.delete_study(study_name=name + COMPANION_SUFFIX, storage=storage)
 
     folders = []
