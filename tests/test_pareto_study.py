@@ -107,6 +107,38 @@ def test_promote_picks_from_the_front_by_a_stated_rule(ran, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_new_study_warm_starts_from_the_earlier_one(ran):
+    store, stdout, study, client = ran
+    storage = f"sqlite:///{store / 'optuna.db'}"
+    base = ["--store", str(store), "study", "run", "studies/digits_pareto.yaml", "name=pareto-warm", "trainer.max_epochs=2", "parallel=2"]
+    # refused before the study exists: nothing is written
+    for extra, msg in ((["warm_start={from: nope}"], "warm_start.from: no study named 'nope'"),
+                       (["warm_start={from: digits-pareto, import_trials: true}", "objectives=null", "pruning=null", "constraints=[]",
+                         "sampler={type: tpe}"], "warm_start.import_trials: study 'digits-pareto' optimised val_acc, latency_ms")):
+        bad = run_cli(*base, "n_trials=2", *extra, check=False)
+        assert bad.returncode == 2 and msg in bad.stderr + bad.stdout and "Traceback" not in bad.stderr, bad.stderr
+        assert "pareto-warm" not in [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    out = run_cli(*base, "n_trials=2", "warm_start={from: digits-pareto, top_k: 2, import_trials: true}").stdout
+    assert "warm start from study digits-pareto: 2 best configurations enqueued" in out
+    warm = optuna.load_study(study_name="pareto-warm", storage=storage)
+    source = study.get_trials()
+    best2 = [t.number for t in ranking.ranked(source, ranking.directions_of(study))[:2]]
+    own = [t for t in warm.get_trials() if not t.system_attrs.get("hpolab.imported_from")]
+    imported = [t for t in warm.get_trials() if t.system_attrs.get("hpolab.imported_from")]
+    assert len(own) == 2 and all(t.state == TrialState.COMPLETE for t in own)  # the budget counts its own trials only
+    assert sorted(t.user_attrs["hpolab.warm_start_from"] for t in own) == sorted(f"digits-pareto trial {n}" for n in best2)
+    assert [t.params for t in own] == [source[n].params for n in best2]
+    assert len(imported) == sum(t.state == TrialState.COMPLETE for t in source)
+    assert not {t.number for t in imported} & {t.number for t in ranking.front(warm.get_trials(), ranking.directions_of(warm))}
+    parent = client.get_run(warm.user_attrs["mlflow_parent_run_id"])
+    assert parent.data.tags["hpolab.warm_start"].startswith("warm start from study digits-pareto")
+    check = run_cli("--store", str(store), "study", "check", "pareto-warm", check=False)
+    assert check.returncode == 0, check.stdout + check.stderr  # imported trials need no run here
+    again = run_cli(*base, "n_trials=2", "warm_start={from: digits-pareto, top_k: 2, import_trials: true}").stdout
+    assert "warm start from" not in again and len(optuna.load_study(study_name="pareto-warm", storage=storage).get_trials()) == len(warm.get_trials())
+
+
+@pytest.mark.slow
 def test_delete_takes_the_companion_study_along(ran):
     store, *_ = ran
     run_cli("--store", str(store), "study", "delete", NAME, "--yes")
