@@ -69,10 +69,14 @@ class Retention:
     def __init__(self, spec, study, trial_dir: Callable[[int], Path]):
         self.log_models = spec.log_models
         self.keep = spec.keep_checkpoints
-        self.direction = ranking.directions_of(study)  # one, or one per objective
         self.study = study
         self.trial_dir = trial_dir  # this worker's folder of a trial (other workers purge their own)
         self._queued: set[tuple[str, int]] = set()  # (what, trial number) queued once per driver
+
+    @property
+    def direction(self) -> list[str]:
+        """One, or one per objective (read when ranking: the study is the truth)."""
+        return ranking.directions_of(self.study)
 
     @property
     def active(self) -> bool:
