@@ -80,6 +80,13 @@ def test_the_front_is_on_the_parent_run_and_in_status_and_report(ran):
 
     status = run_cli("--store", str(store), "study", "status", NAME).stdout
     assert "val_acc" in status and "latency_ms" in status and "knee" in status and "feasible" in status
+    import csv
+    import io
+
+    rows = list(csv.DictReader(io.StringIO(run_cli("--store", str(store), "compare", NAME, "--format", "csv").stdout)))
+    assert rows[0]["rank"] == "1" and rows[0]["front"] in ("yes", "knee")  # rank 1 is on the front
+    assert {r["trial"] for r in rows if r["front"]} == {str(t.number) for t in front}
+    assert [r["trial"] for r in rows if r["front"] == "knee"] == [str(knee.number)]
     listed = run_cli("--store", str(store), "study", "list").stdout
     assert NAME in listed and "~pruning" not in listed and "maximize/minimize" in listed
     check = run_cli("--store", str(store), "study", "check", NAME, check=False)
