@@ -94,6 +94,7 @@ def test_the_front_is_on_the_parent_run_and_in_status_and_report(ran):
     report = run_cli("--store", str(store), "report", NAME, "--out", str(store / "r.html"))
     page = (store / "r.html").read_text()
     assert "Knee of the Pareto front: trial " + str(knee.number) in page and 'id="plot-pareto-front"' in page
+    assert 'id="plot-learning-curves"' in page  # the epochs, from the companion study
     assert "This plot failed" not in page, report.stdout
 
 

@@ -113,16 +113,38 @@ def _summarised_curves(fig, rest: list) -> None:
                                  marker={"size": 3}, opacity=0.35, hoverinfo="skip"))
 
 
+def _curve_trials(data: ReportData) -> list:
+    """The trials with their epochs' values. Several objectives: those values were reported to the
+    companion pruning study (study/pruning.py), matched back by its `hpolab.trial` attr."""
+    trials = data.study.get_trials(deepcopy=False)
+    if not _multi(data):
+        return trials
+    from types import SimpleNamespace
+
+    import optuna
+
+    from hpolab.stores.studies import COMPANION_SUFFIX
+
+    try:
+        companion = optuna.load_study(study_name=data.study.study_name + COMPANION_SUFFIX, storage=data.study._storage)
+    except KeyError:
+        return []
+    curves = {c.user_attrs.get("hpolab.trial"): c.intermediate_values for c in companion.get_trials(deepcopy=False)}
+    return [SimpleNamespace(number=t.number, state=t.state, values=t.values, constraints=t.constraints,
+                            system_attrs=t.system_attrs, intermediate_values=curves.get(t.number) or {}) for t in trials]
+
+
 def fig_learning_curves(data: ReportData) -> tuple[Any, str | None]:
     import plotly.graph_objects as go
 
     from hpolab.study.retention import top_k
 
-    trials = [t for t in data.study.get_trials(deepcopy=False) if t.intermediate_values]
+    trials = [t for t in _curve_trials(data) if t.intermediate_values]
     if not trials:
         return None, "No trial has reported an epoch yet."
     best = best_number(data)
-    full = set(top_k(trials, FULL_CURVES, data.direction)) | {t.number for t in trials if t.state.name in ("RUNNING", "WAITING")}
+    ranked_by = [d.name.lower() for d in data.study.directions] if _multi(data) else data.direction
+    full = set(top_k(trials, FULL_CURVES, ranked_by)) | {t.number for t in trials if t.state.name in ("RUNNING", "WAITING")}
     fig = go.Figure()
     _summarised_curves(fig, [t for t in trials if t.number not in full])
     shown: set[str] = set()
