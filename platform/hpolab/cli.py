@@ -99,6 +99,8 @@ def _add_result_commands(sub) -> None:
     p = _command(sub, "promote", "register the best trial's model under an alias, behind a held-out test gate")
     p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file (its experiment is then found from the spec's project)")
     p.add_argument("--metric", help="pick the best trial by this logged metric instead of the study's")
+    p.add_argument("--pick", metavar="RULE", help="several objectives: choose from the Pareto front, e.g. "
+                   "\"val_acc>=0.97; min latency_ms\" (default: the front's knee)")
     p.add_argument("--model-name", help="registered model name (default: the study name)")
     p.add_argument("--alias", default="champion")
     p.add_argument("--force", action="store_true", help="move the alias even if the challenger is not better")

@@ -61,6 +61,8 @@ def display_columns(table: StudyTable, df: pd.DataFrame) -> list[tuple[str, str]
     """(column, header) pairs for the human formats: the issue's columns, short param names."""
     shorts = short_names(table.params)
     cols = [("trial", "trial"), ("state", "state")]
+    if table.objectives:  # several objectives: where each trial stands, and every objective
+        cols += [("rank", "rank"), ("front", "front")] + [(f"objective.{n}", n) for n in table.objectives]
     cols += [(f"params.{p}", shorts[p]) for p in table.params]
     cols += [(table.best_col, f"best {table.metric}"), (table.final_col, f"final {table.metric}"), ("epochs", "epochs")]
     if df["pruned_at_epoch"].notna().any():

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
 
+from hpolab.study.objective_values import VALUES_ATTR
 from hpolab.stores.paths import Stores
 
 # Metrics that are better when larger; anything else sorts ascending (losses, seconds, ...).
@@ -31,6 +32,8 @@ class StudyTable:
     frame: pd.DataFrame  # one row per trial; see study_frame() for the columns
     params: list[str]  # sampled param names, e.g. ["trainer.lr", "model.channels"]
     mlflow_found: bool  # False when the MLflow side is missing (only Optuna data in the frame)
+    objectives: list[str] = field(default_factory=list)  # several objectives: rows sort by `rank` (ranking.py)
+    objective_directions: list[str] = field(default_factory=list)
 
     @property
     def best_col(self) -> str:
@@ -102,6 +105,13 @@ def _float_or_none(v: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
+def primary_direction(study, metric: str) -> str:
+    """The direction of the study metric (several objectives: of the one pruned on, named `metric`)."""
+    directions = [d.name.lower() for d in study.directions]
+    names = study.metric_names or []
+    return directions[names.index(metric)] if metric in names else directions[0]
+
+
 def _trial_row(t, run, params: list[str], metric: str, direction: str, now: dt.datetime) -> dict[str, Any]:
     """One trial's row of study_frame (run: its MLflow run, or None)."""
     run_id = t.user_attrs.get("mlflow_run_id")
@@ -109,8 +119,10 @@ def _trial_row(t, run, params: list[str], metric: str, direction: str, now: dt.d
     run_metrics = run.data.metrics if run is not None else {}
     steps = sorted(t.intermediate_values.items())
     best = _float_or_none(tags.get(f"hpolab.best_{metric}")) if t.state.name == "COMPLETE" else None
-    if best is None and t.state.name == "COMPLETE" and t.value is not None:
-        best = float(t.value)
+    if best is None and t.state.name == "COMPLETE" and t.values is not None and len(t.values) == 1:
+        best = float(t.values[0])
+    if best is None and t.state.name in ("COMPLETE", "PRUNED"):  # several objectives: what the trial recorded
+        best = _float_or_none((t.user_attrs.get(VALUES_ATTR) or {}).get(metric))
     if best is None:
         best = _best((v for _, v in steps), direction)
     final = _float_or_none(run_metrics.get(metric))
@@ -150,8 +162,8 @@ def study_frame(study, client=None, experiment_id: str | None = None, metric: st
     trial's MLflow run logged (its last value). `only`: join the MLflow runs of these trial numbers
     only (the other rows hold what Optuna knows).
     """
-    direction = study.direction.name.lower()
     metric = metric or study_metric(study, client, experiment_id)
+    direction = primary_direction(study, metric)
     trials = study.get_trials(deepcopy=False)
     if only is None:
         runs = mlflow_runs_by_id(client, experiment_id)
@@ -163,7 +175,9 @@ def study_frame(study, client=None, experiment_id: str | None = None, metric: st
     for t in trials:
         run_id = t.user_attrs.get("mlflow_run_id")
         rows.append(_trial_row(t, runs.get(run_id) if run_id else None, params, metric, direction, now))
-    base = ["trial", "state", *[f"params.{p}" for p in params], f"best_{metric}", f"final_{metric}", "epochs",
+    objectives = list(study.metric_names or []) if len(study.directions) > 1 else []
+    ranks = _pareto_columns(study, trials, rows, objectives) if objectives else []
+    base = ["trial", "state", *ranks, *[f"params.{p}" for p in params], f"best_{metric}", f"final_{metric}", "epochs",
             "pruned_at_epoch", "duration_s", "fail_reason", "run_id", "started", "finished"]
     frame = pd.DataFrame(rows)
     if frame.empty:
@@ -174,7 +188,28 @@ def study_frame(study, client=None, experiment_id: str | None = None, metric: st
     for col in ("trial", "epochs", "pruned_at_epoch"):
         frame[col] = frame[col].astype("Int64")
     found = bool(runs) if only is None else (client is not None and experiment_id is not None)
-    return StudyTable(study.study_name, metric, direction, frame, params, found)
+    directions = [d.name.lower() for d in study.directions] if objectives else []
+    return StudyTable(study.study_name, metric, direction, frame, params, found, objectives, directions)
+
+
+def _pareto_columns(study, trials, rows: list[dict], objectives: list[str]) -> list[str]:
+    """Several objectives: `rank` (1 = best, ranking.py's order: Pareto rank, feasible first), `front`
+    (yes / knee) and each objective's value, added to `rows`; the column names."""
+    from hpolab.study import ranking
+
+    dirs = ranking.directions_of(study)
+    order = {t.number: i for i, t in enumerate(ranking.ranked(trials, dirs), start=1)}
+    on_front = ranking.front(trials, dirs)
+    knee = ranking.knee(on_front, dirs)
+    by_number = {t.number: t for t in trials}
+    for row in rows:
+        t = by_number[row["trial"]]
+        row["rank"] = order.get(t.number)
+        row["front"] = ("knee" if knee is not None and t.number == knee.number else "yes") if t in on_front else ""
+        recorded = t.user_attrs.get(VALUES_ATTR) or {}
+        for name in objectives:
+            row[f"objective.{name}"] = _float_or_none(recorded.get(name))
+    return ["rank", "front", *[f"objective.{n}" for n in objectives]]
 
 
 def top_numbers(study, metric: str, state: str, top: int, also: tuple[str, ...] = ()) -> set[int]:
@@ -231,6 +266,10 @@ def resolve_column(frame: pd.DataFrame, key: str) -> str:
 
 
 def _descending(table: StudyTable, col: str) -> bool:
+    if col == "rank":
+        return False
+    if col.startswith("objective.") and col[len("objective."):] in table.objectives:
+        return table.objective_directions[table.objectives.index(col[len("objective."):])] == "maximize"
     if col in (table.best_col, table.final_col, f"metrics.{table.metric}"):
         return table.direction == "maximize"
     name = col.rsplit(".", 1)[-1].lower()
@@ -253,7 +292,7 @@ def select(table: StudyTable, state: str = "all", sort: str | None = None, top: 
         if order not in ("asc", "desc"):
             raise UserError(f"--sort {sort}: write METRIC, METRIC:asc or METRIC:desc")
         descending = order == "desc"
-    col = resolve_column(df, key) if key else table.best_col
+    col = resolve_column(df, key) if key else ("rank" if table.objectives else table.best_col)
     if descending is None:
         descending = _descending(table, col)
     # Missing values (FAIL trials, RUNNING ones) go last; ties keep trial order.

@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.paths import Stores
-from hpolab.study.budget import RELEASED, trial_counts
+from hpolab.study.budget import IMPORTED, RELEASED, trial_counts
 from hpolab.study.heartbeat import why_dead
 from hpolab.stores.optuna_storage import GRACE_PERIOD
 from hpolab.study.owners import describe, heartbeat_age, owner_gone, owner_of, this_host
@@ -160,8 +160,8 @@ def _reap(s: Study, t: FrozenTrial, kind: str, reason: str) -> str:
 
 
 def trial_problems(s: Study, t: FrozenTrial) -> list[Problem]:
-    if t.system_attrs.get(RELEASED) or t.state == TrialState.WAITING:
-        return []  # given back unrun, or not started yet: no run expected
+    if t.system_attrs.get(RELEASED) or t.system_attrs.get(IMPORTED) or t.state == TrialState.WAITING:
+        return []  # given back unrun, imported by a warm start (its run is in its own study), or not started yet
     run_id = t.user_attrs.get("mlflow_run_id")
     if not run_id:
         if t.state == TrialState.RUNNING or (t.state == TrialState.FAIL and t.number in _retried(s)):

@@ -24,7 +24,7 @@ from typing import Any
 
 from hpolab.analysis import report_html as H
 from hpolab.analysis.report_data import TOP_ROWS, ReportData, best_number, gather
-from hpolab.analysis.report_figures import PLOTS, quiet
+from hpolab.analysis.report_figures import plots_for, PLOTS, quiet
 from hpolab.stores.paths import Stores
 
 ARTIFACT_DIR = "report"  # on the study's parent run: report/<study>.html
@@ -77,9 +77,26 @@ def _summary_cards(data: ReportData, trials: list, best: int | None) -> str:
          f"<span class=state-COMPLETE>{c['COMPLETE']}</span> / <span class=state-PRUNED>{c['PRUNED']}</span> / "
          f"<span class=state-FAIL>{c['FAIL']}</span>"),
     ]
-    if best is not None:
-        items.append(("best " + data.metric, f"{H.fmt_num(data.study.best_value)} <small>trial {best}</small>"))
+    if len(data.study.directions) > 1:  # several objectives: what they are, and the front
+        items[1] = ("objectives", ", ".join(f"{H.esc(n)} <small>{d}</small>" for n, d in _objectives(data)) +
+                    f" <small>(pruning on {H.esc(data.metric)})</small>")
+        if best is not None:
+            items.append(("Pareto front", f"{_front_size(data)} trials <small>knee: trial {best}</small>"))
+    elif best is not None:
+        items.append(("best " + data.metric, f"{H.fmt_num(data.study.trials[best].value)} <small>trial {best}</small>"))
     return H.cards(items)
+
+
+def _objectives(data: ReportData) -> list[tuple[str, str]]:
+    from hpolab.study.ranking import directions_of
+
+    return list(zip(data.study.metric_names or [], directions_of(data.study)))
+
+
+def _front_size(data: ReportData) -> int:
+    from hpolab.study import ranking
+
+    return len(ranking.front(data.study.get_trials(deepcopy=False), ranking.directions_of(data.study)))
 
 
 def _summary_notes(data: ReportData) -> list[str]:
@@ -103,10 +120,14 @@ def _best_trial_html(data: ReportData, best: int | None) -> list[str]:
         if data.finished:
             return [H.note("No trial has completed yet (all finished trials were pruned or failed), so there is no best trial.")]
         return []
-    bt = data.study.best_trial
+    bt = data.study.trials[best]
     rows = [(k, H.fmt_num(v) if isinstance(v, float) else v) for k, v in sorted(bt.params.items())]
     run = bt.user_attrs.get("mlflow_run_id")
-    out = [f"<h3>Best trial: {best} &mdash; {H.esc(data.metric)} = {H.fmt_num(bt.value, 6)}</h3>"]
+    if len(bt.values) > 1:  # several objectives: the knee of the front, with each objective
+        shown = ", ".join(f"{H.esc(n)} = {H.fmt_num(v, 6)}" for (n, _), v in zip(_objectives(data), bt.values))
+        out = [f"<h3>Knee of the Pareto front: trial {best} &mdash; {shown}</h3>"]
+    else:
+        out = [f"<h3>Best trial: {best} &mdash; {H.esc(data.metric)} = {H.fmt_num(bt.value, 6)}</h3>"]
     if rows:
         out.append(H.table(["parameter", "value"], rows))
     if run:
@@ -267,9 +288,10 @@ def render(data: ReportData) -> str:
 
     quiet()
     parts = [_summary(data)]
-    toc = [(k, title) for k, title, _, _ in PLOTS] + [("top-trials", "Top trials"), ("promotion", "Promotion")]
+    plots = plots_for(data)
+    toc = [(k, title) for k, title, _, _ in plots] + [("top-trials", "Top trials"), ("promotion", "Promotion")]
     parts.append("<nav class=\"toc\">" + "".join(f"<a href=\"#{k}\">{H.esc(t)}</a>" for k, t in toc) + "</nav>")
-    for key, title, make, caption in PLOTS:
+    for key, title, make, caption in plots:
         try:
             fig, why = make(data)
         except Exception as e:  # one plot must never cost the whole report

@@ -40,14 +40,15 @@ class ReportData:
 
 
 def best_number(data: ReportData) -> int | None:
-    try:
-        return data.study.best_trial.number
-    except ValueError:
-        return None
+    """The best trial (several objectives: the knee of the feasible Pareto front; ranking.py)."""
+    from hpolab.study import ranking
+
+    best = ranking.best(data.study.get_trials(deepcopy=False), ranking.directions_of(data.study))
+    return best.number if best is not None else None
 
 
 def gather(study, stores: Stores | None = None, client=None) -> ReportData:
-    from hpolab.analysis.compare_study import study_frame, study_metric, top_numbers
+    from hpolab.analysis.compare_study import primary_direction, study_frame, study_metric, top_numbers
 
     problems: list[str] = []
     experiment_id, parent = None, None
@@ -74,7 +75,7 @@ def gather(study, stores: Stores | None = None, client=None) -> ReportData:
     # Runs of what the page shows only: the top complete trials and the failed ones (issue 21)
     table = study_frame(study, client, experiment_id, metric=metric, only=top_numbers(study, metric, "complete", TOP_ROWS, ("FAIL",)))
     counts = Counter(t.state.name for t in study.get_trials(deepcopy=False))
-    data = ReportData(study, metric, study.direction.name.lower(), counts, client, experiment_id, parent, table, problems=problems)
+    data = ReportData(study, metric, primary_direction(study, metric), counts, client, experiment_id, parent, table, problems=problems)
     data.lr_test = _lr_test(study, client, experiment_id, problems)
     data.promotion = _promotion(study.study_name, client, problems)
     return data

@@ -36,12 +36,58 @@ def _varying_params(trials) -> list[str]:
     return sorted(k for k, vs in values.items() if len(vs) > 1)
 
 
+def _multi(data: ReportData) -> bool:
+    return len(data.study.directions) > 1
+
+
+def _target(data: ReportData) -> dict[str, Any]:
+    """Optuna's one-value plots: the trial's value, or (several objectives) the pruning metric's
+    recorded value -- Optuna needs a `target` for a multi-objective study."""
+    if not _multi(data):
+        return {"target_name": data.metric}
+    from hpolab.study.objective_values import VALUES_ATTR
+
+    return {"target_name": data.metric, "target": lambda t: float((t.user_attrs.get(VALUES_ATTR) or {}).get(data.metric, math.nan))}
+
+
+def fig_pareto(data: ReportData) -> tuple[Any, str | None]:
+    """Several objectives: every COMPLETE trial in objective space, the feasible front drawn
+    (2 or 3 objectives; more: the parallel-coordinates plot below shows each objective's role)."""
+    if not _multi(data):
+        return None, "This study has one objective; see the optimization history."
+    names = data.study.metric_names or [f"objective {i}" for i in range(len(data.study.directions))]
+    if len(names) > 3:
+        return None, f"{len(names)} objectives: a front of more than 3 cannot be drawn here; see the table below."
+    if not _complete(data):
+        return None, "No complete trial yet."
+    from optuna.visualization import plot_pareto_front
+
+    fig = plot_pareto_front(data.study, target_names=names, include_dominated_trials=True)
+    fig.update_layout(title=None)
+    return fig, None
+
+
+def fig_hypervolume(data: ReportData) -> tuple[Any, str | None]:
+    if not _multi(data):
+        return None, "This study has one objective; see the optimization history."
+    from hpolab.study import ranking
+
+    history = ranking.hypervolume_history(data.study.get_trials(deepcopy=False), ranking.directions_of(data.study))
+    if len(history) < 2:
+        return None, "The hypervolume needs at least 2 feasible complete trials."
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Scatter(x=[n for n, _ in history], y=[hv for _, hv in history], mode="lines+markers", name="hypervolume"))
+    fig.update_layout(xaxis_title="trial number", yaxis_title="hypervolume of the front")
+    return fig, None
+
+
 def fig_history(data: ReportData) -> tuple[Any, str | None]:
     if not _complete(data):
         return None, "No complete trial yet: the history starts with the first complete trial."
     from optuna.visualization import plot_optimization_history
 
-    fig = plot_optimization_history(data.study, target_name=data.metric)
+    fig = plot_optimization_history(data.study, **_target(data))
     fig.update_layout(title=None, xaxis_title="trial number", yaxis_title=data.metric)
     fig.update_xaxes(tickformat="d", dtick=1 if len(data.study.trials) <= 20 else None)
     return fig, None
@@ -67,16 +113,38 @@ def _summarised_curves(fig, rest: list) -> None:
                                  marker={"size": 3}, opacity=0.35, hoverinfo="skip"))
 
 
+def _curve_trials(data: ReportData) -> list:
+    """The trials with their epochs' values. Several objectives: those values were reported to the
+    companion pruning study (study/pruning.py), matched back by its `hpolab.trial` attr."""
+    trials = data.study.get_trials(deepcopy=False)
+    if not _multi(data):
+        return trials
+    from types import SimpleNamespace
+
+    import optuna
+
+    from hpolab.stores.studies import COMPANION_SUFFIX
+
+    try:
+        companion = optuna.load_study(study_name=data.study.study_name + COMPANION_SUFFIX, storage=data.study._storage)
+    except KeyError:
+        return []
+    curves = {c.user_attrs.get("hpolab.trial"): c.intermediate_values for c in companion.get_trials(deepcopy=False)}
+    return [SimpleNamespace(number=t.number, state=t.state, values=t.values, constraints=t.constraints,
+                            system_attrs=t.system_attrs, intermediate_values=curves.get(t.number) or {}) for t in trials]
+
+
 def fig_learning_curves(data: ReportData) -> tuple[Any, str | None]:
     import plotly.graph_objects as go
 
     from hpolab.study.retention import top_k
 
-    trials = [t for t in data.study.get_trials(deepcopy=False) if t.intermediate_values]
+    trials = [t for t in _curve_trials(data) if t.intermediate_values]
     if not trials:
         return None, "No trial has reported an epoch yet."
     best = best_number(data)
-    full = set(top_k(trials, FULL_CURVES, data.direction)) | {t.number for t in trials if t.state.name in ("RUNNING", "WAITING")}
+    ranked_by = [d.name.lower() for d in data.study.directions] if _multi(data) else data.direction
+    full = set(top_k(trials, FULL_CURVES, ranked_by)) | {t.number for t in trials if t.state.name in ("RUNNING", "WAITING")}
     fig = go.Figure()
     _summarised_curves(fig, [t for t in trials if t.number not in full])
     shown: set[str] = set()
@@ -133,7 +201,7 @@ def fig_importances(data: ReportData) -> tuple[Any, str | None]:
         # of a few parameters, and the cost stops growing with the number of trials (issue 21:
         # the default forest took most of a 1,000-trial report's time).
         evaluator = FanovaImportanceEvaluator(n_trees=16, max_depth=8, seed=0)
-        fig = plot_param_importances(data.study, evaluator=evaluator, target_name=data.metric)
+        fig = plot_param_importances(data.study, evaluator=evaluator, **_target(data))
     except Exception as e:  # e.g. a search space that changed between trials
         return None, f"Parameter importances could not be computed: {html.escape(str(e))}"
     fig.update_layout(title=None)
@@ -146,7 +214,7 @@ def fig_parallel(data: ReportData) -> tuple[Any, str | None]:
         return None, f"Parallel coordinates need at least 2 complete trials with sampled parameters; this study has {len(complete)} complete."
     from optuna.visualization import plot_parallel_coordinate
 
-    fig = plot_parallel_coordinate(data.study, target_name=data.metric)
+    fig = plot_parallel_coordinate(data.study, **_target(data))
     fig.update_layout(title=None)
     return fig, None
 
@@ -158,7 +226,7 @@ def fig_slice(data: ReportData) -> tuple[Any, str | None]:
         return None, "Slice plots need at least one complete trial with sampled parameters."
     from optuna.visualization import plot_slice
 
-    fig = plot_slice(data.study, target_name=data.metric)
+    fig = plot_slice(data.study, **_target(data))
     fig.update_layout(title=None, height=380)
     return fig, None
 
@@ -209,7 +277,20 @@ def fig_lr_test(data: ReportData) -> tuple[Any, str | None]:
     return fig, None
 
 
+MULTI_ONLY = ("pareto-front", "hypervolume")  # drawn for a study of several objectives only
+
+
+def plots_for(data: ReportData) -> list:
+    return [p for p in PLOTS if _multi(data) or p[0] not in MULTI_ONLY]
+
+
 PLOTS = [
+    ("pareto-front", "Pareto front", fig_pareto,
+     "Several objectives: every complete trial in objective space; the highlighted ones are the Pareto front (no other "
+     "feasible trial is at least as good in every objective and better in one). Infeasible trials are never on it."),
+    ("hypervolume", "Hypervolume", fig_hypervolume,
+     "How much of objective space the front dominates, after each complete trial (reference: each objective's worst "
+     "value, pushed 10% out). A flattening curve means the front stopped moving."),
     ("optimization-history", "Optimization history", fig_history,
      "Each dot is one complete trial's {metric} in the order the trials ran; the line is the best value so far. "
      "A line that is still climbing (or falling, for a minimized metric) means more trials would likely help."),

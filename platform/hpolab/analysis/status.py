@@ -14,6 +14,11 @@ from hpolab.stores.paths import Stores, redact
 
 def print_status(name: str, stores: Stores) -> int:
     study = load_study(name, stores)
+    if len(study.directions) > 1:  # several objectives: the front, not one best value
+        from hpolab.study.front_table import front_table
+
+        Console(highlight=False, width=200 if not Console().is_terminal else None).print(front_table(study, name))
+        return 0
     trials = study.get_trials(deepcopy=False)
     params = sorted({p for t in trials for p in t.params})
     table = Table(title=f"study {name} ({study.direction.name.lower()})")
@@ -36,10 +41,10 @@ def print_status(name: str, stores: Stores) -> int:
     for t in trials:
         states[t.state.name] = states.get(t.state.name, 0) + 1
     summary = ", ".join(f"{v} {k.lower()}" for k, v in sorted(states.items())) or "no trials"
-    try:
-        best = f"best: trial {study.best_trial.number} value {study.best_value:.4g}"
-    except ValueError:
-        best = "best: none yet"
+    from hpolab.study import ranking
+
+    top = ranking.best(trials, ranking.directions_of(study))  # (feasible, not imported by a warm start)
+    best = f"best: trial {top.number} value {top.value:.4g}" if top is not None else "best: none yet"
     console.print(f"{summary}; {best}")
     return 0
 

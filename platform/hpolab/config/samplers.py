@@ -26,6 +26,9 @@ SAMPLERS: dict[str, Callable[..., optuna.samplers.BaseSampler]] = {
     "gp": optuna.samplers.GPSampler,
     "qmc": optuna.samplers.QMCSampler,
     "grid": optuna.samplers.GridSampler,
+    # several objectives (tpe and gp handle them too; every sampler reads trials' constraints)
+    "nsgaii": optuna.samplers.NSGAIISampler,
+    "nsgaiii": optuna.samplers.NSGAIIISampler,
 }
 
 PRUNERS: dict[str, Callable[..., optuna.pruners.BasePruner]] = {
@@ -94,6 +97,8 @@ def check_named(spec) -> list[str]:
     problems = []
     if spec.sampler.type not in SAMPLERS:
         problems.append(f"sampler.type: unknown sampler {spec.sampler.type!r}; use one of {', '.join(SAMPLERS)}")
+    elif getattr(spec, "is_multi_objective", False) and spec.sampler.type == "cmaes":
+        problems.append("sampler.type: cmaes optimises one objective; for several use nsgaii, nsgaiii, tpe, gp or random")
     else:
         problems += _constructor_problems("sampler", spec.sampler.type, lambda: make_sampler(spec))
     if spec.pruner.type not in PRUNERS:

@@ -6,7 +6,6 @@ fixes a spec in one go. Nothing here trains or touches a store.
 
 from __future__ import annotations
 
-import copy
 import re
 from pathlib import Path
 from types import ModuleType
@@ -17,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from hpolab.config.controls import NoImprovementStop, check_enqueue
 from hpolab.config.experiment import load_experiment, project_root_of
+from hpolab.config.overrides import apply_overrides, parse_overrides  # noqa: F401  (tests import it from here)
+from hpolab.config.objectives import Constraint, Objective, Pruning, WarmStart, fill_primary, measured_metrics, objective_problems
 from hpolab.config.samplers import check_named
 from hpolab.errors import SpecError
 from hpolab.train.config import TrainConfig
@@ -125,6 +126,11 @@ class StudySpec(_Frozen):
     experiment: str
     metric: str = "val_acc"
     direction: Literal["maximize", "minimize"] = "maximize"
+    # Several objectives, the one pruned on, constraints (config/objectives.py); metric/direction
+    # are then the pruning metric's, filled in from these.
+    objectives: list[Objective] | None = None
+    pruning: Pruning | None = None
+    constraints: list[Constraint] = Field(default_factory=list)
     n_trials: int = Field(default=20, ge=1)  # total budget of finished trials, not "n more"
     timeout: float | None = Field(default=None, gt=0)  # seconds for this driver's session
     trial_timeout: float | None = Field(default=None, gt=0)  # seconds per trial, then FAIL
@@ -141,6 +147,7 @@ class StudySpec(_Frozen):
     lr_range_test: LRRangeTestSpec = LRRangeTestSpec()
     # Run controls (config/controls.py): known-good configurations evaluated first, and when to stop.
     enqueue: list[dict[str, Any]] = Field(default_factory=list)
+    warm_start: WarmStart | None = None  # begin from an earlier study (study/warm_start.py)
     stop_after_no_improvement: NoImprovementStop | None = None
     # Retention (like Ray Tune's num_to_keep, Determined's checkpoint GC): which trials log a model
     # (all = COMPLETE + PRUNED; complete = COMPLETE only; none; {top_k: N} = the N best COMPLETE), and
@@ -157,6 +164,19 @@ class StudySpec(_Frozen):
     # Set by load_spec: the folder holding the experiments/ the experiment came from (the spec's
     # project). Not a field: it is where this spec was found, not part of the study's definition.
     _project_dir: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _primary(cls, data: Any) -> Any:
+        return fill_primary(data)
+
+    @property
+    def is_multi_objective(self) -> bool:
+        return self.objectives is not None and len(self.objectives) > 1
+
+    @property
+    def objective_list(self) -> list[Objective]:
+        return list(self.objectives) if self.objectives else [Objective(metric=self.metric, direction=self.direction)]
 
     @field_validator("trainer", mode="before")
     @classmethod
@@ -199,6 +219,9 @@ class StudySpec(_Frozen):
             "model": {**experiment.MODEL_DEFAULTS, **self.model},
             "data": {**experiment.DATA_DEFAULTS, **self.data},
         }
+        if self.objectives or self.constraints:  # (a one-metric study's config stays as it always was)
+            cfg["objectives"] = [o.metric for o in self.objective_list]
+            cfg["cost_metrics"] = measured_metrics(self)
         for path, value in (params or {}).items():
             section, key = path.split(".", 1)
             cfg[section][key] = value
@@ -212,48 +235,6 @@ class StudySpec(_Frozen):
 
 # --------------------------------------------------------------------------------------------
 # Loading
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """`a.b=value` strings -> {"a.b": yaml-typed value}."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key or not re.match(r"^[A-Za-z_][\w]*(\.[\w]+)*$", key):
-            raise SpecError("command line", [f"override {item!r}: write key=value with a dotted key, e.g. trainer.lr=0.01"])
-        try:
-            out[key] = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError as e:
-            raise SpecError("command line", [f"override {key}: value {raw!r} is not valid YAML ({e.problem})"]) from None
-    return out
-
-
-def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    data = copy.deepcopy(raw)
-    for key, value in overrides.items():
-        node = data
-        parts = key.split(".")
-        # search_space keys are themselves dotted ("trainer.lr"): search_space.trainer.lr.high=0.1
-        if parts[0] == "search_space" and len(parts) >= 3:
-            ss = node.setdefault("search_space", {})
-            sp_key = ".".join(parts[1:3])
-            if len(parts) == 3:
-                ss[sp_key] = value
-            else:
-                target = ss.setdefault(sp_key, {})
-                for p in parts[3:-1]:
-                    target = target.setdefault(p, {})
-                target[parts[-1]] = value
-            continue
-        for p in parts[:-1]:
-            nxt = node.get(p)
-            if nxt is None:
-                nxt = node[p] = {}
-            if not isinstance(nxt, dict):
-                raise SpecError("command line", [f"override {key}: {p} is not a section"])
-            node = nxt
-        node[parts[-1]] = value
-    return data
 
 
 def _pretty_loc(loc: tuple) -> str:
@@ -279,7 +260,8 @@ def _messages(err: ValidationError) -> list[str]:
         first = msg.split(" ", 1)[0]
         if loc == "trainer" and first in TrainConfig.__dataclass_fields__:
             loc, msg = f"trainer.{first}", msg
-        out.append(f"{loc}: {msg}")
+        # a whole-spec check (objectives) names its own field: "pruning.metric: ..."
+        out.append(msg if loc == "(top level)" and re.match(r"^[a-z_]+[\w.]*: ", msg) else f"{loc}: {msg}")
     return out
 
 
@@ -326,7 +308,11 @@ def _check_task(spec: StudySpec, exp: ModuleType) -> list[str]:
         task = task_for(exp)
     except ValueError as e:
         return [f"experiment: {e}"]
-    return metric_problems(task, spec.trainer, spec.metric, spec.direction) + task.check_config(spec.trainer)
+    def direction_of(metric: str) -> str | None:
+        return "minimize" if metric == "train_loss" else task.direction_of(metric, spec.trainer)
+
+    metric = objective_problems(spec, direction_of) if spec.objectives else metric_problems(task, spec.trainer, spec.metric, spec.direction)
+    return metric + task.check_config(spec.trainer)
 
 
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> StudySpec:

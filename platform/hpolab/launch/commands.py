@@ -88,7 +88,8 @@ def record_code(stores, spec) -> None:
     from hpolab.study.code_guard import record_at_launch
 
     module = load_experiment(spec.experiment)  # load_spec imported it from the spec's project (the import check)
-    study = optuna.create_study(storage=make_storage(stores.optuna_url), study_name=spec.name, direction=spec.direction,
+    study = optuna.create_study(storage=make_storage(stores.optuna_url), study_name=spec.name,
+                                directions=[o.direction for o in spec.objective_list],
                                 load_if_exists=True)
     record_at_launch(study, code_of(module, spec.experiment))
 

@@ -68,7 +68,7 @@ def promote(args, stores: Stores) -> int:
     # 1. the challenger, and whether its version already holds the alias (then nothing is evaluated)
     study, info = selection.load_study(args.name, stores, client)
     metric, direction = selection.selection_metric(args.metric, info)
-    ch = selection.pick(client, study, info, metric, direction)
+    ch = _challenger(args, client, study, info, metric, direction)
     holder = champion.alias_holder(client, model_name, alias)
     existing = champion.existing_version(client, model_name, ch.run_id)
     contest = gate.Contest(model_name, alias, ch.trial_number, info.name,
@@ -112,6 +112,21 @@ def promote(args, stores: Stores) -> int:
         version = writer.write_version(client, model_name, alias, info, ch, ev, exports, gate_name, args.metric or info.metric, previous)
     _print_registered(model_name, version, alias, previous)
     return EXIT_OK
+
+
+def _challenger(args, client, study, info, metric: str, direction: str):
+    from hpolab.errors import UserError
+    from hpolab.registry import selection
+
+    pick = getattr(args, "pick", None)
+    if info.objectives:  # several objectives: a stated rule, else the front's knee
+        if args.metric:
+            raise UserError(f"--metric: study {info.name!r} has several objectives ({', '.join(info.objectives)}); "
+                            "state the choice with --pick, e.g. --pick \"max val_acc\" or --pick \"val_acc>=0.95; min latency_ms\"")
+        return selection.pick_on_front(study, info, pick)
+    if pick:
+        raise UserError(f"--pick: study {info.name!r} has one objective ({info.metric}); use --metric to pick by another metric")
+    return selection.pick(client, study, info, metric, direction)
 
 
 def _move_to_existing(client, model_name: str, alias: str, existing, previous, ch, dry: bool) -> int:

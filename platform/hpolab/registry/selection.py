@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hpolab.stores.paths import Stores, redact
+from hpolab.study.ranking import feasible
 
 
 @dataclass
@@ -23,6 +24,7 @@ class Challenger:
     val_value: float | None  # the study metric on val at the best checkpoint
     config: dict[str, Any] = field(default_factory=dict)
     run_tags: dict[str, str] = field(default_factory=dict)
+    why: str = ""  # several objectives: the rule and why this trial won (recorded on the version)
 
 
 @dataclass
@@ -33,6 +35,7 @@ class StudyInfo:
     direction: str
     parent_run_id: str
     experiment_id: str
+    objectives: list[str] = field(default_factory=list)  # several objectives: their metrics, in order
 
 
 def load_study(name: str, stores: Stores, client):
@@ -49,13 +52,17 @@ def load_study(name: str, stores: Stores, client):
     if parent is None:
         raise UserError(f"study {name!r} has no MLflow parent run in {redact(stores.tracking_uri)}; is --tracking-uri the one the study used?")
     p = parent.data.params
+    metric = p.get("metric", "val_acc")  # several objectives: the one pruned on (the best checkpoint's)
+    directions = [d.name.lower() for d in study.directions]
+    names = study.metric_names or [metric] if len(directions) > 1 else [metric]
     info = StudyInfo(
         name=name,
         experiment=p.get("experiment", ""),
-        metric=p.get("metric", "val_acc"),
-        direction=study.direction.name.lower(),
+        metric=metric,
+        direction=directions[names.index(metric)] if metric in names else directions[0],
         parent_run_id=parent_id,
         experiment_id=parent.info.experiment_id,
+        objectives=list(names) if len(directions) > 1 else [],
     )
     if not info.experiment:
         raise UserError(f"the parent run of study {info.name!r} does not record its experiment (param 'experiment')")
@@ -85,7 +92,8 @@ def pick(client, study, info: StudyInfo, metric: str, direction: str) -> Challen
 
     trials = study.get_trials(deepcopy=False)
     states = {s: sum(t.state == s for t in trials) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
-    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("mlflow_run_id")]
+    # (a trial that broke a constraint is no candidate, as for Optuna's best_trial)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("mlflow_run_id") and feasible(t)]
     print(
         f"study {info.name} ({info.experiment}): {states[TrialState.COMPLETE]} complete, "
         f"{states[TrialState.PRUNED]} pruned, {states[TrialState.FAIL]} failed trials (only complete ones are candidates)"
@@ -111,6 +119,16 @@ def pick(client, study, info: StudyInfo, metric: str, direction: str) -> Challen
     how = "" if metric == info.metric else " at each trial's best-checkpoint epoch"
     print(f"best by {metric} ({direction}{how}): trial {best.trial_number} (run {best.run_id}), {metric} = {best.selection_value:.4f}")
     return best
+
+
+def pick_on_front(study, info: StudyInfo, rule: str | None) -> Challenger:
+    """Several objectives: the trial --pick's rule chooses from the feasible front, else its knee (pick.py)."""
+    from hpolab.registry.pick import pick_from_front, values_of
+
+    t, why = pick_from_front(study, info.objectives, rule)
+    value = values_of(t, info.objectives).get(info.metric)
+    print(f"study {info.name} ({info.experiment}): chosen by {why}")
+    return Challenger(t.number, t.user_attrs["mlflow_run_id"], float(value), value, why=why)
 
 
 def _metric_at_best_epoch(client, run_id: str, metric: str) -> tuple[float | None, set[str]]:

@@ -184,6 +184,7 @@ def _lineage(info: StudyInfo, ch: Challenger, ev: Evaluation, exports: Exports, 
         TAG_TRIAL_RUN: ch.run_id,
         "hpolab.promote_run_id": run_id,
         "hpolab.selection_metric": selection_metric,
+        **({"hpolab.pick": ch.why} if ch.why else {}),  # several objectives: the rule and why this trial
         f"hpolab.{info.metric}": repr(ch.val_value),
         **{f"hpolab.test_{k}": repr(v) for k, v in ev.metrics.items()},
         TAG_GATE: f"test_{gate}",

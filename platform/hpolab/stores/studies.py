@@ -55,11 +55,20 @@ def _storage_or_none(stores: Stores) -> optuna.storages.BaseStorage | None:
     return open_storage(url)
 
 
+# A study of several objectives prunes through a companion study in the same storage
+# (study/pruning.py); it is part of its study, never listed as one. '~' is not allowed in study names.
+COMPANION_SUFFIX = "~pruning"
+
+
+def is_companion(study_name: str) -> bool:
+    return study_name.endswith(COMPANION_SUFFIX)
+
+
 def study_names(stores: Stores) -> list[str]:
     storage = _storage_or_none(stores)
     if storage is None:
         return []
-    return sorted(s.study_name for s in storage.get_all_studies())  # names only: no trial is read
+    return sorted(s.study_name for s in storage.get_all_studies() if not is_companion(s.study_name))  # names only: no trial is read
 
 
 def list_studies(stores: Stores) -> list[StudyRow]:
@@ -74,6 +83,8 @@ def list_studies(stores: Stores) -> list[StudyRow]:
     client = None
     rows = []
     for s in studies:
+        if is_companion(s.study_name):
+            continue
         trials = storage.get_all_trials(storage.get_study_id_from_name(s.study_name), deepcopy=False)
         counts = {k: 0 for k in (*STATES, "waiting")}
         for t in trials:
@@ -108,8 +119,8 @@ def _best_value(trials: list, directions: list) -> float | None:
     """The best COMPLETE value of a single-objective study, as Optuna's study summary picks it."""
     import optuna
 
-    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-    if len(directions) != 1 or not complete:
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and not t.system_attrs.get("hpolab.imported_from")]
+    if len(directions) != 1 or not complete:  # (a warm start's imported trials are not this study's results)
         return None
     pick = max if directions[0] == optuna.study.StudyDirection.MAXIMIZE else min
     return pick(complete, key=lambda t: t.value).value
@@ -153,6 +164,8 @@ def delete_study(name: str, stores: Stores) -> Deleted:
             client.delete_experiment(exp_id)
 
     optuna.delete_study(study_name=name, storage=storage)
+    if name + COMPANION_SUFFIX in {s.study_name for s in storage.get_all_studies()}:
+        optuna.delete_study(study_name=name + COMPANION_SUFFIX, storage=storage)
 
     folders = []
     for d in (stores.trials_dir / name, stores.root / "lr-find" / name):

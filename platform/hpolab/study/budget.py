@@ -12,6 +12,7 @@ from optuna.trial import TrialState
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 RELEASED = "hpolab.released"  # system attr of a trial given back unrun because the budget was already full
+IMPORTED = "hpolab.imported_from"  # system attr of a finished trial copied from another study (warm_start.py): history, not budget
 
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
@@ -21,6 +22,8 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
     for t in trials:
         if t.system_attrs.get(RELEASED):
             counts["released"] = counts.get("released", 0) + 1
+        elif t.system_attrs.get(IMPORTED):
+            counts["imported"] = counts.get("imported", 0) + 1
         elif t.state == TrialState.FAIL and t.number in retried:
             counts["retried"] += 1
         elif t.state in FINISHED or t.state in (TrialState.RUNNING, TrialState.WAITING):
@@ -60,7 +63,7 @@ def over_budget(study: optuna.Study, trial_number: int, n_trials: int) -> bool:
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
     ahead = [
         t for t in trials
-        if t.number < trial_number and not t.system_attrs.get(RELEASED)
+        if t.number < trial_number and not t.system_attrs.get(RELEASED) and not t.system_attrs.get(IMPORTED)
         and not (t.state == TrialState.FAIL and t.number in retried)
     ]
     return len(ahead) >= n_trials

@@ -52,6 +52,9 @@ from hpolab.stores.budget_lock import budget_lock
 from hpolab.stores.optuna_storage import make_storage
 from hpolab.stores.paths import Stores, ensure_local
 from hpolab.config.samplers import make_pruner, make_sampler, sampler_seed
+from hpolab.study import warm_start
+from hpolab.study.pruning import Pruning
+from hpolab.study.ranking import directions_of
 from hpolab.study.progress import Progress
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.environment import capture_environment
@@ -148,16 +151,25 @@ class Driver:
         threading.Thread(target=warm_exporter, daemon=True).start()
         self.storage = make_storage(self.stores.optuna_url, self.spec.max_retries)
         self.storage.heartbeat_stale_trial_callback = self.retry  # (if anything calls fail_stale_trials)
+        directions = [o.direction for o in self.spec.objective_list]
+        source = warm_start.check_source(self.storage, self.spec)  # refused before the study exists
         self.study = optuna.create_study(
             storage=self.storage, study_name=self.spec.name, sampler=make_sampler(self.spec, seed_offset=self._seed_offset()),
-            pruner=make_pruner(self.spec), direction=self.spec.direction, load_if_exists=True)
+            pruner=make_pruner(self.spec), directions=directions, load_if_exists=True)
         spec_change = check_spec(self.study, self.spec, self.allow_spec_change)  # refused: UserError, nothing written
         code_change = check_code(self.study, self.code, self.allow_code_change)  # likewise
-        if self.study.direction.name.lower() != self.spec.direction:
+        if directions_of(self.study) != directions:
             raise StudyError(
-                f"study {self.spec.name!r} already exists with direction {self.study.direction.name.lower()}; "
-                f"the spec says {self.spec.direction}. Use another name, or delete the study."
+                f"study {self.spec.name!r} already exists with direction {', '.join(directions_of(self.study))}; "
+                f"the spec says {', '.join(directions)}. Use another name, or delete the study."
             )
+        if self.spec.is_multi_objective and self.study.metric_names is None:
+            self.outage.call(self.study.set_metric_names, [o.metric for o in self.spec.objective_list])
+        self.pruning = Pruning(self.spec, self.storage, self.outage.call)
+        if source is not None:
+            done = warm_start.apply(self.study, self.storage, self.spec, source, lr_bounds(self.study))
+            if done:
+                self.progress.note(done)
         mlflow.set_tracking_uri(self.stores.tracking_uri)  # mlflow.pytorch.log_model resolves its client from it
         self.client = tr.client_for(self.stores)
         self.experiment_id = tr.get_or_create_experiment(self.client, self.spec.name, self.stores)
@@ -165,6 +177,8 @@ class Driver:
         self.parent_run_id = open_parent_run(self.client, self.experiment_id, self.study, self.spec, self.env_tags)
         record_spec(self.study, self.client, self.parent_run_id, self.spec, spec_change, self.progress.note)
         record_code(self.study, self.client, self.parent_run_id, self.code, code_change, self.progress.note)
+        if self.study.user_attrs.get(warm_start.DONE_ATTR):
+            tr.set_tags(self.client, self.parent_run_id, {warm_start.DONE_ATTR: self.study.user_attrs[warm_start.DONE_ATTR]})
         self.no_improvement = NoImprovementStop(self.spec, self.study, self.client, self.parent_run_id, self.progress.note)
         retention = Retention(self.spec, self.study, lambda n: self.stores.trial_dir(self.spec.name, n))
         self.tracker = TrialTracker(self.client, self.experiment_id, self.parent_run_id, self.spec.name,
@@ -174,7 +188,7 @@ class Driver:
         self.events = TrialEvents(self.study, self.storage, self.running, self.tracker, self.runner, self.progress,
                                   self.spec.metric, self.retry, self.streak,
                                   stopping=lambda: self.signals.stopping, aborting=lambda: self.signals.aborting,
-                                  guard=self.outage.call)
+                                  guard=self.outage.call, spec=self.spec, pruning=self.pruning)
         self.heartbeats = Heartbeats(self.storage, self.running)
         close_orphan_runs(self.client, self.experiment_id, self.study, self.tracker.close_run, self.progress.note)
 
@@ -191,11 +205,13 @@ class Driver:
         tags = {**self.env_tags, "hpolab.torch_threads": str(self.runner.threads_per_trial()),
                 "hpolab.experiment": self.spec.experiment, "hpolab.worker_seed": str(self.worker_seed),
                 "hpolab.sampler_seed": str(self.sampler_seed), **src.tags}
+        if trial.user_attrs.get("hpolab.warm_start_from"):  # an earlier study's configuration, re-run here
+            tags["hpolab.warm_start_from"] = trial.user_attrs["hpolab.warm_start_from"]
         g(trial.set_user_attr, "worker_seed", self.worker_seed)
         run_id = self.tracker.start_run(trial, config, trial_dir, tags)
         r = Running(trial=trial, run_id=run_id, config=config, trial_dir=trial_dir)
         if src.resume_from:
-            self.tracker.carry_over_history(r, src.resume_from, self.spec.metric)
+            self.tracker.carry_over_history(r, src.resume_from, self.spec.metric, self.pruning.report)
         self.running[trial.number] = r
         self.runner.spawn_trial(r, src.resume_from, self.running.values())
         self.progress.trial_started(trial.number, trial.params, src.retry_of)

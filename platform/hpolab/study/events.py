@@ -31,11 +31,14 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from hpolab.config.objectives import COST_METRICS
 from hpolab.study.budget import FINISHED, FailureStreak, trial_counts
 from hpolab.errors import StudyError
+from hpolab.study import objective_values
 from hpolab.study.heartbeat import REAPED, beat, lost_reason
 from hpolab.study.outage import passthrough
 from hpolab.study.progress import Progress
+from hpolab.study.pruning import Pruning
 from hpolab.study.retry import RetryCopy
 from hpolab.study.runner import Running, TrialRunner, next_message
 from hpolab.study.tracker import TrialTracker
@@ -46,7 +49,8 @@ class TrialEvents:
 
     def __init__(self, study: optuna.Study, storage, running: dict[int, Running], tracker: TrialTracker, runner: TrialRunner,
                  progress: Progress, metric: str, retry: RetryCopy, streak: FailureStreak,
-                 stopping: Callable[[], bool], aborting: Callable[[], bool], guard: Callable[..., Any] = passthrough):
+                 stopping: Callable[[], bool], aborting: Callable[[], bool], guard: Callable[..., Any] = passthrough,
+                 spec=None, pruning: Pruning | None = None):
         self.study = study
         self.storage = storage  # for the heartbeat after every epoch
         self.running = running  # the driver's own dict: a finished trial leaves it here
@@ -54,6 +58,8 @@ class TrialEvents:
         self.runner = runner
         self.progress = progress
         self.metric = metric
+        self.spec = spec  # its objectives and constraints (objective_values.py); None: the metric alone
+        self.pruning = pruning or Pruning()  # one objective: the trial itself; several: a companion study
         self.retry = retry  # queues a WAITING copy that resumes the attempt (retry.py)
         self.streak = streak  # consecutive failures, for max_failures
         # The driver's stop state, read when it matters (a signal handler may flip it any time):
@@ -97,12 +103,12 @@ class TrialEvents:
         if value is not None and value == value:  # not NaN
             r.last_value = value
             try:
-                self.guard(r.trial.report, value, epoch)
+                self.pruning.report(r, value, epoch)
             except optuna.exceptions.UpdateFinishedTrialError:  # another worker reaped it
                 r.lost = self.guard(lost_reason, self.storage, r) or "Optuna has it finished while it still ran here"
                 self.on_lost(r)
                 return
-            if r.pruned_at is None and self.guard(r.trial.should_prune):
+            if r.pruned_at is None and self.pruning.should_prune(r):
                 r.pruned_at = epoch
         # After its last epoch a trial is done anyway: a Ctrl-C then must not make it an interrupted one.
         last = epoch >= int(r.config["trainer"]["max_epochs"])
@@ -124,6 +130,7 @@ class TrialEvents:
         or after its model is logged (background). MLflow records the state Optuna has."""
         number = r.number
         self.running.pop(number, None)
+        self.pruning.finish(r, state, value if not isinstance(value, list) else r.last_value)
         frozen = self._tell(r, state, value, tags)
         for c in (r.conn, r.lifeline):
             try:
@@ -187,6 +194,11 @@ class TrialEvents:
         }
         if info["best_checkpoint"]:
             self.tracker.log_file(r.run_id, info["best_checkpoint"], "checkpoints")
+        if self.spec is not None:  # objectives/constraints: values, constraints, cost metrics
+            tags.update(objective_values.record(self.spec, r.trial, info.get("objectives"), self.guard))
+            costs = {k: v for k, v in (info.get("objectives") or {}).items() if k in COST_METRICS}
+            if costs:  # (epoch metrics are logged each epoch already)
+                self.tracker.log_epoch(r.run_id, int(info["epochs_run"]), costs)
         if r.pruned_at is not None:
             tags["hpolab.pruned_at_epoch"] = str(r.pruned_at)
             self.finish(r, TrialState.PRUNED, tags, model_info=info)  # a model only with log_models: all
@@ -204,7 +216,14 @@ class TrialEvents:
             tags["hpolab.fail_kind"] = "metric"
             self.finish(r, TrialState.FAIL, tags)
             return
-        self.finish(r, TrialState.COMPLETE, tags, value=best, model_info=info)
+        told = objective_values.optuna_values(self.spec, info.get("objectives"), best) if self.spec is not None else best
+        bad = objective_values.not_finite(self.spec, told) if self.spec is not None else []
+        if bad:
+            tags["hpolab.fail_reason"] = f"objective {', '.join(bad)} is not finite (NaN or inf): check the experiment's metrics()"
+            tags["hpolab.fail_kind"] = "metric"
+            self.finish(r, TrialState.FAIL, tags)
+            return
+        self.finish(r, TrialState.COMPLETE, tags, value=told, model_info=info)
 
     def on_fail(self, r: Running, info: dict[str, Any]) -> None:
         tags = {"hpolab.fail_reason": info["reason"], "hpolab.fail_kind": info["kind"], "hpolab.epochs_run": str(r.epoch)}

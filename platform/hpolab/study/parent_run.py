@@ -7,6 +7,8 @@ trial counts, the best trial so far and why the study stopped early (`hpolab.sto
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import optuna
 
 from hpolab.config.spec import StudySpec
@@ -52,8 +54,23 @@ def close_parent_run(client, parent_run_id: str, study: optuna.Study, spec: Stud
     stopped (`stop_reason`: stop_after_no_improvement), else KILLED (a re-run continues the study)."""
     tags = {f"hpolab.trials_{k}": str(v) for k, v in counts.items()}
     tags["hpolab.n_trials"] = str(spec.n_trials)  # the budget now (a re-run may raise it)
-    try:
-        best = study.best_trial
+    if spec.is_multi_objective:
+        tags.update(front_tags(client, parent_run_id, study, spec))
+    else:
+        tags.update(_best_tags(client, parent_run_id, study, spec))
+    if stop_reason:
+        tags["hpolab.stop_reason"] = stop_reason
+    tr.set_tags(client, parent_run_id, tags)
+    done = counts["finished"] >= spec.n_trials or stop_reason is not None
+    client.set_terminated(parent_run_id, status="FINISHED" if done else "KILLED")
+
+
+def _best_tags(client, parent_run_id: str, study: optuna.Study, spec: StudySpec) -> dict[str, str]:
+    tags = {}
+    from hpolab.study import ranking
+
+    best = ranking.best(study.get_trials(deepcopy=False), ranking.directions_of(study))  # (feasible, not imported)
+    if best is not None:
         tags.update(
             {
                 "hpolab.best_trial": str(best.number),
@@ -62,13 +79,35 @@ def close_parent_run(client, parent_run_id: str, study: optuna.Study, spec: Stud
             }
         )
         client.log_metric(parent_run_id, f"best_{spec.metric}", float(best.value))
-    except ValueError:
-        pass  # no COMPLETE trial yet
-    if stop_reason:
-        tags["hpolab.stop_reason"] = stop_reason
-    tr.set_tags(client, parent_run_id, tags)
-    done = counts["finished"] >= spec.n_trials or stop_reason is not None
-    client.set_terminated(parent_run_id, status="FINISHED" if done else "KILLED")
+    return tags
+
+
+def front_tags(client, parent_run_id: str, study: optuna.Study, spec: StudySpec) -> dict[str, str]:
+    """Several objectives: the Pareto front as `pareto_front.json` (trial, run, values) and tags
+    (its trials, its knee -- ranking.py), and the front's hypervolume (its history in the file)."""
+    import json
+    import tempfile
+
+    from hpolab.study import ranking
+
+    names, directions = [o.metric for o in spec.objective_list], ranking.directions_of(study)
+    trials = study.get_trials(deepcopy=False)
+    on_front = ranking.front(trials, directions)
+    rows = [{"trial": t.number, "run_id": t.user_attrs.get("mlflow_run_id", ""), **dict(zip(names, t.values))} for t in on_front]
+    history = ranking.hypervolume_history(trials, directions)  # (its reference point moves as trials come)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "pareto_front.json"
+        path.write_text(json.dumps({"objectives": [o.model_dump() for o in spec.objective_list], "front": rows,
+                                    "hypervolume": [{"trial": n, "hypervolume": hv} for n, hv in history]}, indent=1))
+        client.log_artifact(parent_run_id, str(path))
+    if history:  # step: how many feasible COMPLETE trials it was measured over
+        client.log_metric(parent_run_id, "hypervolume", history[-1][1], step=len(history))
+    knee = ranking.knee(on_front, directions)
+    tags = {"hpolab.pareto_front": ",".join(str(t.number) for t in on_front)[:4000]}
+    if knee is not None:
+        tags.update({"hpolab.best_trial": str(knee.number), "hpolab.best_rule": "knee of the Pareto front",
+                     "hpolab.best_run_id": knee.user_attrs.get("mlflow_run_id", "")})
+    return tags
 
 
 def fail_parent_run(client, parent_run_id: str, error: str) -> None:

@@ -26,9 +26,15 @@ class Progress:
     def begin(self, counts: dict[str, int], stores) -> None:
         self._print(
             f"[bold]study {self.spec.name}[/]: {counts['finished']}/{self.spec.n_trials} trials finished so far; "
-            f"metric {self.spec.metric} ({self.spec.direction}); {self.spec.parallel} at a time\n"
+            f"{self._goal()}; {self.spec.parallel} at a time\n"
             f"  {stores.describe().replace(chr(10), chr(10) + '  ')}"
         )
+
+    def _goal(self) -> str:
+        if not self.spec.is_multi_objective:
+            return f"metric {self.spec.metric} ({self.spec.direction})"
+        names = ", ".join(f"{o.metric} ({o.direction})" for o in self.spec.objective_list)
+        return f"objectives {names}, pruning on {self.spec.metric}"
 
     def note(self, text: str) -> None:
         self._print(f"[yellow]{escape(text)}[/]")  # reasons may hold [brackets]: never markup
@@ -46,7 +52,12 @@ class Progress:
                        history: dict[int, float] | None = None) -> None:
         """`value`: the trial's value (COMPLETE) or last reported one; `history`: its reported values by epoch."""
         self.epochs.pop(number, None)
-        if state == "COMPLETE" and value is not None:
+        values = ""
+        if isinstance(value, list):  # several objectives: all shown; best/last are the pruning metric's
+            names = [o.metric for o in self.spec.objective_list]
+            values = "".join(f" {n}={fmt_value(v)}" for n, v in zip(names, value) if n != self.spec.metric)
+            value = value[names.index(self.spec.metric)]
+        if state == "COMPLETE" and value is not None and not self.spec.is_multi_objective:
             better = self.best is None or (value > self.best if self.spec.direction == "maximize" else value < self.best)
             if better:
                 self.best = value
@@ -56,17 +67,26 @@ class Progress:
             best, last = (value, None) if state == "COMPLETE" else (None, value)
         shown = ([f"best={fmt_value(best)}"] if best is not None else []) + (
             [f"(last {fmt_value(last)})" if best is not None else f"last={fmt_value(last)}"] if last is not None else [])
-        val = f" {self.spec.metric} {' '.join(shown)}" if shown else ""
+        val = (f" {self.spec.metric} {' '.join(shown)}" if shown else "") + values
         why = f" -- {escape(reason)}" if reason else ""
         running = ", ".join(f"#{n}@ep{e}" for n, e in sorted(self.epochs.items())) or "none"
         self._print(
             f"[dim]{self._clock()}[/] trial {number} [{colour}]{state}[/]{val}{why}\n"
             f"        [{counts['finished']}/{self.spec.n_trials} finished: {counts['complete']} complete, "
-            f"{counts['pruned']} pruned, {counts['fail']} failed | best {fmt_value(self.best)} | running: {running}]"
+            f"{counts['pruned']} pruned, {counts['fail']} failed{self._best()} | running: {running}]"
         )
+
+    def _best(self) -> str:
+        return "" if self.spec.is_multi_objective else f" | best {fmt_value(self.best)}"  # (a front has no one best)
 
     def end(self, study, counts: dict[str, int], spec) -> None:
         if self.quiet:
+            return
+        if spec.is_multi_objective:
+            from hpolab.study.front_table import front_table
+
+            self.console.print(front_table(study, spec.name, f"{counts['finished']}/{spec.n_trials} finished"))
+            self.console.print(f"elapsed {time.monotonic() - self.t0:.1f} s. Browse the runs: [bold]hpolab ui[/]   (or: hpolab study status {spec.name})")
             return
         from optuna.trial import TrialState
 

@@ -62,8 +62,7 @@ def _model_size(client, model_id: str) -> list[int]:
 
 
 def plan_prune(study, client, stores: Stores, keep: int) -> tuple[Retention, Plan]:
-    spec = SimpleNamespace(log_models=SimpleNamespace(top_k=keep), keep_checkpoints=SimpleNamespace(top_k=keep),
-                           direction=study.direction.name.lower())
+    spec = SimpleNamespace(log_models=SimpleNamespace(top_k=keep), keep_checkpoints=SimpleNamespace(top_k=keep))
     retention = Retention(spec, study, lambda n: stores.trial_dir(study.study_name, n))
     items = retention.plan()
     runs, promoted = {}, set()

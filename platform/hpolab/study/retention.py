@@ -25,17 +25,17 @@ from typing import Any, Callable, Iterable
 from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.stores import mlflow_runs as tr
+from hpolab.study import ranking
 from hpolab.stores.artifacts import CHECKPOINTS, delete_checkpoints, delete_logged_model
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 LAST_DELETED = "hpolab.last_checkpoint"  # run tag: last.pt deleted when the trial finished (nothing resumes it)
 
 
-def top_k(trials: Iterable[FrozenTrial], k: int, direction: str) -> list[int]:
-    """Numbers of the k best COMPLETE trials (ties: the earlier trial first)."""
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
-    sign = -1.0 if direction == "maximize" else 1.0
-    return [t.number for t in sorted(done, key=lambda t: (sign * t.value, t.number))[:k]]
+def top_k(trials: Iterable[FrozenTrial], k: int, direction) -> list[int]:
+    """Numbers of the k best COMPLETE trials (ranking.py: by value, or by Pareto rank for several
+    objectives; infeasible ones last; ties: the earlier trial first). `direction`: one or a list."""
+    return ranking.top_k(trials, k, direction)
 
 
 def checkpoints_to_delete(trials: list[FrozenTrial], k: int, direction: str) -> list[FrozenTrial]:
@@ -69,10 +69,14 @@ class Retention:
     def __init__(self, spec, study, trial_dir: Callable[[int], Path]):
         self.log_models = spec.log_models
         self.keep = spec.keep_checkpoints
-        self.direction = spec.direction
         self.study = study
         self.trial_dir = trial_dir  # this worker's folder of a trial (other workers purge their own)
         self._queued: set[tuple[str, int]] = set()  # (what, trial number) queued once per driver
+
+    @property
+    def direction(self) -> list[str]:
+        """One, or one per objective (read when ranking: the study is the truth)."""
+        return ranking.directions_of(self.study)
 
     @property
     def active(self) -> bool:

@@ -36,9 +36,10 @@ from hpolab.stores import mlflow_runs as tr
 from hpolab.study.lr_step import lr_bounds
 from hpolab.study.search_space import optuna_distributions
 
-DEFINING = ("experiment", "metric", "direction", "search_space", "sampler", "pruner", "seed",
-            "trainer", "model", "data", "lr_range_test")
-FIXED = ("experiment", "metric", "direction")  # never changed in place, even with --allow-spec-change
+DEFINING = ("experiment", "metric", "direction", "objectives", "pruning", "constraints", "search_space", "sampler",
+            "pruner", "seed", "trainer", "model", "data", "lr_range_test")
+FIXED = ("experiment", "metric", "direction", "objectives")  # never changed in place, even with --allow-spec-change
+ONLY_IF_SET = ("objectives", "pruning", "constraints")  # absent from a one-metric study's record, as before they existed
 _ABSENT = object()
 
 
@@ -51,6 +52,9 @@ def defining_spec(spec: StudySpec) -> dict[str, Any]:
     """The parts of a spec that say what a trial means (JSON-able: stored as an Optuna user attr)."""
     out = spec.model_dump(mode="json", include=set(DEFINING))
     out["trainer"] = {k: v for k, v in out["trainer"].items() if k not in PLACEMENT}
+    for key in ONLY_IF_SET:
+        if not out[key]:
+            del out[key]
     return out
 
 

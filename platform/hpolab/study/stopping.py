@@ -20,6 +20,7 @@ import optuna
 from optuna.trial import TrialState
 
 from hpolab.config.spec import StudySpec
+from hpolab.study.budget import IMPORTED
 from hpolab.stores import mlflow_runs as tr
 
 
@@ -45,7 +46,8 @@ def no_improvement_streak(values: list[float | None], maximize: bool, min_delta:
 
 def results_in_order(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The COMPLETE and PRUNED trials, in the order they finished."""
-    done = [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    done = [t for t in study.get_trials(deepcopy=False)
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and not t.system_attrs.get(IMPORTED)]  # (warm start's: not results here)
     return sorted(done, key=lambda t: (t.datetime_complete is None, t.datetime_complete, t.number))
 
 

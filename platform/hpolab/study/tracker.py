@@ -68,7 +68,7 @@ class TrialTracker:
             self.mlflow_guard(log_code, self.client, run_id, self.code)
         return run_id
 
-    def carry_over_history(self, r: Running, checkpoint: str, metric: str) -> None:
+    def carry_over_history(self, r: Running, checkpoint: str, metric: str, report=None) -> None:
         """A retry resumes at epoch k+1; give its trial and run epochs 1..k from the checkpoint, so the
         pruner compares whole learning curves and the run page shows one continuous history."""
         from hpolab.train.checkpoint import load_checkpoint
@@ -84,7 +84,10 @@ class TrialTracker:
             self.mlflow_guard(tr.log_epoch, self.client, r.run_id, epoch, metrics)
             value = metrics.get(metric)
             if value is not None and value == value:
-                self.guard(r.trial.report, value, epoch)
+                if report is not None:  # the pruner's report (pruning.py: the trial, or its companion)
+                    report(r, value, epoch)
+                else:
+                    self.guard(r.trial.report, value, epoch)
                 r.last_value = value
             r.epoch = epoch
         self.mlflow_guard(tr.set_tags, self.client, r.run_id, {"hpolab.resumed_after_epoch": str(r.epoch)})

@@ -104,6 +104,7 @@ def train(job: dict[str, Any], on_epoch, ranks_of=None) -> dict[str, Any] | None
     if ranks is not None and not ranks.is_rank0:
         return None
     example = _input_example(data)
+    objectives = _objective_values(cfg, result, model, example) if cfg.get("objectives") else None
     model_cpu = model.to("cpu").eval()
     with torch.inference_mode():
         out = model_cpu(example)
@@ -122,7 +123,19 @@ def train(job: dict[str, Any], on_epoch, ranks_of=None) -> dict[str, Any] | None
         "input_example": example.numpy(),
         "output_example": out.float().numpy(),
         "notes": notes,
+        "objectives": objectives,
     }
+
+
+def _objective_values(cfg: dict[str, Any], result, model, example) -> dict[str, float]:
+    """For a study with `objectives:`/`constraints:`: every epoch metric at the best epoch (picked
+    by the pruning metric) and the cost metrics it asks for, measured now on the trial's device."""
+    from hpolab.train.costs import cost_metrics
+
+    at_best = next((h for h in result.history if h.get("epoch") == result.best_epoch), result.last_metrics)
+    values = {k: float(v) for k, v in at_best.items() if k != "epoch"}
+    values.update(cost_metrics(cfg["cost_metrics"], model, example, torch.device(result.device)))
+    return values
 
 
 def report(conn, work) -> None:

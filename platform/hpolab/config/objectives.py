@@ -1,0 +1,133 @@
+"""What a study optimises: one objective or several, constraints, and the metric the pruner watches.
+
+    objectives:                      # several: a Pareto front (Optuna's multi-objective study)
+      - {metric: val_acc, direction: maximize}
+      - {metric: latency_ms, direction: minimize}
+    pruning: {metric: val_acc}       # the objective reported each epoch (default: the first epoch metric)
+    constraints:                     # feasible trials only make the front / the best
+      - {metric: params, max: 1.0e6}
+
+The single `metric` + `direction` stays valid and means a one-item list. The study's "primary"
+metric (what the training routine picks its best epoch by, early-stops and prunes on) is the
+pruning metric; a trial's value of an epoch metric is its value at that best epoch.
+
+Cost metrics need no user code: the trial process measures them after training (train/costs.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Measured on the trained model, not per epoch: what "smaller" or "faster" means for a second objective.
+COST_METRICS = {
+    "params": "trainable parameters",
+    "model_mb": "parameters + buffers in MiB",
+    "latency_ms": "median batch-1 inference time on the trial's device, warm-up excluded",
+}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Objective(_Frozen):
+    metric: str
+    direction: Literal["maximize", "minimize"]
+
+
+class Pruning(_Frozen):
+    metric: str
+
+
+class Constraint(_Frozen):
+    """A bound on a metric: `max` (value <= max) or `min` (value >= min), not both."""
+
+    metric: str
+    max: float | None = None
+    min: float | None = None
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> "Constraint":
+        if (self.max is None) == (self.min is None):
+            raise ValueError(f"constraint on {self.metric}: give exactly one of max or min")
+        return self
+
+    def violation(self, value: float) -> float:
+        """Optuna's convention: <= 0 feasible, > 0 by how much it is violated."""
+        return value - self.max if self.max is not None else self.min - value
+
+    def describe(self) -> str:
+        return f"{self.metric} <= {self.max:g}" if self.max is not None else f"{self.metric} >= {self.min:g}"
+
+
+def fill_primary(data: Any) -> Any:
+    """Before validation: a spec with `objectives:` gets `metric`/`direction` = its primary (the
+    pruning metric), so the training routine and every single-metric reader see one metric.
+    Problems raise ValueError (pydantic reports them at the top level)."""
+    if not isinstance(data, dict) or data.get("objectives") is None:
+        if isinstance(data, dict) and data.get("pruning") is not None:
+            raise ValueError("pruning: names one of several objectives; without objectives: the study metric is pruned on")
+        return data
+    objectives = data["objectives"]
+    if not isinstance(objectives, list) or not objectives or not all(isinstance(o, dict) for o in objectives):
+        raise ValueError("objectives: a list of {metric: NAME, direction: maximize|minimize}")
+    if "metric" in data or "direction" in data:
+        raise ValueError("objectives: give objectives: or metric:/direction:, not both (one objective is a one-item list)")
+    names = [o.get("metric") for o in objectives]
+    if len(set(names)) != len(names):
+        raise ValueError(f"objectives: each metric once, got {names}")
+    pruning = data.get("pruning")
+    if pruning is not None:
+        wanted = pruning.get("metric") if isinstance(pruning, dict) else None
+        if wanted not in names:
+            raise ValueError(f"pruning.metric: {wanted!r} is not an objective; use one of {', '.join(map(str, names))}")
+        if wanted in COST_METRICS:
+            raise ValueError(f"pruning.metric: {wanted} is measured once after training, not each epoch; prune on an epoch metric")
+    else:
+        wanted = next((n for n in names if n not in COST_METRICS), None)
+        if wanted is None:
+            raise ValueError(f"objectives: at least one must be an epoch metric (not only {', '.join(COST_METRICS)}): "
+                             "training picks its best epoch by it")
+    primary = objectives[names.index(wanted)]
+    return {**data, "metric": wanted, "direction": primary.get("direction")}
+
+
+def objective_problems(spec, epoch_direction) -> list[str]:
+    """Every objective and constraint names a metric the task produces or a cost metric
+    (for a spec with `objectives:`; a one-metric spec is checked by the task's metric_problems).
+    `epoch_direction(metric)`: the task's direction of an epoch metric, None when it has none."""
+    problems = []
+    for i, o in enumerate(spec.objectives or []):
+        if o.metric in COST_METRICS:
+            continue
+        want = epoch_direction(o.metric)
+        if want is None:
+            problems.append(f"objectives.{i}.metric: {o.metric!r} is not a metric of this task nor a cost metric "
+                            f"({', '.join(COST_METRICS)})")
+        elif o.direction != want:
+            problems.append(f"objectives.{i}.direction: {o.metric} should be {want[:-1]}ed; set direction: {want}")
+    for i, c in enumerate(spec.constraints):
+        if c.metric not in COST_METRICS and epoch_direction(c.metric) is None:
+            problems.append(f"constraints.{i}.metric: {c.metric!r} is not a metric of this task nor a cost metric "
+                            f"({', '.join(COST_METRICS)})")
+    if spec.is_multi_objective and spec.stop_after_no_improvement is not None:
+        problems.append("stop_after_no_improvement: not yet for several objectives (it watches one best value); remove it")
+    return problems
+
+
+def measured_metrics(spec) -> list[str]:
+    """The cost metrics a trial must measure (its objectives' and constraints')."""
+    names = [o.metric for o in spec.objectives or []] + [c.metric for c in spec.constraints]
+    return [n for n in COST_METRICS if n in names]
+
+
+class WarmStart(BaseModel):
+    """Start from an earlier study in the same store (study/warm_start.py): enqueue its `top_k` best
+    configurations, and with `import_trials` add its finished trials to the sampler's history."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
+    from_: str = Field(alias="from", min_length=1)  # a study name, or its spec file
+    top_k: int = Field(default=5, ge=0)
+    import_trials: bool = False

@@ -1,0 +1,60 @@
+"""Cost metrics of a trained model (config/objectives.py COST_METRICS): a second objective or a
+constraint without user code. Measured once, in the trial process, after training.
+
+latency_ms is the median of timed batch-1 forward passes in eval mode without autograd, after
+warm-up passes (first calls pay for allocation, cuDNN autotuning and lazy init), on the trial's
+device, synchronising CUDA around each pass so the time is the kernel's, not the launch's.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from torch import nn
+
+WARMUP = 5
+TIMED = 30
+
+
+def trainable_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def model_mb(model: nn.Module) -> float:
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**20
+
+
+def latency_ms(model: nn.Module, example: torch.Tensor, device: torch.device) -> float:
+    """Median batch-1 inference time in milliseconds; `example`: one input with a batch dimension."""
+    was_training = model.training
+    model.eval()
+    x = example[:1].to(device)
+    cuda = device.type == "cuda"
+    times = []
+    with torch.inference_mode():
+        for i in range(WARMUP + TIMED):
+            if cuda:
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            model(x)
+            if cuda:
+                torch.cuda.synchronize(device)
+            if i >= WARMUP:
+                times.append((time.perf_counter() - start) * 1000.0)
+    model.train(was_training)
+    return statistics.median(times)
+
+
+def cost_metrics(names: list[str], model: nn.Module, example: torch.Tensor, device: torch.device) -> dict[str, float]:
+    """The asked-for cost metrics of `model` (on `device`)."""
+    out: dict[str, float] = {}
+    if "params" in names:
+        out["params"] = float(trainable_params(model))
+    if "model_mb" in names:
+        out["model_mb"] = model_mb(model)
+    if "latency_ms" in names:
+        out["latency_ms"] = latency_ms(model, example, device)
+    return out
