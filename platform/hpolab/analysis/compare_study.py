@@ -185,7 +185,7 @@ def study_frame(study, client=None, experiment_id: str | None = None, metric: st
     extra = sorted(c for c in frame.columns if c not in base)
     frame = frame[base + extra]
     # Integer columns with gaps (RUNNING trials, no MLflow run) stay integers, not floats.
-    for col in ("trial", "epochs", "pruned_at_epoch"):
+    for col in ("trial", "epochs", "pruned_at_epoch", *(["rank"] if objectives else [])):
         frame[col] = frame[col].astype("Int64")
     found = bool(runs) if only is None else (client is not None and experiment_id is not None)
     directions = [d.name.lower() for d in study.directions] if objectives else []
