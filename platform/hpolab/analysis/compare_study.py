@@ -16,6 +16,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from hpolab.study.objective_values import VALUES_ATTR
+from hpolab.study.ranking import primary_direction
 from hpolab.stores.paths import Stores
 
 # Metrics that are better when larger; anything else sorts ascending (losses, seconds, ...).
@@ -105,13 +106,6 @@ def _float_or_none(v: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
-def primary_direction(study, metric: str) -> str:
-    """The direction of the study metric (several objectives: of the one pruned on, named `metric`)."""
-    directions = [d.name.lower() for d in study.directions]
-    names = study.metric_names or []
-    return directions[names.index(metric)] if metric in names else directions[0]
-
-
 def _trial_row(t, run, params: list[str], metric: str, direction: str, now: dt.datetime) -> dict[str, Any]:
     """One trial's row of study_frame (run: its MLflow run, or None)."""
     run_id = t.user_attrs.get("mlflow_run_id")
@@ -199,13 +193,12 @@ def _pareto_columns(study, trials, rows: list[dict], objectives: list[str]) -> l
 
     dirs = ranking.directions_of(study)
     order = {t.number: i for i, t in enumerate(ranking.ranked(trials, dirs), start=1)}
-    on_front = ranking.front(trials, dirs)
-    knee = ranking.knee(on_front, dirs)
+    marks = ranking.front_marks(trials, dirs)
     by_number = {t.number: t for t in trials}
     for row in rows:
         t = by_number[row["trial"]]
         row["rank"] = order.get(t.number)
-        row["front"] = ("knee" if knee is not None and t.number == knee.number else "yes") if t in on_front else ""
+        row["front"] = marks.get(t.number, "")
         recorded = t.user_attrs.get(VALUES_ATTR) or {}
         for name in objectives:
             row[f"objective.{name}"] = _float_or_none(recorded.get(name))

@@ -48,7 +48,8 @@ def best_number(data: ReportData) -> int | None:
 
 
 def gather(study, stores: Stores | None = None, client=None) -> ReportData:
-    from hpolab.analysis.compare_study import primary_direction, study_frame, study_metric, top_numbers
+    from hpolab.analysis.compare_study import study_frame, study_metric, top_numbers
+    from hpolab.study.ranking import primary_direction
 
     problems: list[str] = []
     experiment_id, parent = None, None

@@ -68,18 +68,19 @@ def pick_from_front(study, names: list[str], rule_text: str | None):
     on_front = ranking.front(study.get_trials(deepcopy=False), directions)
     if not on_front:
         raise UserError(f"study {study.study_name!r} has no feasible COMPLETE trial to promote; run it (or relax its constraints)")
-    known = sorted({k for t in on_front for k in values_of(t, names)})
+    values = {t.number: values_of(t, names) for t in on_front}
+    known = sorted({k for v in values.values() for k in v})
     rule = parse_rule(rule_text or "", known)
-    meets = [t for t in on_front if all(m in values_of(t, names) and OPS[op](values_of(t, names)[m], v) for m, op, v in rule.bounds)]
+    meets = [t for t in on_front if all(m in values[t.number] and OPS[op](values[t.number][m], v) for m, op, v in rule.bounds)]
     if not meets:
-        shown = "; ".join(f"trial {t.number}: " + ", ".join(f"{k}={v:.4g}" for k, v in values_of(t, names).items()) for t in on_front)
+        shown = "; ".join(f"trial {t.number}: " + ", ".join(f"{k}={v:.4g}" for k, v in values[t.number].items()) for t in on_front)
         raise UserError(f"--pick {rule.describe()!r}: no trial on the Pareto front meets it. The front: {shown}")
     if rule.choose:
         how, metric = rule.choose
-        chosen = (min if how == "min" else max)(meets, key=lambda t: (values_of(t, names)[metric], t.number))
+        chosen = (min if how == "min" else max)(meets, key=lambda t: (values[t.number][metric], t.number))
     else:
         chosen = ranking.knee(meets, directions)
     why = (f"--pick {rule.describe()}" if rule_text else "the knee of the Pareto front (no --pick)") + \
         f": trial {chosen.number} of {len(on_front)} on the front ({', '.join(str(t.number) for t in on_front)}), " + \
-        ", ".join(f"{k}={v:.4g}" for k, v in values_of(chosen, names).items())
+        ", ".join(f"{k}={v:.4g}" for k, v in values[chosen.number].items())
     return chosen, why

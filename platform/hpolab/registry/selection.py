@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hpolab.stores.paths import Stores, redact
-from hpolab.study.ranking import feasible
+from hpolab.study.ranking import feasible, primary_direction
 
 
 @dataclass
@@ -53,16 +53,14 @@ def load_study(name: str, stores: Stores, client):
         raise UserError(f"study {name!r} has no MLflow parent run in {redact(stores.tracking_uri)}; is --tracking-uri the one the study used?")
     p = parent.data.params
     metric = p.get("metric", "val_acc")  # several objectives: the one pruned on (the best checkpoint's)
-    directions = [d.name.lower() for d in study.directions]
-    names = study.metric_names or [metric] if len(directions) > 1 else [metric]
     info = StudyInfo(
         name=name,
         experiment=p.get("experiment", ""),
         metric=metric,
-        direction=directions[names.index(metric)] if metric in names else directions[0],
+        direction=primary_direction(study, metric),
         parent_run_id=parent_id,
         experiment_id=parent.info.experiment_id,
-        objectives=list(names) if len(directions) > 1 else [],
+        objectives=list(study.metric_names or []) if len(study.directions) > 1 else [],
     )
     if not info.experiment:
         raise UserError(f"the parent run of study {info.name!r} does not record its experiment (param 'experiment')")

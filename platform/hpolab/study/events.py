@@ -60,6 +60,8 @@ class TrialEvents:
         self.metric = metric
         self.spec = spec  # its objectives and constraints (objective_values.py); None: the metric alone
         self.pruning = pruning or Pruning()  # one objective: the trial itself; several: a companion study
+        # several objectives: where the pruning metric is among the values told
+        self._primary = [o.metric for o in spec.objective_list].index(metric) if spec is not None and spec.is_multi_objective else 0
         self.retry = retry  # queues a WAITING copy that resumes the attempt (retry.py)
         self.streak = streak  # consecutive failures, for max_failures
         # The driver's stop state, read when it matters (a signal handler may flip it any time):
@@ -130,7 +132,7 @@ class TrialEvents:
         or after its model is logged (background). MLflow records the state Optuna has."""
         number = r.number
         self.running.pop(number, None)
-        self.pruning.finish(r, state, value if not isinstance(value, list) else r.last_value)
+        self.pruning.finish(r, state, value[self._primary] if isinstance(value, list) else value)
         frozen = self._tell(r, state, value, tags)
         for c in (r.conn, r.lifeline):
             try:

@@ -18,8 +18,7 @@ def front_table(study, name: str, title_extra: str = "", limit: int | None = Non
     directions = ranking.directions_of(study)
     trials = study.get_trials(deepcopy=False)
     ranked = ranking.ranked(trials, directions)
-    on_front = {t.number for t in ranking.front(trials, directions)}
-    knee = ranking.knee([t for t in ranked if t.number in on_front], directions)
+    marks = ranking.front_marks(trials, directions)
     table = Table(title=f"study {name} ({', '.join(f'{n} {d}' for n, d in zip(names, directions))})"
                   + (f": {title_extra}" if title_extra else ""))
     bounded = sorted({m for t in trials for m in (t.user_attrs.get(VALUES_ATTR) or {})} - set(names))  # constraints' own metrics
@@ -29,8 +28,7 @@ def front_table(study, name: str, title_extra: str = "", limit: int | None = Non
     for t in shown[:limit] if limit else shown:
         recorded = t.user_attrs.get(VALUES_ATTR) or {}
         values = list(t.values) if t.values is not None and len(t.values) == len(names) else [recorded.get(n) for n in names]
-        mark = ("knee" if knee is not None and t.number == knee.number else "yes") if t.number in on_front else ""
         feasible = "" if not t.constraints else ("yes" if ranking.feasible(t) else "no")
         table.add_row(str(t.number), t.state.name, *[_fmt(v) for v in values], *[_fmt(recorded.get(m)) for m in bounded],
-                      mark, feasible)
+                      marks.get(t.number, ""), feasible)
     return table

@@ -86,7 +86,7 @@ class Progress:
             from hpolab.study.front_table import front_table
 
             self.console.print(front_table(study, spec.name, f"{counts['finished']}/{spec.n_trials} finished"))
-            self.console.print(f"elapsed {time.monotonic() - self.t0:.1f} s. Browse the runs: [bold]hpolab ui[/]   (or: hpolab study status {spec.name})")
+            self._print_elapsed(spec)
             return
         from optuna.trial import TrialState
 
@@ -118,6 +118,9 @@ class Progress:
                 f"{secs:.1f}" if secs is not None else "-",
             )
         self.console.print(table)
+        self._print_elapsed(spec)
+
+    def _print_elapsed(self, spec) -> None:
         self.console.print(f"elapsed {time.monotonic() - self.t0:.1f} s. Browse the runs: [bold]hpolab ui[/]   (or: hpolab study status {spec.name})")
 
     def _clock(self) -> str:

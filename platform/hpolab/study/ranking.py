@@ -49,37 +49,42 @@ def losses(trials: Sequence[FrozenTrial], directions: str | Sequence) -> np.ndar
     return np.array([t.values for t in trials], dtype=float).reshape(len(trials), len(signs)) * signs
 
 
-def pareto_ranks(loss: np.ndarray) -> np.ndarray:
-    """Non-domination rank of each row (0: on the front)."""
+def _dominated(loss: np.ndarray) -> np.ndarray:
+    """Whether each row is dominated by another (<= everywhere and < somewhere)."""
+    return ((loss[None, :, :] <= loss[:, None, :]).all(-1) & (loss[None, :, :] < loss[:, None, :]).any(-1)).any(1)
+
+
+def pareto_ranks(loss: np.ndarray, enough: int | None = None) -> np.ndarray:
+    """Non-domination rank of each row (0: on the front). With `enough`, peeling stops once that many
+    rows are ranked (top_k needs no more); the rest share the next rank."""
     n = len(loss)
     ranks = np.full(n, -1)
     left = np.arange(n)
     rank = 0
-    while left.size:
-        sub = loss[left]
-        # row j dominates row i: <= everywhere and < somewhere
-        dominated = ((sub[None, :, :] <= sub[:, None, :]).all(-1) & (sub[None, :, :] < sub[:, None, :]).any(-1)).any(1)
+    while left.size and (enough is None or n - left.size < enough):
+        dominated = _dominated(loss[left])
         ranks[left[~dominated]] = rank
         left = left[dominated]
         rank += 1
+    ranks[left] = rank
     return ranks
 
 
-def ranked(trials: Iterable[FrozenTrial], directions: str | Sequence) -> list[FrozenTrial]:
-    """COMPLETE trials, best first (module docstring)."""
+def ranked(trials: Iterable[FrozenTrial], directions: str | Sequence, enough: int | None = None) -> list[FrozenTrial]:
+    """COMPLETE trials, best first (module docstring); `enough`: only the first that many need be exact."""
     names = _names(directions)
     done = _complete(trials, len(names))
     if not done:
         return []
     loss = losses(done, names)
-    rank = pareto_ranks(loss) if len(names) > 1 else np.zeros(len(done))
+    rank = pareto_ranks(loss, enough) if len(names) > 1 else np.zeros(len(done))
     order = sorted(range(len(done)), key=lambda i: (not feasible(done[i]), rank[i], loss[i, 0], done[i].number))
     return [done[i] for i in order]
 
 
 def top_k(trials: Iterable[FrozenTrial], k: int, directions: str | Sequence) -> list[int]:
     """Numbers of the k best COMPLETE trials."""
-    return [t.number for t in ranked(trials, directions)[:k]]
+    return [t.number for t in ranked(trials, directions, enough=k)[:k]]
 
 
 def front(trials: Iterable[FrozenTrial], directions: str | Sequence) -> list[FrozenTrial]:
@@ -88,8 +93,22 @@ def front(trials: Iterable[FrozenTrial], directions: str | Sequence) -> list[Fro
     done = [t for t in _complete(trials, len(names)) if feasible(t)]
     if not done:
         return []
-    ranks = pareto_ranks(losses(done, names))
-    return sorted((t for t, r in zip(done, ranks) if r == 0), key=lambda t: t.number)
+    dominated = _dominated(losses(done, names))
+    return sorted((t for t, d in zip(done, dominated) if not d), key=lambda t: t.number)
+
+
+def front_marks(trials: Sequence[FrozenTrial], directions: str | Sequence) -> dict[int, str]:
+    """Trial number -> "knee" or "yes" for the trials on the feasible front (the tables' `front` column)."""
+    on_front = front(trials, directions)
+    k = knee(on_front, directions)
+    return {t.number: "knee" if k is not None and t.number == k.number else "yes" for t in on_front}
+
+
+def primary_direction(study, metric: str) -> str:
+    """The direction of the study metric (several objectives: of the one pruned on, named `metric`)."""
+    directions = directions_of(study)
+    names = study.metric_names or []
+    return directions[names.index(metric)] if metric in names else directions[0]
 
 
 def knee(on_front: Sequence[FrozenTrial], directions: str | Sequence) -> FrozenTrial | None:
@@ -135,5 +154,8 @@ def hypervolume_history(trials: Sequence[FrozenTrial], directions: str | Sequenc
     loss = losses(done, names)
     worst, span = loss.max(0), np.ptp(loss, 0)
     reference = worst + 0.1 * np.where(span > 0, span, np.abs(worst) + 1.0)
-    ordered = sorted(done, key=lambda t: t.number)
-    return [(t.number, hypervolume(front(ordered[: i + 1], names), names, reference)) for i, t in enumerate(ordered)]
+    out, current = [], []
+    for t in sorted(done, key=lambda t: t.number):  # the front so far, grown one trial at a time
+        current = front(current + [t], names)
+        out.append((t.number, hypervolume(current, names, reference)))
+    return out

@@ -27,6 +27,7 @@ from optuna.trial import TrialState, create_trial
 from hpolab.config.spec import study_name_from
 from hpolab.errors import UserError
 from hpolab.stores.budget_lock import budget_lock
+from hpolab.stores.studies import is_companion
 from hpolab.study import ranking
 from hpolab.study.budget import IMPORTED
 from hpolab.study.search_space import optuna_distributions
@@ -59,8 +60,7 @@ def check_source(storage, spec) -> optuna.Study | None:
     try:
         source = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
-        names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage=storage, include_best_trial=False)
-                       if "~" not in s.study_name)
+        names = sorted(s.study_name for s in storage.get_all_studies() if not is_companion(s.study_name))
         raise UserError(f"warm_start.from: no study named {name!r} in this store (studies there: {', '.join(names) or 'none'})") from None
     sampled = {p for t in source.get_trials(deepcopy=False) for p in t.params}
     if not sampled & set(spec.search_space):
