@@ -163,6 +163,7 @@ _DESELECTED: set[str] = set()
 END_TO_END_ONLY = {
     "test_budget.py": "four workers racing for one study's budget",
     "test_chaos.py": "random SIGKILLs of a running study",
+    "test_pareto_study.py": "a study of two objectives through the CLI (test_objectives.py is its fast side)",
     "test_distributed.py": "PostgreSQL + a real mlflow server + four workers",
     "test_fashion_e2e.py": "a study, promote and predict on image files",
     "test_launch_slurm.py": "sbatch arrays and scancel on the local Slurm",
