@@ -132,3 +132,34 @@ def test_cost_metrics_of_a_model():
     assert out["model_mb"] == pytest.approx((18 + 3 + 3 + 1) * 4 / 2**20, rel=0.5)  # + buffers (num_batches_tracked is int64)
     assert 0 < out["latency_ms"] < 1000 and model.training  # measured in eval mode, put back as it was
     assert set(cost_metrics(["params"], model, torch.zeros(1, 4), torch.device("cpu"))) == {"params"}
+
+
+def test_companion_trials_of_a_dead_driver_end_like_their_real_trial(tmp_path):
+    """A driver killed mid-trial leaves its companion pruning trial RUNNING; the next driver's
+    close_orphans ends it as its (reaped) real trial ended, and leaves live ones alone."""
+    import optuna
+
+    from hpolab.study.pruning import Pruning
+
+    spec = load_spec(PARETO)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'optuna.db'}")
+    study = optuna.create_study(storage=storage, study_name=spec.name, directions=["maximize", "minimize"])
+    dead = Pruning(spec, storage)  # the driver that dies: three trials, their companions RUNNING
+    real = []
+    for _ in range(3):
+        t = study.ask()
+        r = SimpleNamespace(number=t.number, trial=t)
+        dead.report(r, 0.5, 1)
+        real.append(t)
+    storage.set_trial_state_values(real[0]._trial_id, state=TrialState.FAIL)  # reaped
+    real[1].set_user_attr(VALUES_ATTR, {"val_acc": 0.93, "latency_ms": 0.2})
+    study.tell(real[1], [0.93, 0.2])  # finished, but the companion's tell was lost
+    # real[2] still runs on another (live) worker
+
+    assert Pruning(spec, storage).close_orphans(study) == 2
+    companion = optuna.load_study(study_name=spec.name + "~pruning", storage=storage)
+    by_real = {c.user_attrs["hpolab.trial"]: c for c in companion.get_trials()}
+    assert by_real[0].state == TrialState.FAIL
+    assert by_real[1].state == TrialState.COMPLETE and by_real[1].value == 0.93
+    assert by_real[2].state == TrialState.RUNNING
+    assert Pruning(spec, storage).close_orphans(study) == 0

@@ -219,6 +219,7 @@ class Driver:
     def _reap(self) -> None:
         reap_dead_trials(self.study, self.storage, self.running, self.retry, self.tracker.close_run, self.progress.note,
                          self.outage.call, self.beat_watch)
+        self.pruning.close_orphans(self.study)  # several objectives: a dead driver's companion trials
 
     def _start_trials(self) -> None:
         """Start trials while there are free slots and the budget allows."""

@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 
 from hpolab.config.samplers import make_pruner
 from hpolab.stores.studies import COMPANION_SUFFIX
+from hpolab.study.objective_values import VALUES_ATTR
 from hpolab.study.outage import passthrough
 
 
@@ -38,6 +39,7 @@ class Pruning:
         self.guard = guard
         self.companion: optuna.Study | None = None
         self.trials: dict[int, optuna.Trial] = {}
+        self.metric = spec.metric if spec is not None else None
         if spec is not None and spec.is_multi_objective:
             self.companion = guard(optuna.create_study, storage=storage, study_name=companion_name(spec.name),
                                    direction=spec.direction, pruner=make_pruner(spec),
@@ -70,5 +72,45 @@ class Pruning:
             self.guard(self.companion.tell, t, value if ok else None,
                        state=None if ok else (TrialState.PRUNED if state == TrialState.PRUNED else TrialState.FAIL),
                        skip_if_finished=True)
-        except Exception:  # the real trial's end is recorded; a companion left RUNNING only misses one curve
+        except Exception:  # the real trial's end is recorded; close_orphans() ends the companion later
             pass
+
+    def close_orphans(self, study: optuna.Study) -> int:
+        """Companion trials left RUNNING by a driver that died (its real trial was reaped, or ended
+        while the companion's tell was lost) end like their real trial, so the pruner does not count
+        a curve that will never grow and the companion study holds no stale RUNNING trial. A
+        companion trial whose real trial still runs (here or on another worker) is left alone.
+        Returns how many were closed."""
+        if self.companion is None:
+            return 0
+        mine = {t._trial_id for t in self.trials.values()}
+        open_ = [t for t in self.guard(self.companion.get_trials, deepcopy=False, states=(TrialState.RUNNING,))
+                 if t._trial_id not in mine and "hpolab.trial" in t.user_attrs]
+        if not open_:
+            return 0
+        storage, closed = study._storage, 0
+        for c in open_:
+            try:  # only the real trials asked about (a study may hold thousands)
+                t = self.guard(storage.get_trial, self.guard(storage.get_trial_id_from_study_id_trial_number,
+                                                             study._study_id, int(c.user_attrs["hpolab.trial"])))
+            except KeyError:
+                continue
+            if not t.state.is_finished():
+                continue
+            value = _pruning_value(t, c, self.metric) if t.state == TrialState.COMPLETE else None
+            state = None if value is not None else TrialState.PRUNED if t.state == TrialState.PRUNED else TrialState.FAIL
+            try:
+                self.guard(self.companion.tell, c.number, value, state=state, skip_if_finished=True)
+                closed += 1
+            except Exception:  # another worker closed it first
+                pass
+        return closed
+
+
+def _pruning_value(t, companion_trial, metric: str | None) -> float | None:
+    """What the companion of COMPLETE real trial `t` would have been told: the pruning metric's
+    recorded value (at the best epoch), else the companion's last reported epoch value."""
+    v = (t.user_attrs.get(VALUES_ATTR) or {}).get(metric)
+    if v is None and companion_trial.intermediate_values:
+        v = companion_trial.intermediate_values[max(companion_trial.intermediate_values)]
+    return float(v) if v is not None and math.isfinite(v) else None
