@@ -163,3 +163,33 @@ def test_companion_trials_of_a_dead_driver_end_like_their_real_trial(tmp_path):
     assert by_real[1].state == TrialState.COMPLETE and by_real[1].value == 0.93
     assert by_real[2].state == TrialState.RUNNING
     assert Pruning(spec, storage).close_orphans(study) == 0
+
+
+def test_the_gate_of_several_objectives_checks_every_one():
+    from hpolab.registry import gate_objectives as go
+    from hpolab.registry.gate import Contest
+
+    dirs = {"val_acc": "maximize", "latency_ms": "minimize", "params": "minimize"}
+    names = list(dirs)
+    test = {"acc": 0.95, "loss": 0.2}
+    mine = go.gate_values(names, test, {"val_acc": 0.99, "latency_ms": 0.3, "params": 900.0})
+    assert mine == {"val_acc": 0.95, "latency_ms": 0.3, "params": 900.0}  # val_acc: the test split's acc
+    tags = {"hpolab.objective.latency_ms": "0.5", "hpolab.objective.params": "900.0"}
+    c = Contest("m", "champion", 3, "s", champion_version="1")
+
+    def decide(holder_test, bounds=(), force=False, holder_tags=tags):
+        return go.decide(mine, go.holder_values(names, holder_test, holder_tags), dirs, bounds, force, c)
+
+    d = decide({"acc": 0.97})  # faster, less accurate: the stated rule's trade-off
+    assert d.promote and "on latency_ms, worse on val_acc" in d.reason and "test_acc 0.95 vs 0.97" in d.reason
+    d = decide({"acc": 0.95}, holder_tags={**tags, "hpolab.objective.latency_ms": "0.3"})  # equal on every one
+    assert not d.promote and d.exit_code == 3 and "better than m@champion (version 1) on no objective" in d.reason
+    d = decide({"acc": 0.96}, holder_tags={**tags, "hpolab.objective.latency_ms": "0.2"})  # dominated
+    assert not d.promote and "on no objective" in d.reason
+    assert decide({"acc": 0.96}, holder_tags={**tags, "hpolab.objective.latency_ms": "0.2"}, force=True).promote
+    d = decide({"acc": 0.90}, bounds=(("val_acc", ">=", 0.97),))  # held on validation (0.99), not on test
+    assert not d.promote and "val_acc>=0.97 (test_acc 0.95)" in d.reason
+    d = decide({"acc": 0.90}, holder_tags={})  # a holder from a one-objective study: its test acc only
+    assert d.promote and "not compared: latency_ms, params" in d.reason
+    assert not decide(None).promote  # not comparable (another test split)
+    assert go.decide(mine, None, dirs, (), False, Contest("m", "champion", 3, "s")).promote  # nobody holds it

@@ -12,6 +12,11 @@ metric (what the training routine picks its best epoch by, early-stops and prune
 pruning metric; a trial's value of an epoch metric is its value at that best epoch.
 
 Cost metrics need no user code: the trial process measures them after training (train/costs.py).
+An experiment may add its own, measured the same way (once, after training):
+
+    COSTS = {"mflops": "minimize"}                      # name -> direction
+    def costs(model, example) -> dict[str, float]:     # model in eval mode; example: a batch of inputs
+        return {"mflops": ...}                          # on the model's device
 """
 
 from __future__ import annotations
@@ -94,33 +99,61 @@ def fill_primary(data: Any) -> Any:
     return {**data, "metric": wanted, "direction": primary.get("direction")}
 
 
-def objective_problems(spec, epoch_direction) -> list[str]:
-    """Every objective and constraint names a metric the task produces or a cost metric
-    (for a spec with `objectives:`; a one-metric spec is checked by the task's metric_problems).
+def experiment_costs(experiment) -> dict[str, str]:
+    """The experiment's own cost metrics: its COSTS (name -> direction), {} when it declares none."""
+    return dict(getattr(experiment, "COSTS", None) or {})
+
+
+def experiment_cost_problems(experiment, epoch_direction) -> list[str]:
+    """COSTS is a {name: maximize|minimize} mapping with a costs(model, example) function, and its
+    names are not already built-in cost metrics or epoch metrics of the task."""
+    declared = getattr(experiment, "COSTS", None)
+    if declared is None:
+        return []
+    if not isinstance(declared, dict) or not all(isinstance(k, str) and v in ("maximize", "minimize") for k, v in declared.items()):
+        return [f"experiment: COSTS must map each cost metric's name to maximize or minimize, got {declared!r}"]
+    problems = []
+    if not callable(getattr(experiment, "costs", None)):
+        problems.append("experiment: COSTS is declared but there is no costs(model, example) -> dict function to measure them")
+    for name in declared:
+        if name in COST_METRICS or epoch_direction(name) is not None:
+            problems.append(f"experiment: COSTS: {name!r} is already a {'built-in cost' if name in COST_METRICS else 'epoch'} "
+                            "metric; give yours another name")
+    return problems
+
+
+def objective_problems(spec, epoch_direction, costs: dict[str, str] | None = None) -> list[str]:
+    """Every objective and constraint names a metric the task produces or a cost metric (built in,
+    or the experiment's own `costs`: name -> direction), for a spec with `objectives:` or
+    `constraints:`; a one-metric spec's metric is checked by the task's metric_problems.
     `epoch_direction(metric)`: the task's direction of an epoch metric, None when it has none."""
+    costs = costs or {}
+    known = ", ".join([*COST_METRICS, *costs])
     problems = []
     for i, o in enumerate(spec.objectives or []):
         if o.metric in COST_METRICS:
             continue
-        want = epoch_direction(o.metric)
+        want = costs.get(o.metric) or epoch_direction(o.metric)
         if want is None:
-            problems.append(f"objectives.{i}.metric: {o.metric!r} is not a metric of this task nor a cost metric "
-                            f"({', '.join(COST_METRICS)})")
+            problems.append(f"objectives.{i}.metric: {o.metric!r} is not a metric of this task nor a cost metric ({known})")
         elif o.direction != want:
             problems.append(f"objectives.{i}.direction: {o.metric} should be {want[:-1]}ed; set direction: {want}")
+    if spec.objectives and spec.metric in costs:
+        problems.append(f"pruning.metric: {spec.metric} is the experiment's cost metric, measured once after training; "
+                        "prune on an epoch metric (set pruning: {metric: ...} or list an epoch metric first)")
     for i, c in enumerate(spec.constraints):
-        if c.metric not in COST_METRICS and epoch_direction(c.metric) is None:
-            problems.append(f"constraints.{i}.metric: {c.metric!r} is not a metric of this task nor a cost metric "
-                            f"({', '.join(COST_METRICS)})")
+        if c.metric not in COST_METRICS and c.metric not in costs and epoch_direction(c.metric) is None:
+            problems.append(f"constraints.{i}.metric: {c.metric!r} is not a metric of this task nor a cost metric ({known})")
     if spec.is_multi_objective and spec.stop_after_no_improvement is not None:
         problems.append("stop_after_no_improvement: not yet for several objectives (it watches one best value); remove it")
     return problems
 
 
-def measured_metrics(spec) -> list[str]:
-    """The cost metrics a trial must measure (its objectives' and constraints')."""
+def measured_metrics(spec, costs: dict[str, str] | None = None) -> list[str]:
+    """The cost metrics a trial must measure (its objectives' and constraints'): built-in ones
+    first, then the experiment's own (`costs`: its COSTS)."""
     names = [o.metric for o in spec.objectives or []] + [c.metric for c in spec.constraints]
-    return [n for n in COST_METRICS if n in names]
+    return [n for n in [*COST_METRICS, *(costs or {})] if n in names]
 
 
 class WarmStart(BaseModel):

@@ -11,6 +11,8 @@ Steps (everything that can refuse or fail runs before anything is written):
    labels, else the two are not comparable). The challenger must be strictly better on the gate
    metric (test_acc for val_acc, test_loss for val_loss, ...; an exact tie is decided by test_loss,
    or test_acc for a loss gate) unless `--force`; otherwise exit 3 and nothing is written.
+   Several objectives: every objective is checked (gate_objectives.py): the holder must not be at
+   least as good on all of them, and the --pick rule's bounds must hold on the test values.
 4. Export ONNX (dynamic batch axis) and TorchScript to a temporary folder; ONNX Runtime on the
    test inputs must agree with PyTorch within 1e-4 (max abs logit difference), else exit 1.
    `--dry-run` stops here: it prints what would happen, writes nothing, and exits with the code the
@@ -92,7 +94,11 @@ def promote(args, stores: Stores) -> int:
         if holder is not None:
             held, why_not = champion.evaluate_holder(holder, model_name, info.experiment, ch.config, ev.x_raw, ev.y, bound, ev.fingerprint)
         _print_table(info, ch, ev.metrics, alias, holder, held, len(ev.x_raw))
-        decision = gate.decide(ev.metrics, held, gate_name, bool(args.force), replace(contest, not_comparable=why_not), directions)
+        contest = replace(contest, not_comparable=why_not)
+        if info.objectives:  # several objectives: every one is checked (gate_objectives.py)
+            decision = _gate_every_objective(study, info, ch, ev.metrics, holder, held, bool(args.force), contest)
+        else:
+            decision = gate.decide(ev.metrics, held, gate_name, bool(args.force), contest, directions)
         print(decision.reason)
         if not decision.promote:
             return decision.exit_code
@@ -127,6 +133,22 @@ def _challenger(args, client, study, info, metric: str, direction: str):
     if pick:
         raise UserError(f"--pick: study {info.name!r} has one objective ({info.metric}); use --metric to pick by another metric")
     return selection.pick(client, study, info, metric, direction)
+
+
+def _gate_every_objective(study, info, ch, test: dict, holder, held: dict | None, force: bool, contest):
+    """The decision on every objective; prints each one's gate value for the challenger and the holder."""
+    from hpolab.registry import gate_objectives as go
+
+    directions = {n: d.name.lower() for n, d in zip(info.objectives, study.directions)}
+    ch.gate_values = go.gate_values(info.objectives, test, ch.values)
+    theirs = go.holder_values(info.objectives, held, holder.tags) if holder is not None else None
+    print("every objective (epoch metrics on the test split; cost metrics as each trial measured them):")
+    for name, d in directions.items():
+        mine = ch.gate_values.get(name)
+        other = (theirs or {}).get(name)
+        print(f"  {name:>14s} ({d}): challenger {'-' if mine is None else f'{mine:.4g}'}"
+              + (f", {contest.alias} {'-' if other is None else f'{other:.4g}'}" if holder is not None else ""))
+    return go.decide(ch.gate_values, theirs, directions, ch.bounds, force, contest)
 
 
 def _move_to_existing(client, model_name: str, alias: str, existing, previous, ch, dry: bool) -> int:

@@ -25,6 +25,9 @@ class Challenger:
     config: dict[str, Any] = field(default_factory=dict)
     run_tags: dict[str, str] = field(default_factory=dict)
     why: str = ""  # several objectives: the rule and why this trial won (recorded on the version)
+    values: dict[str, float] = field(default_factory=dict)  # several objectives: the trial's recorded values
+    bounds: tuple = ()  # several objectives: the --pick rule's bounds, checked again on the test split
+    gate_values: dict[str, float] = field(default_factory=dict)  # several objectives: what the gate compared
 
 
 @dataclass
@@ -121,12 +124,14 @@ def pick(client, study, info: StudyInfo, metric: str, direction: str) -> Challen
 
 def pick_on_front(study, info: StudyInfo, rule: str | None) -> Challenger:
     """Several objectives: the trial --pick's rule chooses from the feasible front, else its knee (pick.py)."""
-    from hpolab.registry.pick import pick_from_front, values_of
+    from hpolab.registry.pick import parse_rule, pick_from_front, values_of
 
     t, why = pick_from_front(study, info.objectives, rule)
-    value = values_of(t, info.objectives).get(info.metric)
+    values = values_of(t, info.objectives)
+    value = values.get(info.metric)
     print(f"study {info.name} ({info.experiment}): chosen by {why}")
-    return Challenger(t.number, t.user_attrs["mlflow_run_id"], float(value), value, why=why)
+    return Challenger(t.number, t.user_attrs["mlflow_run_id"], float(value), value, why=why, values=values,
+                      bounds=parse_rule(rule or "", list(values)).bounds)
 
 
 def _metric_at_best_epoch(client, run_id: str, metric: str) -> tuple[float | None, set[str]]:

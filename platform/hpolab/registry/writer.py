@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 from hpolab.registry.champion import TAG_TRIAL_RUN
+from hpolab.registry.gate_objectives import TAG_OBJECTIVE
 from hpolab.registry.evaluation import EXAMPLE_ROWS, Evaluation, Exports, PromotionFailed
 from hpolab.registry.selection import Challenger, StudyInfo
 
@@ -185,6 +186,7 @@ def _lineage(info: StudyInfo, ch: Challenger, ev: Evaluation, exports: Exports, 
         "hpolab.promote_run_id": run_id,
         "hpolab.selection_metric": selection_metric,
         **({"hpolab.pick": ch.why} if ch.why else {}),  # several objectives: the rule and why this trial
+        **{TAG_OBJECTIVE + k: repr(v) for k, v in ch.gate_values.items()},  # ... and each objective's gate value
         f"hpolab.{info.metric}": repr(ch.val_value),
         **{f"hpolab.test_{k}": repr(v) for k, v in ev.metrics.items()},
         TAG_GATE: f"test_{gate}",

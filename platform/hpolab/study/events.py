@@ -31,7 +31,6 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpolab.config.objectives import COST_METRICS
 from hpolab.study.budget import FINISHED, FailureStreak, trial_counts
 from hpolab.errors import StudyError
 from hpolab.study import objective_values
@@ -198,7 +197,8 @@ class TrialEvents:
             self.tracker.log_file(r.run_id, info["best_checkpoint"], "checkpoints")
         if self.spec is not None:  # objectives/constraints: values, constraints, cost metrics
             tags.update(objective_values.record(self.spec, r.trial, info.get("objectives"), self.guard))
-            costs = {k: v for k, v in (info.get("objectives") or {}).items() if k in COST_METRICS}
+            measured = r.config.get("cost_metrics") or []  # built in and the experiment's own
+            costs = {k: v for k, v in (info.get("objectives") or {}).items() if k in measured}
             if costs:  # (epoch metrics are logged each epoch already)
                 self.tracker.log_epoch(r.run_id, int(info["epochs_run"]), costs)
         if r.pruned_at is not None:

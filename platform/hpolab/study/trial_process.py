@@ -104,7 +104,7 @@ def train(job: dict[str, Any], on_epoch, ranks_of=None) -> dict[str, Any] | None
     if ranks is not None and not ranks.is_rank0:
         return None
     example = _input_example(data)
-    objectives = _objective_values(cfg, result, model, example) if cfg.get("objectives") else None
+    objectives = _objective_values(cfg, result, model, example, getattr(exp, "costs", None)) if cfg.get("objectives") else None
     model_cpu = model.to("cpu").eval()
     with torch.inference_mode():
         out = model_cpu(example)
@@ -127,14 +127,14 @@ def train(job: dict[str, Any], on_epoch, ranks_of=None) -> dict[str, Any] | None
     }
 
 
-def _objective_values(cfg: dict[str, Any], result, model, example) -> dict[str, float]:
+def _objective_values(cfg: dict[str, Any], result, model, example, own_costs=None) -> dict[str, float]:
     """For a study with `objectives:`/`constraints:`: every epoch metric at the best epoch (picked
     by the pruning metric) and the cost metrics it asks for, measured now on the trial's device."""
     from hpolab.train.costs import cost_metrics
 
     at_best = next((h for h in result.history if h.get("epoch") == result.best_epoch), result.last_metrics)
     values = {k: float(v) for k, v in at_best.items() if k != "epoch"}
-    values.update(cost_metrics(cfg["cost_metrics"], model, example, torch.device(result.device)))
+    values.update(cost_metrics(cfg["cost_metrics"], model, example, torch.device(result.device), own_costs))
     return values
 
 

@@ -48,13 +48,39 @@ def latency_ms(model: nn.Module, example: torch.Tensor, device: torch.device) ->
     return statistics.median(times)
 
 
-def cost_metrics(names: list[str], model: nn.Module, example: torch.Tensor, device: torch.device) -> dict[str, float]:
-    """The asked-for cost metrics of `model` (on `device`)."""
+def cost_metrics(names: list[str], model: nn.Module, example: torch.Tensor, device: torch.device,
+                 own=None) -> dict[str, float]:
+    """The asked-for cost metrics of `model` (on `device`). `own`: the experiment's costs(model,
+    example) function, for the names that are not built in (config/objectives.py COSTS)."""
     out: dict[str, float] = {}
+    theirs = [n for n in names if n not in ("params", "model_mb", "latency_ms")]
+    if theirs:
+        out.update(experiment_costs(theirs, own, model, example.to(device)))
     if "params" in names:
         out["params"] = float(trainable_params(model))
     if "model_mb" in names:
         out["model_mb"] = model_mb(model)
     if "latency_ms" in names:
         out["latency_ms"] = latency_ms(model, example, device)
+    return out
+
+
+def experiment_costs(names: list[str], own, model: nn.Module, example: torch.Tensor) -> dict[str, float]:
+    """The experiment's own cost metrics, measured by its costs(model, example) in eval mode without
+    autograd; a missing or non-numeric value fails the trial with the name (not a silent NaN)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            got = own(model, example) if own is not None else {}
+    finally:
+        model.train(was_training)
+    out = {}
+    for n in names:
+        v = got.get(n) if isinstance(got, dict) else None
+        try:
+            out[n] = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"the experiment's costs(model, example) returned {v!r} for {n!r} "
+                             f"(declared in its COSTS); return a number for each of {', '.join(names)}") from None
     return out
