@@ -50,20 +50,62 @@ def _target(data: ReportData) -> dict[str, Any]:
     return {"target_name": data.metric, "target": lambda t: float((t.user_attrs.get(VALUES_ATTR) or {}).get(data.metric, math.nan))}
 
 
+def _objective_names(data: ReportData) -> list[str]:
+    return data.study.metric_names or [f"objective {i}" for i in range(len(data.study.directions))]
+
+
 def fig_pareto(data: ReportData) -> tuple[Any, str | None]:
     """Several objectives: every COMPLETE trial in objective space, the feasible front drawn
-    (2 or 3 objectives; more: the parallel-coordinates plot below shows each objective's role)."""
+    (2 or 3 objectives; any number: fig_objectives, the objectives' parallel coordinates)."""
     if not _multi(data):
         return None, "This study has one objective; see the optimization history."
-    names = data.study.metric_names or [f"objective {i}" for i in range(len(data.study.directions))]
+    names = _objective_names(data)
     if len(names) > 3:
-        return None, f"{len(names)} objectives: a front of more than 3 cannot be drawn here; see the table below."
+        return None, (f"{len(names)} objectives: a front of more than 3 cannot be drawn as a scatter; see the objectives' "
+                      "parallel coordinates below (one axis per objective, the front highlighted).")
     if not _complete(data):
         return None, "No complete trial yet."
     from optuna.visualization import plot_pareto_front
 
     fig = plot_pareto_front(data.study, target_names=names, include_dominated_trials=True)
     fig.update_layout(title=None)
+    return fig, None
+
+
+# The objectives' parallel coordinates: each COMPLETE trial's colour by kind -- 0 infeasible, 1 feasible but
+# dominated, 2 on the feasible Pareto front, 3 the front's knee. Lines are drawn in that order (the front on top).
+KIND_COLORS = ("#c53030", "#a0aec0", "#2b6cb0", "#2f855a")
+
+
+def fig_objectives(data: ReportData) -> tuple[Any, str | None]:
+    """Several objectives, any number of them: one axis per objective (its direction in the label), one
+    line per COMPLETE trial of this study, coloured by kind (KIND_COLORS)."""
+    if not _multi(data):
+        return None, "This study has one objective; see the optimization history."
+    from hpolab.study import ranking
+    from hpolab.study.budget import IMPORTED
+
+    directions = ranking.directions_of(data.study)
+    trials = [t for t in _complete(data) if t.values is not None and len(t.values) == len(directions)
+              and not t.system_attrs.get(IMPORTED)]  # (a warm start's imported trials are not this study's results)
+    if not trials:
+        return None, "No complete trial yet."
+    marks = ranking.front_marks(trials, directions)  # trial number -> "knee" / "yes": the feasible front
+    kind = {t.number: 3 if marks.get(t.number) == "knee" else 2 if t.number in marks else int(ranking.feasible(t)) for t in trials}
+    trials.sort(key=lambda t: (kind[t.number], t.number))
+    knee = [n for n, m in marks.items() if m == "knee"]
+    n_kind = [list(kind.values()).count(k) for k in range(4)]
+    labels = [f"infeasible ({n_kind[0]})", f"feasible, dominated ({n_kind[1]})", f"Pareto front ({len(marks)})",
+              f"knee: trial {knee[0]}" if knee else "knee: none"]
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Parcoords(
+        dimensions=[{"label": f"{name} ({d[:3]})", "values": [t.values[i] for t in trials]}
+                    for i, (name, d) in enumerate(zip(_objective_names(data), directions))],
+        line={"color": [kind[t.number] for t in trials], "cmin": -0.5, "cmax": 3.5, "showscale": True,
+              "colorscale": [[edge, c] for k, c in enumerate(KIND_COLORS) for edge in (k / 4, (k + 1) / 4)],
+              "colorbar": {"tickvals": [0, 1, 2, 3], "ticktext": labels, "title": {"text": "trials"}}},
+    ))
     return fig, None
 
 
@@ -277,7 +319,7 @@ def fig_lr_test(data: ReportData) -> tuple[Any, str | None]:
     return fig, None
 
 
-MULTI_ONLY = ("pareto-front", "hypervolume")  # drawn for a study of several objectives only
+MULTI_ONLY = ("pareto-front", "objectives-parallel", "hypervolume")  # drawn for a study of several objectives only
 
 
 def plots_for(data: ReportData) -> list:
@@ -288,6 +330,10 @@ PLOTS = [
     ("pareto-front", "Pareto front", fig_pareto,
      "Several objectives: every complete trial in objective space; the highlighted ones are the Pareto front (no other "
      "feasible trial is at least as good in every objective and better in one). Infeasible trials are never on it."),
+    ("objectives-parallel", "Objectives, parallel coordinates", fig_objectives,
+     "Several objectives, any number of them: one vertical axis per objective (max/min: its direction), one line per "
+     "complete trial. Blue lines are the feasible Pareto front (green: its knee, the single best), grey ones feasible "
+     "but dominated, red ones violate a constraint. Drag along an axis to keep only the trials in a range."),
     ("hypervolume", "Hypervolume", fig_hypervolume,
      "How much of objective space the front dominates, after each complete trial (reference: each objective's worst "
      "value, pushed 10% out). A flattening curve means the front stopped moving."),

@@ -53,11 +53,19 @@ def _cell(v) -> Text | str:
     return v if isinstance(v, str) else Text(fmt_value(v))
 
 
+def _best_cell(r) -> str:
+    """One objective: the best value. Several: how many trials are on the feasible Pareto front."""
+    if r.front_size is not None:
+        return f"front: {r.front_size} trial{'s' * (r.front_size != 1)}"
+    return f"{r.best_value:.4g}" if r.best_value is not None else "-"
+
+
 def print_study_list(stores: Stores) -> int:
     """`hpolab study list`: one row per study in the Optuna storage."""
     from hpolab.stores.studies import list_studies
+    from hpolab.study.ranking import front
 
-    rows = list_studies(stores)
+    rows = list_studies(stores, front)
     console = Console(highlight=False, width=200 if not Console().is_terminal else None)
     if not rows:
         console.print(f"no studies in {redact(stores.optuna_url)}; start one with: hpolab study run studies/digits_cnn.yaml")
@@ -69,9 +77,9 @@ def print_study_list(stores: Stores) -> int:
         table.add_row(
             r.name,
             r.direction,
-            r.metric or "-",
+            ", ".join(r.objectives) if r.objectives else r.metric or "-",
             *(str(r.counts.get(k, 0)) for k in ("complete", "pruned", "fail", "running")),
-            f"{r.best_value:.4g}" if r.best_value is not None else "-",
+            _best_cell(r),
             r.last_activity.strftime("%Y-%m-%d %H:%M:%S") if r.last_activity else "-",
         )
     console.print(table)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from hpolab.errors import UserError
 from hpolab.stores.paths import Stores, redact
@@ -31,6 +31,8 @@ class StudyRow:
     counts: dict[str, int]  # complete / pruned / fail / running (+ waiting)
     best_value: float | None
     last_activity: datetime | None
+    objectives: list[str] | None = None  # several objectives: their names (study.metric_names); one: None
+    front_size: int | None = None  # several objectives: trials on the feasible Pareto front (None: no complete trial)
 
 
 @dataclass
@@ -71,9 +73,11 @@ def study_names(stores: Stores) -> list[str]:
     return sorted(s.study_name for s in storage.get_all_studies() if not is_companion(s.study_name))  # names only: no trial is read
 
 
-def list_studies(stores: Stores) -> list[StudyRow]:
-    """One row per study in the Optuna storage (sorted by name). The metric comes from the MLflow
-    parent run's params (the spec is logged there), found via the study's `mlflow_parent_run_id`."""
+def list_studies(stores: Stores, front: Callable[[list, list], list] | None = None) -> list[StudyRow]:
+    """One row per study in the Optuna storage (sorted by name). The metric comes from the study's
+    `metric` attr, else the MLflow parent run's params (the spec is logged there), found via the
+    study's `mlflow_parent_run_id`. A study of several objectives has no best value; `front(trials,
+    directions)` (study/ranking.py's, which this layer cannot import) gives its feasible Pareto front."""
     storage = _storage_or_none(stores)
     if storage is None:
         return []
@@ -102,6 +106,8 @@ def list_studies(stores: Stores) -> list[StudyRow]:
             except Exception:  # the MLflow store was reset or is elsewhere: the row still stands
                 metric = None
         directions = s.directions
+        multi = len(directions) > 1
+        names = s.system_attrs.get("study:metric_names")  # what Study.metric_names reads (no second read here)
         rows.append(
             StudyRow(
                 name=s.study_name,
@@ -110,6 +116,8 @@ def list_studies(stores: Stores) -> list[StudyRow]:
                 counts=counts,
                 best_value=_best_value(trials, directions),
                 last_activity=max(stamps) if stamps else None,  # (no stamps: no trial started)
+                objectives=list(names) if multi and names else None,
+                front_size=len(front(trials, directions)) if multi and front is not None and counts["complete"] else None,
             )
         )
     return rows
