@@ -59,7 +59,7 @@ def test_a_one_metric_spec_is_as_it_was():
     (["constraints=[{metric: params}]"], "constraints.0: constraint on params: give exactly one of max or min"),
     (["constraints=[{metric: flops, max: 3}]"], "constraints.0.metric: 'flops' is not a metric"),
     (["sampler={type: cmaes}"], "sampler.type: cmaes optimises one objective"),
-    (["stop_after_no_improvement={trials: 5}"], "stop_after_no_improvement: not yet for several objectives"),
+    (["stop_after_no_improvement={trials: 5, min_delta: 0.01}"], "stop_after_no_improvement.min_delta: with several objectives"),
 ])
 def test_bad_objectives_are_refused_naming_the_field(override, expected):
     with pytest.raises(SpecError) as e:
@@ -193,3 +193,20 @@ def test_the_gate_of_several_objectives_checks_every_one():
     assert d.promote and "not compared: latency_ms, params" in d.reason
     assert not decide(None).promote  # not comparable (another test split)
     assert go.decide(mine, None, dirs, (), False, Contest("m", "champion", 3, "s")).promote  # nobody holds it
+
+
+def test_several_objectives_stop_when_trials_no_longer_join_the_front():
+    from hpolab.study.stopping import front_streak
+
+    dirs = ["maximize", "minimize"]
+    trials = [_trial(0, [0.90, 1.0]), _trial(1, [0.95, 2.0]),  # both on the front
+              _trial(2, [0.90, 1.0]),  # equal to trial 0: brings nothing
+              _trial(3, [0.80, 3.0]),  # dominated
+              _trial(4, [0.99, 9.0], constraints=[1.0]),  # infeasible
+              _trial(5, None, state=TrialState.PRUNED)]
+    streak, on_front = front_streak(trials, dirs)
+    assert streak == 4 and [t.number for t in on_front] == [0, 1]
+    streak, on_front = front_streak(trials + [_trial(6, [0.92, 0.5])], dirs)  # dominates trial 0: joins
+    assert streak == 0 and [t.number for t in on_front] == [1, 6]
+    assert front_streak(trials, dirs, start=4)[0] == 2  # the ones before a raised budget shape the front only
+    assert load_spec(PARETO, ["stop_after_no_improvement=6"]).stop_after_no_improvement.trials == 6

@@ -144,8 +144,10 @@ def objective_problems(spec, epoch_direction, costs: dict[str, str] | None = Non
     for i, c in enumerate(spec.constraints):
         if c.metric not in COST_METRICS and c.metric not in costs and epoch_direction(c.metric) is None:
             problems.append(f"constraints.{i}.metric: {c.metric!r} is not a metric of this task nor a cost metric ({known})")
-    if spec.is_multi_objective and spec.stop_after_no_improvement is not None:
-        problems.append("stop_after_no_improvement: not yet for several objectives (it watches one best value); remove it")
+    stop = spec.stop_after_no_improvement
+    if spec.is_multi_objective and stop is not None and stop.min_delta != 0:
+        problems.append("stop_after_no_improvement.min_delta: with several objectives a trial improves when it joins the "
+                        "Pareto front (there is no one value to exceed); remove min_delta")
     return problems
 
 

@@ -3,7 +3,8 @@
 Counted are the study's finished trials that produced a result, COMPLETE and PRUNED, in the order
 they finished (FAIL trials are neither an improvement nor a miss: failures are their own matter).
 A COMPLETE trial improves when its value beats the best value before it by more than `min_delta`;
-a PRUNED trial never does. Once `trials` of them in a row did not improve, the study starts no new
+a PRUNED trial never does. With several objectives a trial improves when it joins the feasible
+Pareto front (no earlier trial on it is at least as good in every objective; min_delta must be 0). Once `trials` of them in a row did not improve, the study starts no new
 trial; running ones finish. The reason is recorded once: tag `hpolab.stop_reason` on the parent
 run, Optuna study user attr `hpolab.stop` ({reason, n_trials, results}).
 
@@ -44,6 +45,26 @@ def no_improvement_streak(values: list[float | None], maximize: bool, min_delta:
     return streak, best_at
 
 
+def front_streak(trials: list[optuna.trial.FrozenTrial], directions: list[str], start: int = 0) -> tuple[int, list]:
+    """Several objectives: (trials in a row at the end of `trials` that did not join the Pareto front,
+    the front after all of them). A COMPLETE feasible trial improves when no trial on the front
+    before it is at least as good in every objective (an equal point brings nothing); a PRUNED or
+    infeasible one never does. Trials before `start` shape the front but are not counted."""
+    from hpolab.study.ranking import feasible, front, losses
+
+    current: list = []
+    streak = 0
+    for i, t in enumerate(trials):
+        ok = t.state == TrialState.COMPLETE and t.values is not None and feasible(t)
+        improved = ok and not (current and (losses(current, directions) <= losses([t], directions)).all(1).any())
+        if improved:
+            current = front(current + [t], directions)
+            streak = 0
+        elif i >= start:
+            streak += 1
+    return streak, current
+
+
 def results_in_order(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The COMPLETE and PRUNED trials, in the order they finished."""
     done = [t for t in study.get_trials(deepcopy=False)
@@ -71,14 +92,21 @@ class NoImprovementStop:
             return True
         trials = results_in_order(self.study)
         start = record["results"] if record else 0
-        streak, best_at = no_improvement_streak([t.value if t.state == TrialState.COMPLETE else None for t in trials],
-                                                self.spec.direction == "maximize", rule.min_delta, start)
-        if streak < rule.trials:
-            return False
-        best = trials[best_at] if best_at is not None else None
-        since = f"the best {self.spec.metric} {best.value:.6g} (trial {best.number})" if best else "any result"
-        self.reason = (f"stop_after_no_improvement: {streak} finished trials in a row brought no improvement "
-                       f"larger than {rule.min_delta:g} over {since}")
+        if self.spec.is_multi_objective:
+            streak, on_front = front_streak(trials, [o.direction for o in self.spec.objective_list], start)
+            if streak < rule.trials:
+                return False
+            self.reason = (f"stop_after_no_improvement: {streak} finished trials in a row did not join the Pareto front "
+                           f"(trials {', '.join(str(t.number) for t in on_front) or 'none'})")
+        else:
+            streak, best_at = no_improvement_streak([t.value if t.state == TrialState.COMPLETE else None for t in trials],
+                                                    self.spec.direction == "maximize", rule.min_delta, start)
+            if streak < rule.trials:
+                return False
+            best = trials[best_at] if best_at is not None else None
+            since = f"the best {self.spec.metric} {best.value:.6g} (trial {best.number})" if best else "any result"
+            self.reason = (f"stop_after_no_improvement: {streak} finished trials in a row brought no improvement "
+                           f"larger than {rule.min_delta:g} over {since}")
         self.study.set_user_attr("hpolab.stop", {"reason": self.reason, "n_trials": self.spec.n_trials, "results": len(trials)})
         tr.set_tags(self.client, self.parent_run_id, {"hpolab.stop_reason": self.reason})
         self.note(f"{self.reason}: starting no new trials; running ones finish")
