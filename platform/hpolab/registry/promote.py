@@ -95,10 +95,8 @@ def promote(args, stores: Stores) -> int:
             held, why_not = champion.evaluate_holder(holder, model_name, info.experiment, ch.config, ev.x_raw, ev.y, bound, ev.fingerprint)
         _print_table(info, ch, ev.metrics, alias, holder, held, len(ev.x_raw))
         contest = replace(contest, not_comparable=why_not)
-        if info.objectives:  # several objectives: every one is checked (gate_objectives.py)
-            decision = _gate_every_objective(study, info, ch, ev.metrics, holder, held, bool(args.force), contest)
-        else:
-            decision = gate.decide(ev.metrics, held, gate_name, bool(args.force), contest, directions)
+        decision = (_gate_every_objective(study, info, ch, ev.metrics, holder, held, bool(args.force), contest)
+                    if info.objectives else gate.decide(ev.metrics, held, gate_name, bool(args.force), contest, directions))
         print(decision.reason)
         if not decision.promote:
             return decision.exit_code
