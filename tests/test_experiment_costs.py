@@ -55,6 +55,7 @@ def _project(root: Path, costs: str = COSTS) -> Path:
     ('\nCOSTS = {"mmacs": "minimize"}\n', [], "COSTS is declared but there is no costs(model, example)"),
     ('\nCOSTS = {"mmacs": "smaller"}\n', [], "COSTS must map each cost metric's name to maximize or minimize"),
     ('\nCOSTS = {"latency_ms": "minimize"}\ndef costs(m, x):\n    return {}\n', [], "'latency_ms' is already a built-in cost"),
+    ('\nCOSTS = {"mmacs@224": "minimize"}\ndef costs(m, x):\n    return {}\n', [], "'mmacs@224' is not a usable metric name"),
     (COSTS, ["objectives=[{metric: val_rmse, direction: minimize}, {metric: mmacs, direction: maximize}]"],
      "objectives.1.direction: mmacs should be minimized"),
     (COSTS, ["objectives=[{metric: mmacs, direction: minimize}, {metric: val_rmse, direction: minimize}]"],
@@ -81,6 +82,15 @@ def test_an_experiments_cost_that_returns_no_number_fails_with_its_name():
 
     with pytest.raises(ValueError, match="returned None for 'mmacs'"):
         cost_metrics(["mmacs"], torch.nn.Linear(2, 1), torch.zeros(1, 2), torch.device("cpu"), lambda m, x: {})
+    with pytest.raises(ValueError, match="no costs.model, example. function to measure mmacs"):
+        cost_metrics(["mmacs"], torch.nn.Linear(2, 1), torch.zeros(1, 2), torch.device("cpu"))
+
+
+def test_the_trial_process_knows_the_same_built_in_cost_metrics_as_the_spec():
+    from hpolab.config.objectives import COST_METRICS
+    from hpolab.train.costs import BUILT_IN
+
+    assert set(BUILT_IN) == set(COST_METRICS)
 
 
 @pytest.fixture(scope="module")

@@ -193,6 +193,9 @@ def test_the_gate_of_several_objectives_checks_every_one():
     assert d.promote and "not compared: latency_ms, params" in d.reason
     assert not decide(None).promote  # not comparable (another test split)
     assert go.decide(mine, None, dirs, (), False, Contest("m", "champion", 3, "s")).promote  # nobody holds it
+    assert go.gate_values(["val_iou", "params"], test, {"val_iou": 0.8, "params": 5.0}) == {"params": 5.0}  # no test iou: not compared
+    d = go.decide(mine, None, dirs, (("val_f1", ">=", 0.9),), False, Contest("m", "champion", 3, "s"), {"val_f1": 0.85})
+    assert not d.promote and "val_f1>=0.9 (test_f1 0.85)" in d.reason  # a bound on a constrained, not objective, metric
 
 
 def test_several_objectives_stop_when_trials_no_longer_join_the_front():

@@ -21,6 +21,7 @@ An experiment may add its own, measured the same way (once, after training):
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -99,9 +100,16 @@ def fill_primary(data: Any) -> Any:
     return {**data, "metric": wanted, "direction": primary.get("direction")}
 
 
-def experiment_costs(experiment) -> dict[str, str]:
-    """The experiment's own cost metrics: its COSTS (name -> direction), {} when it declares none."""
-    return dict(getattr(experiment, "COSTS", None) or {})
+COST_NAME = re.compile(r"^[A-Za-z_][\w.]*$")  # usable as an MLflow metric and in a --pick rule
+
+
+def declared_costs(experiment) -> dict[str, str]:
+    """The experiment's own cost metrics: its COSTS (name -> direction) with a valid direction, {}
+    when it declares none (experiment_cost_problems says what is wrong with the rest)."""
+    declared = getattr(experiment, "COSTS", None)
+    if not isinstance(declared, dict):
+        return {}
+    return {k: v for k, v in declared.items() if isinstance(k, str) and v in ("maximize", "minimize")}
 
 
 def experiment_cost_problems(experiment, epoch_direction) -> list[str]:
@@ -112,7 +120,8 @@ def experiment_cost_problems(experiment, epoch_direction) -> list[str]:
         return []
     if not isinstance(declared, dict) or not all(isinstance(k, str) and v in ("maximize", "minimize") for k, v in declared.items()):
         return [f"experiment: COSTS must map each cost metric's name to maximize or minimize, got {declared!r}"]
-    problems = []
+    problems = [f"experiment: COSTS: {name!r} is not a usable metric name; use letters, digits, '_' and '.'"
+                for name in declared if not COST_NAME.match(name)]
     if not callable(getattr(experiment, "costs", None)):
         problems.append("experiment: COSTS is declared but there is no costs(model, example) -> dict function to measure them")
     for name in declared:

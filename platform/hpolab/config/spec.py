@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from hpolab.config.controls import NoImprovementStop, check_enqueue
 from hpolab.config.experiment import load_experiment, project_root_of
 from hpolab.config.overrides import apply_overrides, parse_overrides  # noqa: F401  (tests import it from here)
-from hpolab.config.objectives import Constraint, Objective, Pruning, WarmStart, experiment_cost_problems, experiment_costs, fill_primary, measured_metrics, objective_problems
+from hpolab.config.objectives import Constraint, Objective, Pruning, WarmStart, declared_costs, experiment_cost_problems, fill_primary, measured_metrics, objective_problems
 from hpolab.config.samplers import check_named
 from hpolab.errors import SpecError
 from hpolab.train.config import TrainConfig
@@ -221,7 +221,7 @@ class StudySpec(_Frozen):
         }
         if self.objectives or self.constraints:  # (a one-metric study's config stays as it always was)
             cfg["objectives"] = [o.metric for o in self.objective_list]
-            cfg["cost_metrics"] = measured_metrics(self, experiment_costs(experiment))
+            cfg["cost_metrics"] = measured_metrics(self, declared_costs(experiment))
         for path, value in (params or {}).items():
             section, key = path.split(".", 1)
             cfg[section][key] = value
@@ -311,14 +311,13 @@ def _check_task(spec: StudySpec, exp: ModuleType) -> list[str]:
     def direction_of(metric: str) -> str | None:
         return "minimize" if metric == "train_loss" else task.direction_of(metric, spec.trainer)
 
-    costs = experiment_cost_problems(exp, direction_of)
-    if spec.objectives or spec.constraints:
-        metric = objective_problems(spec, direction_of, experiment_costs(exp) if not costs else {})
-    else:
-        metric = []
+    problems = []
+    if spec.objectives or spec.constraints:  # (a one-metric study without constraints never measures costs)
+        problems += experiment_cost_problems(exp, direction_of)
+        problems += objective_problems(spec, direction_of, declared_costs(exp))
     if not spec.objectives:
-        metric += metric_problems(task, spec.trainer, spec.metric, spec.direction)
-    return costs + metric + task.check_config(spec.trainer)
+        problems += metric_problems(task, spec.trainer, spec.metric, spec.direction)
+    return problems + task.check_config(spec.trainer)
 
 
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> StudySpec:

@@ -26,11 +26,13 @@ TAG_OBJECTIVE = "hpolab.objective."  # + objective name, on a model version: its
 
 
 def gate_values(objectives: list[str], test: Mapping[str, float], recorded: Mapping[str, float]) -> dict[str, float]:
-    """Objective -> gate value: an epoch metric's test counterpart, else the trial's recorded value."""
+    """Objective -> gate value: a val_ metric's test counterpart (none: not compared, a validation
+    value is no test result), else the trial's recorded value (cost metrics)."""
     out = {}
     for name in objectives:
-        if name.startswith("val_") and name[len("val_"):] in test:
-            out[name] = float(test[name[len("val_"):]])
+        if name.startswith("val_"):
+            if name[len("val_"):] in test:
+                out[name] = float(test[name[len("val_"):]])
         elif name in recorded:
             out[name] = float(recorded[name])
     return out
@@ -54,8 +56,10 @@ def _source(name: str) -> str:
 
 
 def decide(challenger: Mapping[str, float], holder: Mapping[str, float] | None, directions: Mapping[str, str],
-           bounds: tuple[tuple[str, str, float], ...], force: bool, contest: Contest) -> Decision:
-    """Promote or refuse on every objective (`directions`: objective -> maximize | minimize, in order)."""
+           bounds: tuple[tuple[str, str, float], ...], force: bool, contest: Contest,
+           bound_values: Mapping[str, float] | None = None) -> Decision:
+    """Promote or refuse on every objective (`directions`: objective -> maximize | minimize, in order).
+    `bound_values`: the gate values of the metrics the --pick bounds name (default: `challenger`)."""
     already = already_champion(contest)
     if already is not None:
         return already
@@ -66,8 +70,8 @@ def decide(challenger: Mapping[str, float], holder: Mapping[str, float] | None, 
             return Decision(REFUSE, f"REFUSED: {why}. Nothing changed; --force moves the alias anyway.")
         return Decision(PROMOTE, f"{why}; --force: moving the alias anyway")
 
-    broken = [f"{m}{op}{v:g} ({_source(m)} {challenger[m]:.4g})" for m, op, v in bounds
-              if m in challenger and not OPS[op](challenger[m], v)]
+    at = challenger if bound_values is None else bound_values
+    broken = [f"{m}{op}{v:g} ({_source(m)} {at[m]:.4g})" for m, op, v in bounds if m in at and not OPS[op](at[m], v)]
     if broken:
         return refuse(f"the challenger (trial {c.trial} of {c.study}) met the --pick bounds on validation but not on the "
                       f"held-out test split: {', '.join(broken)}")
@@ -85,7 +89,7 @@ def decide(challenger: Mapping[str, float], holder: Mapping[str, float] | None, 
         (better if d > 0 else worse if d < 0 else []).append(m)
         parts.append(f"{_source(m)} {challenger[m]:.4g} vs {holder[m]:.4g} ({directions[m]})")
     skipped = [m for m in directions if m not in compared]
-    cmp = "; ".join(parts) + (f"; not compared: {', '.join(skipped)} (no value for {c.alias})" if skipped else "")
+    cmp = "; ".join(parts) + (f"; not compared: {', '.join(skipped)} (no value on one side)" if skipped else "")
     if not better:
         return refuse(f"the challenger (trial {c.trial} of {c.study}) is better than {c.model}@{c.alias} "
                       f"(version {c.champion_version}) on no objective: {cmp}")

@@ -146,7 +146,8 @@ def _gate_every_objective(study, info, ch, test: dict, holder, held: dict | None
         other = (theirs or {}).get(name)
         print(f"  {name:>14s} ({d}): challenger {'-' if mine is None else f'{mine:.4g}'}"
               + (f", {contest.alias} {'-' if other is None else f'{other:.4g}'}" if holder is not None else ""))
-    return go.decide(ch.gate_values, theirs, directions, ch.bounds, force, contest)
+    bound_values = go.gate_values([m for m, _, _ in ch.bounds], test, ch.values)  # constrained metrics too
+    return go.decide(ch.gate_values, theirs, directions, ch.bounds, force, contest, bound_values)
 
 
 def _move_to_existing(client, model_name: str, alias: str, existing, previous, ch, dry: bool) -> int:

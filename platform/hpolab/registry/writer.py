@@ -187,6 +187,7 @@ def _lineage(info: StudyInfo, ch: Challenger, ev: Evaluation, exports: Exports, 
         "hpolab.selection_metric": selection_metric,
         **({"hpolab.pick": ch.why} if ch.why else {}),  # several objectives: the rule and why this trial
         **{TAG_OBJECTIVE + k: repr(v) for k, v in ch.gate_values.items()},  # ... and each objective's gate value
+        **({"hpolab.gate": "every objective: " + ", ".join(ch.gate_values)} if ch.gate_values else {}),
         f"hpolab.{info.metric}": repr(ch.val_value),
         **{f"hpolab.test_{k}": repr(v) for k, v in ev.metrics.items()},
         TAG_GATE: f"test_{gate}",

@@ -78,9 +78,9 @@ class Pruning:
     def close_orphans(self, study: optuna.Study) -> int:
         """Companion trials left RUNNING by a driver that died (its real trial was reaped, or ended
         while the companion's tell was lost) end like their real trial, so the pruner does not count
-        a curve that will never grow and the companion study holds no stale RUNNING trial. A
-        companion trial whose real trial still runs (here or on another worker) is left alone.
-        Returns how many were closed."""
+        a curve that will never grow. A companion trial whose real trial still runs (here or on
+        another worker) is left alone, and so is one whose driver died before it recorded
+        `hpolab.trial` (it holds no report). Returns how many were told."""
         if self.companion is None:
             return 0
         mine = {t._trial_id for t in self.trials.values()}
@@ -88,6 +88,8 @@ class Pruning:
                  if t._trial_id not in mine and "hpolab.trial" in t.user_attrs]
         if not open_:
             return 0
+        alive = {t.number for t in self.guard(study.get_trials, deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))}
+        open_ = [c for c in open_ if int(c.user_attrs["hpolab.trial"]) not in alive]  # other live workers' (one read)
         storage, closed = study._storage, 0
         for c in open_:
             try:  # only the real trials asked about (a study may hold thousands)
@@ -102,7 +104,7 @@ class Pruning:
             try:
                 self.guard(self.companion.tell, c.number, value, state=state, skip_if_finished=True)
                 closed += 1
-            except Exception:  # another worker closed it first
+            except optuna.exceptions.UpdateFinishedTrialError:  # another worker closed it first
                 pass
         return closed
 

@@ -93,8 +93,18 @@ def front(trials: Iterable[FrozenTrial], directions: str | Sequence) -> list[Fro
     done = [t for t in _complete(trials, len(names)) if feasible(t)]
     if not done:
         return []
-    dominated = _dominated(losses(done, names))
-    return sorted((t for t, d in zip(done, dominated) if not d), key=lambda t: t.number)
+    loss = losses(done, names)
+    # In lexicographic order every dominator of a point comes before it, and a dominated dominator is
+    # itself dominated by one already kept: checking against the kept ones is enough (O(n x front)
+    # memory and time, where a full pairwise matrix of thousands of trials would take gigabytes).
+    kept: list[int] = []
+    for i in np.lexsort(loss.T[::-1]):
+        if kept:
+            k = loss[kept]
+            if ((k <= loss[i]).all(1) & (k < loss[i]).any(1)).any():
+                continue
+        kept.append(int(i))
+    return sorted((done[i] for i in kept), key=lambda t: t.number)
 
 
 def front_marks(trials: Sequence[FrozenTrial], directions: str | Sequence) -> dict[int, str]:

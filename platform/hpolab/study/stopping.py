@@ -96,8 +96,8 @@ class NoImprovementStop:
             streak, on_front = front_streak(trials, [o.direction for o in self.spec.objective_list], start)
             if streak < rule.trials:
                 return False
-            self.reason = (f"stop_after_no_improvement: {streak} finished trials in a row did not join the Pareto front "
-                           f"(trials {', '.join(str(t.number) for t in on_front) or 'none'})")
+            held = f"the front: trials {', '.join(str(t.number) for t in on_front)}" if on_front else "no feasible trial yet"
+            self.reason = f"stop_after_no_improvement: {streak} finished trials in a row did not join the Pareto front ({held})"
         else:
             streak, best_at = no_improvement_streak([t.value if t.state == TrialState.COMPLETE else None for t in trials],
                                                     self.spec.direction == "maximize", rule.min_delta, start)

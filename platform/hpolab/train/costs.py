@@ -16,6 +16,7 @@ from torch import nn
 
 WARMUP = 5
 TIMED = 30
+BUILT_IN = ("params", "model_mb", "latency_ms")  # = config/objectives.py COST_METRICS (a test checks)
 
 
 def trainable_params(model: nn.Module) -> int:
@@ -53,9 +54,9 @@ def cost_metrics(names: list[str], model: nn.Module, example: torch.Tensor, devi
     """The asked-for cost metrics of `model` (on `device`). `own`: the experiment's costs(model,
     example) function, for the names that are not built in (config/objectives.py COSTS)."""
     out: dict[str, float] = {}
-    theirs = [n for n in names if n not in ("params", "model_mb", "latency_ms")]
+    theirs = [n for n in names if n not in BUILT_IN]
     if theirs:
-        out.update(experiment_costs(theirs, own, model, example.to(device)))
+        out.update(own_costs(theirs, own, model, example.to(device)))
     if "params" in names:
         out["params"] = float(trainable_params(model))
     if "model_mb" in names:
@@ -65,14 +66,16 @@ def cost_metrics(names: list[str], model: nn.Module, example: torch.Tensor, devi
     return out
 
 
-def experiment_costs(names: list[str], own, model: nn.Module, example: torch.Tensor) -> dict[str, float]:
+def own_costs(names: list[str], own, model: nn.Module, example: torch.Tensor) -> dict[str, float]:
     """The experiment's own cost metrics, measured by its costs(model, example) in eval mode without
     autograd; a missing or non-numeric value fails the trial with the name (not a silent NaN)."""
+    if own is None:
+        raise ValueError(f"the experiment has no costs(model, example) function to measure {', '.join(names)}")
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            got = own(model, example) if own is not None else {}
+            got = own(model, example)
     finally:
         model.train(was_training)
     out = {}
