@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import optuna
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from hpolab.stores.optuna_storage import load_study
 from hpolab.study.progress import fmt_value
 from hpolab.stores.paths import Stores, redact
 
 
 def print_status(name: str, stores: Stores) -> int:
+    from hpolab.stores.optuna_storage import load_study  # (here: `study list` needs no Optuna)
+
     study = load_study(name, stores)
     if len(study.directions) > 1:  # several objectives: the front, not one best value
         from hpolab.study.front_table import front_table
@@ -63,7 +63,11 @@ def _best_cell(r) -> str:
 def print_study_list(stores: Stores) -> int:
     """`hpolab study list`: one row per study in the Optuna storage."""
     from hpolab.stores.studies import list_studies
-    from hpolab.study.ranking import front
+
+    def front(trials, directions):  # (Optuna is imported only for a study of several objectives)
+        from hpolab.study.ranking import front
+
+        return front(trials, directions)
 
     rows = list_studies(stores, front)
     console = Console(highlight=False, width=200 if not Console().is_terminal else None)

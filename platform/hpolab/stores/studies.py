@@ -77,14 +77,30 @@ def list_studies(stores: Stores, front: Callable[[list, list], list] | None = No
     """One row per study in the Optuna storage (sorted by name). The metric comes from the study's
     `metric` attr, else the MLflow parent run's params (the spec is logged there), found via the
     study's `mlflow_parent_run_id`. A study of several objectives has no best value; `front(trials,
-    directions)` (study/ranking.py's, which this layer cannot import) gives its feasible Pareto front."""
+    directions)` (study/ranking.py's, which this layer cannot import) gives its feasible Pareto front.
+    An embedded store is read with plain SQL when its schema is known (optuna_sql.py: no Optuna)."""
+    url = stores.optuna_url
+    if url.startswith("sqlite:///"):
+        from hpolab.stores.optuna_sql import read_studies
+
+        path = Path(url[len("sqlite:///"):])
+        if not path.is_file():
+            return []
+        data = read_studies(path)
+        if data is not None:
+            return _rows_from_sql(stores, data, front)
+    return _rows_from_optuna(stores, front)
+
+
+def _rows_from_optuna(stores: Stores, front: Callable[[list, list], list] | None) -> list[StudyRow]:
+    """list_studies' rows read through Optuna's storage (any database)."""
     storage = _storage_or_none(stores)
     if storage is None:
         return []
     # One read of each study's trials (optuna.get_all_study_summaries would read them all again,
     # deep-copied, just for the best value and the start time: issue 21).
     studies = sorted(storage.get_all_studies(), key=lambda s: s.study_name)
-    client = None
+    clients: list = []
     rows = []
     for s in studies:
         if is_companion(s.study_name):
@@ -94,17 +110,7 @@ def list_studies(stores: Stores, front: Callable[[list, list], list] | None = No
         for t in trials:
             counts[t.state.name.lower()] = counts.get(t.state.name.lower(), 0) + 1
         stamps = [d for t in trials for d in (t.datetime_complete, t.datetime_start) if d is not None]
-        metric = s.user_attrs.get("metric")
-        parent = s.user_attrs.get("mlflow_parent_run_id")
-        if metric is None and parent:
-            if client is None:
-                from hpolab.stores.mlflow_runs import client_for
-
-                client = client_for(stores)
-            try:
-                metric = client.get_run(parent).data.params.get("metric")
-            except Exception:  # the MLflow store was reset or is elsewhere: the row still stands
-                metric = None
+        metric = _metric(stores, clients, s.user_attrs)
         directions = s.directions
         multi = len(directions) > 1
         names = s.system_attrs.get("study:metric_names")  # what Study.metric_names reads (no second read here)
@@ -120,6 +126,66 @@ def list_studies(stores: Stores, front: Callable[[list, list], list] | None = No
                 front_size=len(front(trials, directions)) if multi and front is not None and counts["complete"] else None,
             )
         )
+    return rows
+
+
+def _metric(stores: Stores, clients: list, user_attrs: dict) -> str | None:
+    """The study's metric: its `metric` attr, else (older studies) its MLflow parent run's param."""
+    metric, parent = user_attrs.get("metric"), user_attrs.get("mlflow_parent_run_id")
+    if metric is not None or not parent:
+        return metric
+    if not clients:
+        from hpolab.stores.mlflow_runs import client_for
+
+        clients.append(client_for(stores))
+    try:
+        return clients[0].get_run(parent).data.params.get("metric")
+    except Exception:  # the MLflow store was reset or is elsewhere: the row still stands
+        return None
+
+
+@dataclass
+class _Complete:
+    """A COMPLETE trial as ranking.front reads it (number, state, values, system attrs, constraints)."""
+
+    number: int
+    values: list[float]
+    system_attrs: dict
+
+    @property
+    def state(self):
+        from optuna.trial import TrialState  # (only for a study of several objectives)
+
+        return TrialState.COMPLETE
+
+    @property
+    def constraints(self) -> dict[str, float]:
+        """As FrozenTrial.constraints reads them: the old list (keys "0", "1", ...), then named ones."""
+        out = {str(i): c for i, c in enumerate(self.system_attrs.get("constraints") or [])}
+        out.update({k[len("constraints:"):]: v for k, v in self.system_attrs.items() if k.startswith("constraints:")})
+        return out
+
+
+def _rows_from_sql(stores: Stores, data: list, front: Callable[[list, list], list] | None) -> list[StudyRow]:
+    """list_studies' rows from optuna_sql.read_studies: the same rows the Optuna reader gives."""
+    from hpolab.stores.optuna_sql import IMPORTED
+
+    rows, clients = [], []
+    for s in sorted(data, key=lambda s: s.name):
+        if is_companion(s.name):
+            continue
+        multi = len(s.directions) > 1
+        mine = [(n, v) for n, v, attrs in s.complete if not attrs.get(IMPORTED)]
+        best = None
+        if not multi and mine:  # as _best_value: the best COMPLETE value, imported trials aside
+            best = (max if s.directions == ["maximize"] else min)(mine, key=lambda c: c[1][0])[1][0]
+        counts = {**{k: 0 for k in (*STATES, "waiting")}, **s.counts}
+        on_front = None
+        if multi and front is not None and counts["complete"]:
+            on_front = len(front([_Complete(n, v, attrs) for n, v, attrs in s.complete], s.directions))
+        rows.append(StudyRow(name=s.name, direction="/".join(s.directions), metric=_metric(stores, clients, s.user_attrs),
+                             counts=counts, best_value=best, last_activity=s.last_activity,
+                             objectives=list(s.metric_names) if multi and s.metric_names else None, front_size=on_front))
     return rows
 
 

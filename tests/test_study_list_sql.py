@@ -1,0 +1,89 @@
+"""`study list` of an embedded store reads Optuna's SQLite database with plain SQL (no Optuna
+import); it must give exactly the rows the Optuna reader gives, and fall back to it otherwise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import optuna
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from conftest import ROOT, hpolab_env, run_cli
+from hpolab.stores.optuna_sql import read_studies
+from hpolab.stores.paths import resolve_stores
+from hpolab.stores.studies import _rows_from_optuna, _rows_from_sql, list_studies
+from hpolab.study.ranking import front
+
+DIST = {"x": FloatDistribution(0, 1)}
+
+
+def _add(study, state, values=None, attrs=None):
+    study.add_trial(create_trial(state=state, values=values, params={"x": 0.5}, distributions=DIST, system_attrs=attrs))
+
+
+def _store(root):
+    (root / "store").mkdir()
+    url = f"sqlite:///{root / 'store' / 'optuna.db'}"
+    one = optuna.create_study(storage=url, study_name="one-max", direction="maximize")
+    one.set_user_attr("metric", "val_acc")
+    for v in (0.5, 0.9, 0.9, 0.7):
+        _add(one, TrialState.COMPLETE, [v])
+    _add(one, TrialState.COMPLETE, [0.99], {"hpolab.imported_from": "older"})  # a warm start's: no result here
+    _add(one, TrialState.PRUNED)
+    _add(one, TrialState.FAIL)
+    one.ask()  # RUNNING
+    one.enqueue_trial({"x": 0.1})  # WAITING
+    low = optuna.create_study(storage=url, study_name="a-min", direction="minimize")
+    _add(low, TrialState.COMPLETE, [float("inf")])
+    _add(low, TrialState.COMPLETE, [float("-inf")])
+    multi = optuna.create_study(storage=url, study_name="pareto", directions=["maximize", "minimize"])
+    multi.set_metric_names(["val_acc", "latency_ms"])
+    multi.set_user_attr("metric", "val_acc")
+    for values, c in (([0.9, 1.0], [0.0]), ([0.95, 2.0], [0.0]), ([0.99, 0.5], [3.0]), ([0.8, 3.0], [0.0])):
+        _add(multi, TrialState.COMPLETE, values, {"constraints": c})  # Optuna's old list format
+    _add(multi, TrialState.COMPLETE, [0.999, 0.1], {"constraints:params <= 20000": 5.0})  # named (trial.set_constraint)
+    optuna.create_study(storage=url, study_name="pareto~pruning")  # a companion: never listed
+    optuna.create_study(storage=url, study_name="empty", directions=["minimize", "minimize"])
+    return resolve_stores(str(root / "store")), root / "store" / "optuna.db"
+
+
+def test_plain_sql_rows_equal_optunas(tmp_path):
+    stores, db = _store(tmp_path)
+    sql = _rows_from_sql(stores, read_studies(db), front)
+    assert sql == _rows_from_optuna(stores, front)
+    by_name = {r.name: r for r in sql}
+    assert list(by_name) == ["a-min", "empty", "one-max", "pareto"]
+    assert by_name["one-max"].best_value == 0.9 and by_name["one-max"].counts == \
+        {"complete": 5, "pruned": 1, "fail": 1, "running": 1, "waiting": 1}
+    assert by_name["a-min"].best_value == float("-inf")
+    assert by_name["pareto"].front_size == 2 and by_name["pareto"].objectives == ["val_acc", "latency_ms"]
+    assert by_name["empty"].front_size is None and by_name["empty"].last_activity is None
+
+
+def test_an_unknown_schema_falls_back_to_optuna(tmp_path):
+    import sqlite3
+
+    _, db = _store(tmp_path)
+    con = sqlite3.connect(db)
+    with con:
+        con.execute("UPDATE alembic_version SET version_num = 'v9.9.9'")
+    con.close()
+    assert read_studies(db) is None
+    assert read_studies(tmp_path / "missing.db") is None
+
+
+def test_study_list_imports_no_optuna(tmp_path):
+    """The CLI's `study list` on an embedded store of one-objective studies never imports Optuna."""
+    (tmp_path / "store").mkdir()
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'store' / 'optuna.db'}", study_name="one-max", direction="maximize")
+    study.set_user_attr("metric", "val_acc")
+    _add(study, TrialState.COMPLETE, [0.875])
+    code = ("import sys, runpy; sys.argv = ['hpolab', '--store', sys.argv[1], 'study', 'list']\n"
+            "try:\n    runpy.run_module('hpolab.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print('OPTUNA' if 'optuna' in sys.modules else 'NO-OPTUNA')")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "store")], capture_output=True, text=True,
+                         env=hpolab_env(), cwd=ROOT, check=True).stdout
+    assert "one-max" in out and "0.875" in out and "val_acc" in out
+    assert out.strip().endswith("NO-OPTUNA")
