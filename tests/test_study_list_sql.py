@@ -87,3 +87,44 @@ def test_study_list_imports_no_optuna(tmp_path):
                          env=hpolab_env(), cwd=ROOT, check=True).stdout
     assert "one-max" in out and "0.875" in out and "val_acc" in out
     assert out.strip().endswith("NO-OPTUNA")
+
+
+def _mixed_params_study(url):
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    study = optuna.create_study(storage=url, study_name="status-one", direction="minimize")
+    dists = {"trainer.lr": FloatDistribution(1e-4, 1e-1, log=True), "model.depth": IntDistribution(1, 4),
+             "model.act": CategoricalDistribution(["relu", "gelu", None]), "model.width": CategoricalDistribution([8, 16.0, 32])}
+    rows = [({"trainer.lr": 0.003, "model.depth": 2, "model.act": "gelu", "model.width": 16.0}, TrialState.COMPLETE, [0.25], None),
+            ({"trainer.lr": 0.01, "model.depth": 3, "model.act": None, "model.width": 32}, TrialState.COMPLETE, [0.25], None),
+            ({"trainer.lr": 0.02, "model.depth": 1, "model.act": "relu", "model.width": 8}, TrialState.COMPLETE, [0.1],
+             {"constraints:params <= 1000": 4.0}),  # infeasible: never best
+            ({"trainer.lr": 0.05, "model.depth": 4, "model.act": "relu", "model.width": 8}, TrialState.COMPLETE, [0.05],
+             {"hpolab.imported_from": "older"}),  # imported: never best
+            ({"trainer.lr": 0.001}, TrialState.PRUNED, None, None),
+            ({}, TrialState.FAIL, None, None)]
+    for params, state, values, attrs in rows:
+        t = create_trial(state=state, values=values, params=params, distributions={k: dists[k] for k in params},
+                         system_attrs=attrs, user_attrs={"mlflow_run_id": f"run{len(params)}"} if params else None,
+                         intermediate_values={0: 0.5, 1: 0.4} if state != TrialState.FAIL else None)
+        study.add_trial(t)
+    study.ask()
+
+
+def test_study_status_reads_plain_sql_and_prints_what_optuna_gives(tmp_path, capsys, monkeypatch):
+    from hpolab.analysis import status
+
+    stores, _ = _store(tmp_path)
+    _mixed_params_study(stores.optuna_url)
+    for name in ("one-max", "a-min", "status-one"):
+        assert status._read_sql(name, stores) is not None
+        status.print_status(name, stores)
+        sql = capsys.readouterr().out
+        with monkeypatch.context() as m:
+            m.setattr(status, "_read_sql", lambda *a: None)  # the Optuna reader, on the same database
+            status.print_status(name, stores)
+        assert sql == capsys.readouterr().out, name
+    status.print_status("status-one", stores)
+    out = capsys.readouterr().out
+    assert "best: trial 0 value 0.25" in out and "│ gelu │     2 │    16 │ 0.003 │      2 │ run4" in out
+    assert status._read_sql("no-such-study", stores) is None  # Optuna's reader names the studies there

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -11,41 +13,77 @@ from hpolab.stores.paths import Stores, redact
 
 
 def print_status(name: str, stores: Stores) -> int:
+    """One row per trial and a summary line. An embedded store's one-objective study is read with
+    plain SQL (stores/optuna_sql.py: no Optuna import); anything else through Optuna."""
+    read = _read_sql(name, stores)
+    if read is not None and len(read[0]) == 1:
+        directions, rows = read
+        return _print_trials(name, directions[0], rows, _best_row(rows, directions[0]))
     from hpolab.stores.optuna_storage import load_study  # (here: `study list` needs no Optuna)
+    from hpolab.stores.optuna_sql import TrialRow
 
-    study = load_study(name, stores)
+    study = load_study(name, stores)  # (a UserError naming the studies there when there is no such study)
     if len(study.directions) > 1:  # several objectives: the front, not one best value
         from hpolab.study.front_table import front_table
 
         Console(highlight=False, width=200 if not Console().is_terminal else None).print(front_table(study, name))
         return 0
+    from hpolab.study import ranking
+
     trials = study.get_trials(deepcopy=False)
-    params = sorted({p for t in trials for p in t.params})
-    table = Table(title=f"study {name} ({study.direction.name.lower()})")
+    rows = [TrialRow(t.number, t.state.name, t.value, t.params, len(t.intermediate_values), t.user_attrs.get("mlflow_run_id"), {})
+            for t in trials]
+    top = ranking.best(trials, ranking.directions_of(study))  # (feasible, not imported by a warm start)
+    return _print_trials(name, study.direction.name.lower(), rows, (top.number, top.value) if top is not None else None)
+
+
+def _read_sql(name: str, stores: Stores):
+    url = stores.optuna_url
+    if not url.startswith("sqlite:///"):
+        return None
+    from hpolab.stores.optuna_sql import read_trials
+
+    return read_trials(Path(url[len("sqlite:///"):]), name)
+
+
+def _best_row(rows: list, direction: str) -> tuple[int, float] | None:
+    """As ranking.best for one objective: the best feasible COMPLETE value, ties to the earlier trial,
+    a warm start's imported trials aside."""
+    from hpolab.stores.optuna_sql import IMPORTED
+
+    done = [r for r in rows if r.state == "COMPLETE" and r.value is not None and not r.system_attrs.get(IMPORTED)
+            and all(v <= 0 for v in r.constraints.values())]
+    if not done:
+        return None
+    sign = -1.0 if direction == "maximize" else 1.0
+    top = min(done, key=lambda r: (sign * r.value, r.number))
+    return top.number, top.value
+
+
+def _print_trials(name: str, direction: str, rows: list, best: tuple[int, float] | None) -> int:
+    params = sorted({p for r in rows for p in r.params})
+    table = Table(title=f"study {name} ({direction})")
     for col in ["trial", "state", "value", *[p.split(".")[-1] for p in params], "epochs", "mlflow run"]:
         table.add_column(col, justify="right" if col not in ("state", "mlflow run") else "left")
     # Cells we format are Text: rich then skips markup and emoji parsing per cell (a quarter of the
     # time of a 1,000-row table). A string param value stays a str, rendered exactly as before.
-    for t in trials:
+    for r in rows:
         table.add_row(
-            Text(str(t.number)),
-            Text(t.state.name),
-            Text(f"{t.value:.4g}" if t.value is not None else "-"),
-            *[_cell(t.params.get(p)) for p in params],
-            Text(str(len(t.intermediate_values))),
-            Text(str(t.user_attrs.get("mlflow_run_id", "-"))),
+            Text(str(r.number)),
+            Text(r.state),
+            Text(f"{r.value:.4g}" if r.value is not None else "-"),
+            *[_cell(r.params.get(p)) for p in params],
+            Text(str(r.steps)),
+            Text(str(r.run_id if r.run_id is not None else "-")),
         )
     console = Console(highlight=False, width=200 if not Console().is_terminal else None)
     console.print(table)
-    states = {}
-    for t in trials:
-        states[t.state.name] = states.get(t.state.name, 0) + 1
+    states: dict[str, int] = {}
+    for r in rows:
+        states[r.state] = states.get(r.state, 0) + 1
     summary = ", ".join(f"{v} {k.lower()}" for k, v in sorted(states.items())) or "no trials"
-    from hpolab.study import ranking
-
-    top = ranking.best(trials, ranking.directions_of(study))  # (feasible, not imported by a warm start)
-    best = f"best: trial {top.number} value {top.value:.4g}" if top is not None else "best: none yet"
-    console.print(f"{summary}; {best}")
+    top = f"best: trial {best[0]} value {best[1]:.4g}" if best is not None else "best: none yet"
+    console.print(f"{summary}; {top}")
     return 0
 
 

@@ -95,3 +95,77 @@ def _read_complete(con: sqlite3.Connection, studies: dict[int, StudyData]) -> No
     for tid, sid, number in con.execute("SELECT trial_id, study_id, number FROM trials WHERE state = 'COMPLETE' ORDER BY trial_id"):
         v = values.get(tid, {})
         studies[sid].complete.append((number, [v[i] for i in sorted(v)], attrs.get(tid, {})))
+
+
+@dataclass
+class TrialRow:
+    """What `study status` shows of one trial."""
+
+    number: int
+    state: str  # COMPLETE, PRUNED, FAIL, RUNNING, WAITING
+    value: float | None  # the first objective's
+    params: dict[str, Any]
+    steps: int  # intermediate values reported (epochs)
+    run_id: str | None
+    system_attrs: dict[str, Any]  # constraints and a warm start's mark only
+
+    @property
+    def constraints(self) -> dict[str, float]:
+        """As Optuna's FrozenTrial.constraints: its old list (keys "0", "1", ...), then named ones."""
+        out = {str(i): c for i, c in enumerate(self.system_attrs.get("constraints") or [])}
+        out.update({k[len("constraints:"):]: v for k, v in self.system_attrs.items() if k.startswith("constraints:")})
+        return out
+
+
+def read_trials(path: Path, name: str) -> tuple[list[str], list[TrialRow]] | None:
+    """(directions, trials by number) of study `name`, or None when it cannot be read here (no such
+    study, an unknown schema or distribution: the caller reads through Optuna, which says why)."""
+    try:
+        con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        row = con.execute("SELECT version_num FROM alembic_version").fetchone()
+        if row is None or row[0] not in KNOWN_SCHEMAS:
+            return None
+        sid = con.execute("SELECT study_id FROM studies WHERE study_name = ?", (name,)).fetchone()
+        if sid is None:
+            return None
+        directions = [d.lower() for (d,) in con.execute("SELECT direction FROM study_directions WHERE study_id = ? ORDER BY objective", sid)]
+        return directions, _trial_rows(con, sid[0])
+    except (sqlite3.Error, ValueError, KeyError, IndexError, TypeError):
+        return None
+    finally:
+        con.close()
+
+
+def _trial_rows(con: sqlite3.Connection, sid: int) -> list[TrialRow]:
+    rows = {tid: TrialRow(number, state, None, {}, 0, None, {}) for tid, number, state in
+            con.execute("SELECT trial_id, number, state FROM trials WHERE study_id = ? ORDER BY number", (sid,))}
+    where = "trial_id IN (SELECT trial_id FROM trials WHERE study_id = ?)"
+    for tid, value, kind in con.execute(f"SELECT trial_id, value, value_type FROM trial_values WHERE objective = 0 AND {where}", (sid,)):
+        rows[tid].value = _INF.get(kind, value)
+    for tid, pname, pvalue, dist in con.execute(f"SELECT trial_id, param_name, param_value, distribution_json FROM trial_params WHERE {where}", (sid,)):
+        rows[tid].params[pname] = _external(pvalue, json.loads(dist))
+    for tid, n in con.execute(f"SELECT trial_id, COUNT(*) FROM trial_intermediate_values WHERE {where} GROUP BY trial_id", (sid,)):
+        rows[tid].steps = n
+    for tid, value in con.execute(f"SELECT trial_id, value_json FROM trial_user_attributes WHERE key = 'mlflow_run_id' AND {where}", (sid,)):
+        rows[tid].run_id = json.loads(value)
+    for tid, key, value in con.execute(
+            f"SELECT trial_id, key, value_json FROM trial_system_attributes WHERE (key IN ('constraints', '{IMPORTED}') "
+            f"OR key LIKE 'constraints:%') AND {where}", (sid,)):
+        rows[tid].system_attrs[key] = json.loads(value)
+    return sorted(rows.values(), key=lambda r: r.number)
+
+
+def _external(value: float, dist: dict) -> Any:
+    """A parameter's value as Optuna gives it (distribution.to_external_repr); ValueError for a
+    distribution this reader does not know (the caller then reads through Optuna)."""
+    kind = dist.get("name")
+    if kind == "FloatDistribution":
+        return value
+    if kind == "IntDistribution":
+        return int(value)
+    if kind == "CategoricalDistribution":
+        return dist["attributes"]["choices"][int(value)]
+    raise ValueError(f"unknown distribution {kind}")
