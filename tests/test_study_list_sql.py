@@ -128,3 +128,21 @@ def test_study_status_reads_plain_sql_and_prints_what_optuna_gives(tmp_path, cap
     out = capsys.readouterr().out
     assert "best: trial 0 value 0.25" in out and "│ gelu │     2 │    16 │ 0.003 │      2 │ run4" in out
     assert status._read_sql("no-such-study", stores) is None  # Optuna's reader names the studies there
+
+
+def test_status_of_a_large_study_shows_the_best_running_and_latest_unless_all(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    study = optuna.create_study(storage=f"sqlite:///{store / 'optuna.db'}", study_name="big", direction="maximize")
+    for i in range(60):
+        _add(study, TrialState.COMPLETE, [(i * 37 % 60) / 60])  # every value once, in a scrambled order
+    study.ask()  # trial 60 RUNNING
+    out = run_cli("--store", str(store), "study", "status", "big", cwd=tmp_path).stdout
+    shown = {int(line.split("│")[1]) for line in out.splitlines() if line.startswith("│")}
+    best20 = {t.number for t in sorted(study.get_trials(states=(TrialState.COMPLETE,)), key=lambda t: -t.value)[:20]}
+    assert shown == best20 | set(range(51, 61))  # the 20 best, the running one, the 10 latest
+    assert f"{len(shown)} of 61 trials shown" in out and "--all shows every trial" in out
+    assert "60 complete, 1 running; best: trial" in out  # the summary counts every trial
+    every = run_cli("--store", str(store), "study", "status", "big", "--all", cwd=tmp_path).stdout
+    assert {int(line.split("│")[1]) for line in every.splitlines() if line.startswith("│")} == set(range(61))
+    assert "trials shown" not in every

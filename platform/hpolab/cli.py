@@ -16,6 +16,10 @@ import sys
 from hpolab.launch.commands import add_launch_parsers, cmd_launch_k8s, cmd_launch_slurm
 from hpolab.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, SpecError, StudyError, UserError
 
+# `study status` shows every trial of a study up to this many; above, the best, the running and the
+# latest (a 1,000-row table took seconds to render and is no one's overview); --all shows them all.
+STATUS_ROWS = 50
+
 
 def _add_store_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     d = argparse.SUPPRESS if suppress else None
@@ -48,6 +52,8 @@ def _add_study_commands(sub) -> None:
     _add_spec_change_options(p)
     p = _command(ssub, "status", "trial table of a study, from the stores")
     p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file (its name: is used)")
+    p.add_argument("--all", action="store_true", help=f"every trial (default: all up to {STATUS_ROWS}; above that the "
+                   "best, the running and waiting, and the latest ones)")
     p = _command(ssub, "check", "list every disagreement between the study's Optuna trials and MLflow runs (exit 1 if any)")
     p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file (its name: is used)")
     p.add_argument("--repair", action="store_true", help="fix what can be fixed without deleting anything, and say what was done")
@@ -215,7 +221,7 @@ def cmd_study_status(args) -> int:
     stores = _stores(args)  # checked before the heavy imports: a bad store is said in seconds
     from hpolab.analysis.status import print_status
 
-    return print_status(args.name, stores)
+    return print_status(args.name, stores, limit=None if args.all else STATUS_ROWS)
 
 
 def cmd_study_check(args) -> int:

@@ -12,13 +12,14 @@ from hpolab.study.progress import fmt_value
 from hpolab.stores.paths import Stores, redact
 
 
-def print_status(name: str, stores: Stores) -> int:
-    """One row per trial and a summary line. An embedded store's one-objective study is read with
-    plain SQL (stores/optuna_sql.py: no Optuna import); anything else through Optuna."""
+def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
+    """One row per trial (more than `limit`: the best, running/waiting and latest ones) and a summary
+    line. An embedded store's one-objective study is read with plain SQL (stores/optuna_sql.py: no
+    Optuna import); anything else through Optuna."""
     read = _read_sql(name, stores)
     if read is not None and len(read[0]) == 1:
         directions, rows = read
-        return _print_trials(name, directions[0], rows, _best_row(rows, directions[0]))
+        return _print_trials(name, directions[0], rows, _best_row(rows, directions[0]), limit)
     from hpolab.stores.optuna_storage import load_study  # (here: `study list` needs no Optuna)
     from hpolab.stores.optuna_sql import TrialRow
 
@@ -34,7 +35,7 @@ def print_status(name: str, stores: Stores) -> int:
     rows = [TrialRow(t.number, t.state.name, t.value, t.params, len(t.intermediate_values), t.user_attrs.get("mlflow_run_id"), {})
             for t in trials]
     top = ranking.best(trials, ranking.directions_of(study))  # (feasible, not imported by a warm start)
-    return _print_trials(name, study.direction.name.lower(), rows, (top.number, top.value) if top is not None else None)
+    return _print_trials(name, study.direction.name.lower(), rows, (top.number, top.value) if top is not None else None, limit)
 
 
 def _read_sql(name: str, stores: Stores):
@@ -60,7 +61,23 @@ def _best_row(rows: list, direction: str) -> tuple[int, float] | None:
     return top.number, top.value
 
 
-def _print_trials(name: str, direction: str, rows: list, best: tuple[int, float] | None) -> int:
+BEST_SHOWN, LATEST_SHOWN = 20, 10  # above the limit: the best COMPLETE trials and the latest ones
+
+
+def shown_rows(rows: list, direction: str, limit: int | None) -> list:
+    """Every row up to `limit`; above it the BEST_SHOWN best COMPLETE trials, every RUNNING or WAITING
+    one and the LATEST_SHOWN latest, in trial order."""
+    if limit is None or len(rows) <= limit:
+        return rows
+    sign = -1.0 if direction == "maximize" else 1.0
+    done = sorted((r for r in rows if r.state == "COMPLETE" and r.value is not None), key=lambda r: (sign * r.value, r.number))
+    keep = {r.number for r in done[:BEST_SHOWN]} | {r.number for r in rows if r.state in ("RUNNING", "WAITING")}
+    keep |= {r.number for r in rows[-LATEST_SHOWN:]}
+    return [r for r in rows if r.number in keep]
+
+
+def _print_trials(name: str, direction: str, all_rows: list, best: tuple[int, float] | None, limit: int | None = None) -> int:
+    rows = shown_rows(all_rows, direction, limit)
     params = sorted({p for r in rows for p in r.params})
     table = Table(title=f"study {name} ({direction})")
     for col in ["trial", "state", "value", *[p.split(".")[-1] for p in params], "epochs", "mlflow run"]:
@@ -78,8 +95,11 @@ def _print_trials(name: str, direction: str, rows: list, best: tuple[int, float]
         )
     console = Console(highlight=False, width=200 if not Console().is_terminal else None)
     console.print(table)
+    if len(rows) < len(all_rows):
+        console.print(f"{len(rows)} of {len(all_rows)} trials shown: the {BEST_SHOWN} best complete, every running or "
+                      f"waiting one, the {LATEST_SHOWN} latest; --all shows every trial")
     states: dict[str, int] = {}
-    for r in rows:
+    for r in all_rows:
         states[r.state] = states.get(r.state, 0) + 1
     summary = ", ".join(f"{v} {k.lower()}" for k, v in sorted(states.items())) or "no trials"
     top = f"best: trial {best[0]} value {best[1]:.4g}" if best is not None else "best: none yet"
