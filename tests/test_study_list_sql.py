@@ -49,10 +49,18 @@ def _store(root):
     return resolve_stores(str(root / "store")), root / "store" / "optuna.db"
 
 
-def test_plain_sql_rows_equal_optunas(tmp_path):
+def test_plain_sql_rows_equal_optunas(tmp_path, monkeypatch):
+    import time
+
     stores, db = _store(tmp_path)
-    sql = _rows_from_sql(stores, read_studies(db), front)
-    assert sql == _rows_from_optuna(stores, front)
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # Optuna stores UTC and shows local time: so must the SQL reader
+    time.tzset()
+    try:
+        sql = _rows_from_sql(stores, read_studies(db), front)
+        assert sql == _rows_from_optuna(stores, front)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
     by_name = {r.name: r for r in sql}
     assert list(by_name) == ["a-min", "empty", "one-max", "pareto"]
     assert by_name["one-max"].best_value == 0.9 and by_name["one-max"].counts == \
@@ -146,3 +154,16 @@ def test_status_of_a_large_study_shows_the_best_running_and_latest_unless_all(tm
     every = run_cli("--store", str(store), "study", "status", "big", "--all", cwd=tmp_path).stdout
     assert {int(line.split("│")[1]) for line in every.splitlines() if line.startswith("│")} == set(range(61))
     assert "trials shown" not in every
+
+
+def test_the_rows_shown_of_a_large_study_are_its_own_feasible_best():
+    from hpolab.analysis.status import _best_row, shown_rows
+    from hpolab.stores.optuna_sql import TrialRow
+
+    imported = [TrialRow(i, "COMPLETE", 0.99, {}, 1, None, {"hpolab.imported_from": "older"}) for i in range(30)]
+    infeasible = [TrialRow(30, "COMPLETE", 0.995, {}, 1, None, {"constraints:params": 2.0})]
+    own = [TrialRow(31 + i, "COMPLETE", 0.5 + i / 100, {}, 1, None, {}) for i in range(40)]
+    rows = imported + infeasible + own
+    shown = {r.number for r in shown_rows(rows, "maximize", 50)}
+    assert _best_row(rows, "maximize") == (70, 0.89)
+    assert shown == set(range(51, 71))  # the 20 best own, feasible trials (the 10 latest are among them)

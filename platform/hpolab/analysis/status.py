@@ -32,7 +32,8 @@ def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
     from hpolab.study import ranking
 
     trials = study.get_trials(deepcopy=False)
-    rows = [TrialRow(t.number, t.state.name, t.value, t.params, len(t.intermediate_values), t.user_attrs.get("mlflow_run_id"), {})
+    rows = [TrialRow(t.number, t.state.name, t.value, t.params, len(t.intermediate_values), t.user_attrs.get("mlflow_run_id"),
+                     {k: v for k, v in t.system_attrs.items() if k == "constraints" or k.startswith("constraints:") or k == ranking.IMPORTED})
             for t in trials]
     top = ranking.best(trials, ranking.directions_of(study))  # (feasible, not imported by a warm start)
     return _print_trials(name, study.direction.name.lower(), rows, (top.number, top.value) if top is not None else None, limit)
@@ -47,31 +48,32 @@ def _read_sql(name: str, stores: Stores):
     return read_trials(Path(url[len("sqlite:///"):]), name)
 
 
-def _best_row(rows: list, direction: str) -> tuple[int, float] | None:
-    """As ranking.best for one objective: the best feasible COMPLETE value, ties to the earlier trial,
-    a warm start's imported trials aside."""
+def _ranked_rows(rows: list, direction: str) -> list:
+    """As ranking.ranked for one objective: feasible COMPLETE trials by value, ties to the earlier
+    trial, a warm start's imported trials aside."""
     from hpolab.stores.optuna_sql import IMPORTED
 
     done = [r for r in rows if r.state == "COMPLETE" and r.value is not None and not r.system_attrs.get(IMPORTED)
             and all(v <= 0 for v in r.constraints.values())]
-    if not done:
-        return None
     sign = -1.0 if direction == "maximize" else 1.0
-    top = min(done, key=lambda r: (sign * r.value, r.number))
-    return top.number, top.value
+    return sorted(done, key=lambda r: (sign * r.value, r.number))
+
+
+def _best_row(rows: list, direction: str) -> tuple[int, float] | None:
+    """As ranking.best for one objective."""
+    done = _ranked_rows(rows, direction)
+    return (done[0].number, done[0].value) if done else None
 
 
 BEST_SHOWN, LATEST_SHOWN = 20, 10  # above the limit: the best COMPLETE trials and the latest ones
 
 
 def shown_rows(rows: list, direction: str, limit: int | None) -> list:
-    """Every row up to `limit`; above it the BEST_SHOWN best COMPLETE trials, every RUNNING or WAITING
-    one and the LATEST_SHOWN latest, in trial order."""
+    """Every row up to `limit`; above it the BEST_SHOWN best (as _best_row ranks: feasible, not
+    imported), every RUNNING or WAITING one and the LATEST_SHOWN latest, in trial order."""
     if limit is None or len(rows) <= limit:
         return rows
-    sign = -1.0 if direction == "maximize" else 1.0
-    done = sorted((r for r in rows if r.state == "COMPLETE" and r.value is not None), key=lambda r: (sign * r.value, r.number))
-    keep = {r.number for r in done[:BEST_SHOWN]} | {r.number for r in rows if r.state in ("RUNNING", "WAITING")}
+    keep = {r.number for r in _ranked_rows(rows, direction)[:BEST_SHOWN]} | {r.number for r in rows if r.state in ("RUNNING", "WAITING")}
     keep |= {r.number for r in rows[-LATEST_SHOWN:]}
     return [r for r in rows if r.number in keep]
 

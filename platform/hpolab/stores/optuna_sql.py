@@ -8,7 +8,7 @@ Optuna migrated past what is listed in KNOWN_SCHEMAS, a file that cannot be read
 None, and the caller reads through Optuna as before. tests/test_study_list_sql.py checks that both
 readers give the same rows.
 
-The tables read (Optuna's RDB schema, alembic version v3.2.0.a, Optuna 4.x-5.x): studies,
+The tables read (Optuna's RDB schema, alembic version v3.2.0.a, as Optuna 5 writes it): studies,
 study_directions, study_user_attributes, study_system_attributes, trials, trial_values,
 trial_system_attributes.
 """
@@ -20,7 +20,7 @@ import math
 import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +49,12 @@ def read_studies(path: Path) -> list[StudyData] | None:
     except sqlite3.Error:
         return None
     try:
+        con.execute("BEGIN")  # one snapshot for every query: a study written meanwhile is read whole or not at all
         row = con.execute("SELECT version_num FROM alembic_version").fetchone()
         if row is None or row[0] not in KNOWN_SCHEMAS:
             return None
         return _read(con)
-    except (sqlite3.Error, ValueError):  # (a locked or odd database: Optuna's reader says what is wrong)
+    except (sqlite3.Error, ValueError, KeyError, IndexError, TypeError):  # a locked or odd database: Optuna's reader decides
         return None
     finally:
         con.close()
@@ -73,7 +74,8 @@ def _read(con: sqlite3.Connection) -> list[StudyData]:
         s.counts[state.lower()] = n
         for stamp in (last_start, last_end):
             if stamp is not None:
-                when = datetime.fromisoformat(stamp)
+                # Optuna 5 stores naive UTC and hands out naive local time (its models.py): so do we
+                when = datetime.fromisoformat(stamp).replace(tzinfo=timezone.utc).astimezone().replace(tzinfo=None)
                 s.last_activity = when if s.last_activity is None else max(s.last_activity, when)
     _read_complete(con, studies)
     return list(studies.values())
@@ -93,8 +95,9 @@ def _read_complete(con: sqlite3.Connection, studies: dict[int, StudyData]) -> No
             f"WHERE t.state = 'COMPLETE' AND (a.key IN ('constraints', '{IMPORTED}') OR a.key LIKE 'constraints:%')"):
         attrs[tid][key] = json.loads(value)
     for tid, sid, number in con.execute("SELECT trial_id, study_id, number FROM trials WHERE state = 'COMPLETE' ORDER BY trial_id"):
-        v = values.get(tid, {})
-        studies[sid].complete.append((number, [v[i] for i in sorted(v)], attrs.get(tid, {})))
+        v = values.get(tid)
+        if v:  # (a COMPLETE trial has its values; the snapshot keeps them together)
+            studies[sid].complete.append((number, [v[i] for i in sorted(v)], attrs.get(tid, {})))
 
 
 @dataclass
@@ -125,6 +128,7 @@ def read_trials(path: Path, name: str) -> tuple[list[str], list[TrialRow]] | Non
     except sqlite3.Error:
         return None
     try:
+        con.execute("BEGIN")  # one snapshot (as read_studies)
         row = con.execute("SELECT version_num FROM alembic_version").fetchone()
         if row is None or row[0] not in KNOWN_SCHEMAS:
             return None
@@ -132,7 +136,7 @@ def read_trials(path: Path, name: str) -> tuple[list[str], list[TrialRow]] | Non
         if sid is None:
             return None
         directions = [d.lower() for (d,) in con.execute("SELECT direction FROM study_directions WHERE study_id = ? ORDER BY objective", sid)]
-        return directions, _trial_rows(con, sid[0])
+        return directions, _trial_rows(con, sid[0]) if len(directions) == 1 else []  # (several: the caller uses Optuna)
     except (sqlite3.Error, ValueError, KeyError, IndexError, TypeError):
         return None
     finally:
@@ -162,9 +166,9 @@ def _external(value: float, dist: dict) -> Any:
     """A parameter's value as Optuna gives it (distribution.to_external_repr); ValueError for a
     distribution this reader does not know (the caller then reads through Optuna)."""
     kind = dist.get("name")
-    if kind == "FloatDistribution":
-        return value
-    if kind == "IntDistribution":
+    if kind in ("FloatDistribution", "UniformDistribution", "LogUniformDistribution", "DiscreteUniformDistribution"):
+        return value  # (the last three: what older Optuna stored; Optuna reads them as floats)
+    if kind in ("IntDistribution", "IntUniformDistribution", "IntLogUniformDistribution"):
         return int(value)
     if kind == "CategoricalDistribution":
         return dist["attributes"]["choices"][int(value)]
