@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -21,7 +19,7 @@ def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
         directions, rows = read
         return _print_trials(name, directions[0], rows, _best_row(rows, directions[0]), limit)
     from hpolab.stores.optuna_storage import load_study  # (here: `study list` needs no Optuna)
-    from hpolab.stores.optuna_sql import TrialRow
+    from hpolab.stores.optuna_sql import TrialRow, ranking_attrs
 
     study = load_study(name, stores)  # (a UserError naming the studies there when there is no such study)
     if len(study.directions) > 1:  # several objectives: the front, not one best value
@@ -33,19 +31,16 @@ def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
 
     trials = study.get_trials(deepcopy=False)
     rows = [TrialRow(t.number, t.state.name, t.value, t.params, len(t.intermediate_values), t.user_attrs.get("mlflow_run_id"),
-                     {k: v for k, v in t.system_attrs.items() if k == "constraints" or k.startswith("constraints:") or k == ranking.IMPORTED})
-            for t in trials]
+                     ranking_attrs(t.system_attrs)) for t in trials]
     top = ranking.best(trials, ranking.directions_of(study))  # (feasible, not imported by a warm start)
     return _print_trials(name, study.direction.name.lower(), rows, (top.number, top.value) if top is not None else None, limit)
 
 
 def _read_sql(name: str, stores: Stores):
-    url = stores.optuna_url
-    if not url.startswith("sqlite:///"):
-        return None
-    from hpolab.stores.optuna_sql import read_trials
+    from hpolab.stores.optuna_sql import read_trials, sqlite_path
 
-    return read_trials(Path(url[len("sqlite:///"):]), name)
+    path = sqlite_path(stores.optuna_url)
+    return read_trials(path, name) if path is not None else None
 
 
 def _ranked_rows(rows: list, direction: str) -> list:

@@ -19,14 +19,51 @@ import json
 import math
 import sqlite3
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 KNOWN_SCHEMAS = {"v3.2.0.a"}
-IMPORTED = "hpolab.imported_from"  # = study/budget.py IMPORTED (a warm start's imported trial)
+IMPORTED = "hpolab.imported_from"  # system attr of a trial a warm start imported (study/budget.py uses this one)
 _INF = {"INF_POS": math.inf, "INF_NEG": -math.inf}
+# The trial system attrs ranking reads: Optuna's constraints (its old list, its named ones) and IMPORTED
+_RANKING_KEYS = f"(key IN ('constraints', '{IMPORTED}') OR key LIKE 'constraints:%')"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a `sqlite:///PATH` URL; None for any other URL."""
+    return Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
+
+
+def ranking_attrs(system_attrs: dict[str, Any]) -> dict[str, Any]:
+    """The system attrs ranking reads (what the SQL readers fetch), from a trial's full set."""
+    return {k: v for k, v in system_attrs.items() if k in ("constraints", IMPORTED) or k.startswith("constraints:")}
+
+
+def constraints_of(system_attrs: dict[str, Any]) -> dict[str, float]:
+    """As Optuna's FrozenTrial.constraints: its old list (keys "0", "1", ...), then named ones."""
+    out = {str(i): c for i, c in enumerate(system_attrs.get("constraints") or [])}
+    out.update({k[len("constraints:"):]: v for k, v in system_attrs.items() if k.startswith("constraints:")})
+    return out
+
+
+@contextmanager
+def _snapshot(path: Path) -> Iterator[sqlite3.Connection | None]:
+    """A read-only connection (never creates or migrates) inside one transaction, so every query sees
+    the same snapshot; None when the file cannot be read this way or its schema is not a known one."""
+    try:
+        con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        yield None
+        return
+    try:
+        con.execute("BEGIN")
+        row = con.execute("SELECT version_num FROM alembic_version").fetchone()
+        yield con if row is not None and row[0] in KNOWN_SCHEMAS else None
+    finally:
+        con.close()
 
 
 @dataclass
@@ -45,19 +82,10 @@ class StudyData:
 def read_studies(path: Path) -> list[StudyData] | None:
     """Every study in the SQLite Optuna database at `path`, or None when it cannot be read here."""
     try:
-        con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)  # read-only: never creates or migrates
-    except sqlite3.Error:
-        return None
-    try:
-        con.execute("BEGIN")  # one snapshot for every query: a study written meanwhile is read whole or not at all
-        row = con.execute("SELECT version_num FROM alembic_version").fetchone()
-        if row is None or row[0] not in KNOWN_SCHEMAS:
-            return None
-        return _read(con)
+        with _snapshot(path) as con:
+            return _read(con) if con is not None else None
     except (sqlite3.Error, ValueError, KeyError, IndexError, TypeError):  # a locked or odd database: Optuna's reader decides
         return None
-    finally:
-        con.close()
 
 
 def _read(con: sqlite3.Connection) -> list[StudyData]:
@@ -91,8 +119,8 @@ def _read_complete(con: sqlite3.Connection, studies: dict[int, StudyData]) -> No
         values[tid][objective] = _INF.get(kind, value)
     attrs: dict[int, dict[str, Any]] = defaultdict(dict)
     for tid, key, value in con.execute(
-            "SELECT a.trial_id, a.key, a.value_json FROM trial_system_attributes a JOIN trials t ON t.trial_id = a.trial_id "
-            f"WHERE t.state = 'COMPLETE' AND (a.key IN ('constraints', '{IMPORTED}') OR a.key LIKE 'constraints:%')"):
+            "SELECT trial_id, key, value_json FROM trial_system_attributes WHERE "
+            f"trial_id IN (SELECT trial_id FROM trials WHERE state = 'COMPLETE') AND {_RANKING_KEYS}"):
         attrs[tid][key] = json.loads(value)
     for tid, sid, number in con.execute("SELECT trial_id, study_id, number FROM trials WHERE state = 'COMPLETE' ORDER BY trial_id"):
         v = values.get(tid)
@@ -114,33 +142,21 @@ class TrialRow:
 
     @property
     def constraints(self) -> dict[str, float]:
-        """As Optuna's FrozenTrial.constraints: its old list (keys "0", "1", ...), then named ones."""
-        out = {str(i): c for i, c in enumerate(self.system_attrs.get("constraints") or [])}
-        out.update({k[len("constraints:"):]: v for k, v in self.system_attrs.items() if k.startswith("constraints:")})
-        return out
+        return constraints_of(self.system_attrs)
 
 
 def read_trials(path: Path, name: str) -> tuple[list[str], list[TrialRow]] | None:
     """(directions, trials by number) of study `name`, or None when it cannot be read here (no such
     study, an unknown schema or distribution: the caller reads through Optuna, which says why)."""
     try:
-        con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error:
-        return None
-    try:
-        con.execute("BEGIN")  # one snapshot (as read_studies)
-        row = con.execute("SELECT version_num FROM alembic_version").fetchone()
-        if row is None or row[0] not in KNOWN_SCHEMAS:
-            return None
-        sid = con.execute("SELECT study_id FROM studies WHERE study_name = ?", (name,)).fetchone()
-        if sid is None:
-            return None
-        directions = [d.lower() for (d,) in con.execute("SELECT direction FROM study_directions WHERE study_id = ? ORDER BY objective", sid)]
-        return directions, _trial_rows(con, sid[0]) if len(directions) == 1 else []  # (several: the caller uses Optuna)
+        with _snapshot(path) as con:
+            sid = con.execute("SELECT study_id FROM studies WHERE study_name = ?", (name,)).fetchone() if con is not None else None
+            if sid is None:
+                return None
+            directions = [d.lower() for (d,) in con.execute("SELECT direction FROM study_directions WHERE study_id = ? ORDER BY objective", sid)]
+            return directions, _trial_rows(con, sid[0]) if len(directions) == 1 else []  # (several: the caller uses Optuna)
     except (sqlite3.Error, ValueError, KeyError, IndexError, TypeError):
         return None
-    finally:
-        con.close()
 
 
 def _trial_rows(con: sqlite3.Connection, sid: int) -> list[TrialRow]:
@@ -156,8 +172,7 @@ def _trial_rows(con: sqlite3.Connection, sid: int) -> list[TrialRow]:
     for tid, value in con.execute(f"SELECT trial_id, value_json FROM trial_user_attributes WHERE key = 'mlflow_run_id' AND {where}", (sid,)):
         rows[tid].run_id = json.loads(value)
     for tid, key, value in con.execute(
-            f"SELECT trial_id, key, value_json FROM trial_system_attributes WHERE (key IN ('constraints', '{IMPORTED}') "
-            f"OR key LIKE 'constraints:%') AND {where}", (sid,)):
+            f"SELECT trial_id, key, value_json FROM trial_system_attributes WHERE {_RANKING_KEYS} AND {where}", (sid,)):
         rows[tid].system_attrs[key] = json.loads(value)
     return sorted(rows.values(), key=lambda r: r.number)
 

@@ -79,11 +79,10 @@ def list_studies(stores: Stores, front: Callable[[list, list], list] | None = No
     study's `mlflow_parent_run_id`. A study of several objectives has no best value; `front(trials,
     directions)` (study/ranking.py's, which this layer cannot import) gives its feasible Pareto front.
     An embedded store is read with plain SQL when its schema is known (optuna_sql.py: no Optuna)."""
-    url = stores.optuna_url
-    if url.startswith("sqlite:///"):
-        from hpolab.stores.optuna_sql import read_studies
+    from hpolab.stores.optuna_sql import read_studies, sqlite_path
 
-        path = Path(url[len("sqlite:///"):])
+    path = sqlite_path(stores.optuna_url)
+    if path is not None:
         if not path.is_file():
             return []
         data = read_studies(path)
@@ -160,10 +159,9 @@ class _Complete:
 
     @property
     def constraints(self) -> dict[str, float]:
-        """As FrozenTrial.constraints reads them: the old list (keys "0", "1", ...), then named ones."""
-        out = {str(i): c for i, c in enumerate(self.system_attrs.get("constraints") or [])}
-        out.update({k[len("constraints:"):]: v for k, v in self.system_attrs.items() if k.startswith("constraints:")})
-        return out
+        from hpolab.stores.optuna_sql import constraints_of
+
+        return constraints_of(self.system_attrs)
 
 
 def _rows_from_sql(stores: Stores, data: list, front: Callable[[list, list], list] | None) -> list[StudyRow]:
@@ -193,7 +191,9 @@ def _best_value(trials: list, directions: list) -> float | None:
     """The best COMPLETE value of a single-objective study, as Optuna's study summary picks it."""
     import optuna
 
-    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and not t.system_attrs.get("hpolab.imported_from")]
+    from hpolab.stores.optuna_sql import IMPORTED
+
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and not t.system_attrs.get(IMPORTED)]
     if len(directions) != 1 or not complete:  # (a warm start's imported trials are not this study's results)
         return None
     pick = max if directions[0] == optuna.study.StudyDirection.MAXIMIZE else min

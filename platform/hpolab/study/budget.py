@@ -10,9 +10,10 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
+from hpolab.stores.optuna_sql import IMPORTED  # noqa: F401 -- a trial copied from another study (warm_start.py): history, not budget
+
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 RELEASED = "hpolab.released"  # system attr of a trial given back unrun because the budget was already full
-IMPORTED = "hpolab.imported_from"  # system attr of a finished trial copied from another study (warm_start.py): history, not budget
 
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
