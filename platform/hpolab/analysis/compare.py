@@ -8,8 +8,8 @@ metrics of any MLflow runs next to each other, across studies too, and marks wha
 Formats: `table` (rich, fits the terminal: short param names, 4 significant digits), `markdown`
 (the same columns), `csv` and `json` (every column, full float precision, machine-readable).
 
-Reading a study's trials is compare_study.py, printing them compare_render.py, runs side by side
-compare_runs.py; this module is the command.
+Reading a study's trials is compare_study.py (compare_sql.py for an embedded store), printing them
+compare_render.py, runs side by side compare_runs.py; this module is the command.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import re
 # The names below were all defined here before the split; they stay importable from here.
 from hpolab.analysis.compare_render import fmt_cell, json_value, print_study, short_names, to_records  # noqa: F401
 from hpolab.analysis.compare_runs import print_runs, runs_frame
+from hpolab.analysis.compare_sql import sql_study_table
 from hpolab.analysis.compare_study import StudyTable, load_study_table, select, study_frame, study_metric, tracking_client  # noqa: F401
 from hpolab.stores.paths import Stores
 
@@ -31,8 +32,10 @@ def compare_cmd(args, stores: Stores) -> int:
     targets = list(args.targets)
     ids = [t for t in targets if RUN_ID.match(t)]
     if len(targets) == 1 and not ids:
-        # --top K by the study metric: only the K shown trials' runs are read (issue 21)
-        table = load_study_table(targets[0], stores, top=(args.state, args.top) if args.top and not args.sort else None)
+        # --top K by the study metric: only the K shown trials' runs are read; an embedded store with
+        # plain SQL, without importing MLflow (issue 21)
+        top = (args.state, args.top) if args.top and not args.sort else None
+        table = sql_study_table(targets[0], stores, top) or load_study_table(targets[0], stores, top=top)
         df = select(table, state=args.state, sort=args.sort, top=args.top)
         print_study(table, df, args.format, args.state)
         return 0

@@ -106,11 +106,10 @@ def _float_or_none(v: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
-def _trial_row(t, run, params: list[str], metric: str, direction: str, now: dt.datetime) -> dict[str, Any]:
-    """One trial's row of study_frame (run: its MLflow run, or None)."""
+def _trial_row(t, run: tuple[dict, dict] | None, params: list[str], metric: str, direction: str, now: dt.datetime) -> dict[str, Any]:
+    """One trial's row of study_frame (run: its MLflow run's (tags, metrics), or None)."""
     run_id = t.user_attrs.get("mlflow_run_id")
-    tags = run.data.tags if run is not None else {}
-    run_metrics = run.data.metrics if run is not None else {}
+    tags, run_metrics = run if run is not None else ({}, {})
     steps = sorted(t.intermediate_values.items())
     best = _float_or_none(tags.get(f"hpolab.best_{metric}")) if t.state.name == "COMPLETE" else None
     if best is None and t.state.name == "COMPLETE" and t.values is not None and len(t.values) == 1:
@@ -157,12 +156,20 @@ def study_frame(study, client=None, experiment_id: str | None = None, metric: st
     only (the other rows hold what Optuna knows).
     """
     metric = metric or study_metric(study, client, experiment_id)
-    direction = primary_direction(study, metric)
     trials = study.get_trials(deepcopy=False)
     if only is None:
         runs = mlflow_runs_by_id(client, experiment_id)
     else:
         runs = runs_of_trials(client, experiment_id, [t for t in trials if t.number in only])
+    found = bool(runs) if only is None else (client is not None and experiment_id is not None)
+    return table_of(study, metric, {k: (r.data.tags, r.data.metrics) for k, r in runs.items()}, found)
+
+
+def table_of(study, metric: str, runs: dict[str, tuple[dict, dict]], found: bool) -> StudyTable:
+    """study_frame's table from the runs already read: run id -> (tags, metrics); `found`: whether
+    the MLflow side was there to read."""
+    direction = primary_direction(study, metric)
+    trials = study.get_trials(deepcopy=False)
     params = sorted({p for t in trials for p in t.params})
     now = dt.datetime.now()
     rows = []
@@ -181,7 +188,6 @@ def study_frame(study, client=None, experiment_id: str | None = None, metric: st
     # Integer columns with gaps (RUNNING trials, no MLflow run) stay integers, not floats.
     for col in ("trial", "epochs", "pruned_at_epoch", *(["rank"] if objectives else [])):
         frame[col] = frame[col].astype("Int64")
-    found = bool(runs) if only is None else (client is not None and experiment_id is not None)
     directions = [d.name.lower() for d in study.directions] if objectives else []
     return StudyTable(study.study_name, metric, direction, frame, params, found, objectives, directions)
 
@@ -215,7 +221,7 @@ def top_numbers(study, metric: str, state: str, top: int, also: tuple[str, ...] 
 
 def load_study_table(name: str, stores: Stores, top: tuple[str, int] | None = None) -> StudyTable:
     """`top` = (state, K): the table of `compare --top K` (sorted by the study metric): only the K
-    shown trials' MLflow runs are read."""
+    shown trials' MLflow runs are read. (compare_sql.py reads an embedded store faster.)"""
     from hpolab.stores.optuna_storage import load_study
 
     study = load_study(name, stores)

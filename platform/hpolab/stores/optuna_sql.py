@@ -1,9 +1,10 @@
-"""`study list` of an embedded store with plain SQL: no Optuna, no SQLAlchemy (issue 21).
+"""`study list`, `study status` and `compare` of an embedded store with plain SQL: no SQLAlchemy (issue 21).
 
 Importing Optuna and opening its RDBStorage (SQLAlchemy's ORM and the alembic version check) costs
 about 1.5 s of CPU before the first row is read; `study list` then needs only a few columns of every
 trial. So for a SQLite Optuna database whose schema version this module knows, it reads those
-columns with sqlite3 in a handful of queries, read-only. Any other database (PostgreSQL, a schema
+columns with sqlite3 in a handful of queries, read-only. `compare` needs whole trials: read_study
+gives Optuna's own FrozenTrial objects, built the way Optuna's RDBStorage builds them. Any other database (PostgreSQL, a schema
 Optuna migrated past what is listed in KNOWN_SCHEMAS, a file that cannot be read this way) returns
 None, and the caller reads through Optuna as before. tests/test_study_list_sql.py checks that both
 readers give the same rows.
@@ -66,6 +67,13 @@ def _snapshot(path: Path) -> Iterator[sqlite3.Connection | None]:
         con.close()
 
 
+def _local(stamp: str | None) -> datetime | None:
+    """Optuna 5 stores naive UTC and hands out naive local time (its models.py): so do we."""
+    if stamp is None:
+        return None
+    return datetime.fromisoformat(stamp).replace(tzinfo=timezone.utc).astimezone().replace(tzinfo=None)
+
+
 @dataclass
 class StudyData:
     """What `study list` needs of one study."""
@@ -102,8 +110,7 @@ def _read(con: sqlite3.Connection) -> list[StudyData]:
         s.counts[state.lower()] = n
         for stamp in (last_start, last_end):
             if stamp is not None:
-                # Optuna 5 stores naive UTC and hands out naive local time (its models.py): so do we
-                when = datetime.fromisoformat(stamp).replace(tzinfo=timezone.utc).astimezone().replace(tzinfo=None)
+                when = _local(stamp)
                 s.last_activity = when if s.last_activity is None else max(s.last_activity, when)
     _read_complete(con, studies)
     return list(studies.values())
@@ -188,3 +195,61 @@ def _external(value: float, dist: dict) -> Any:
     if kind == "CategoricalDistribution":
         return dist["attributes"]["choices"][int(value)]
     raise ValueError(f"unknown distribution {kind}")
+
+
+@dataclass
+class StudySnapshot:
+    """What the analysis commands read of an Optuna Study (name, directions, attrs, trials), from one
+    read snapshot. `trials` are Optuna's FrozenTrial, built as Optuna's RDBStorage builds them."""
+
+    study_name: str
+    directions: list[Any]  # optuna.study.StudyDirection, by objective
+    user_attrs: dict[str, Any]
+    metric_names: list[str] | None
+    trials: list[Any]  # optuna.trial.FrozenTrial, by number
+
+    def get_trials(self, deepcopy: bool = False, states: Any = None) -> list[Any]:
+        return [t for t in self.trials if states is None or t.state in states]
+
+
+def read_study(path: Path, name: str) -> StudySnapshot | None:
+    """Study `name` whole, or None when it cannot be read here (the caller reads through Optuna)."""
+    try:
+        with _snapshot(path) as con:
+            row = con.execute("SELECT study_id FROM studies WHERE study_name = ?", (name,)).fetchone() if con is not None else None
+            return _study(con, row[0], name) if row is not None else None
+    except (sqlite3.Error, ValueError, KeyError, IndexError, TypeError, AssertionError):
+        return None
+
+
+def _study(con: sqlite3.Connection, sid: int, name: str) -> StudySnapshot:
+    from optuna.distributions import json_to_distribution
+    from optuna.study import StudyDirection
+    from optuna.trial import FrozenTrial, TrialState
+
+    directions = [StudyDirection[d] for (d,) in con.execute("SELECT direction FROM study_directions WHERE study_id = ? ORDER BY objective", (sid,))]
+    user_attrs = {k: json.loads(v) for k, v in con.execute("SELECT key, value_json FROM study_user_attributes WHERE study_id = ?", (sid,))}
+    names = con.execute("SELECT value_json FROM study_system_attributes WHERE study_id = ? AND key = 'study:metric_names'", (sid,)).fetchone()
+    where = "trial_id IN (SELECT trial_id FROM trials WHERE study_id = ?)"
+    parts: dict[int, dict[str, Any]] = defaultdict(lambda: {"values": {}, "params": {}, "dists": {}, "user": {}, "system": {}, "steps": {}})
+    for tid, objective, value, kind in con.execute(f"SELECT trial_id, objective, value, value_type FROM trial_values WHERE {where}", (sid,)):
+        parts[tid]["values"][objective] = _INF.get(kind, value)
+    dists: dict[str, Any] = {}  # the same distribution JSON, parsed once
+    for tid, pname, pvalue, dist in con.execute(f"SELECT trial_id, param_name, param_value, distribution_json FROM trial_params WHERE {where}", (sid,)):
+        d = dists.get(dist) or dists.setdefault(dist, json_to_distribution(dist))
+        parts[tid]["params"][pname], parts[tid]["dists"][pname] = d.to_external_repr(pvalue), d
+    for table, part in (("trial_user_attributes", "user"), ("trial_system_attributes", "system")):
+        for tid, key, value in con.execute(f"SELECT trial_id, key, value_json FROM {table} WHERE {where}", (sid,)):
+            parts[tid][part][key] = json.loads(value)
+    for tid, step, value, kind in con.execute(
+            f"SELECT trial_id, step, intermediate_value, intermediate_value_type FROM trial_intermediate_values WHERE {where}", (sid,)):
+        parts[tid]["steps"][step] = {"NAN": math.nan, **_INF}.get(kind, value)
+    trials = []
+    for tid, number, state, start, end in con.execute(
+            "SELECT trial_id, number, state, datetime_start, datetime_complete FROM trials WHERE study_id = ? ORDER BY number", (sid,)):
+        p = parts[tid]
+        values = [p["values"][i] for i in sorted(p["values"])] or None
+        trials.append(FrozenTrial(number=number, state=TrialState[state], value=None, values=values, datetime_start=_local(start),
+                                  datetime_complete=_local(end), params=p["params"], distributions=p["dists"], user_attrs=p["user"],
+                                  system_attrs=p["system"], intermediate_values=p["steps"], trial_id=tid))
+    return StudySnapshot(name, directions, user_attrs, json.loads(names[0]) if names else None, trials)

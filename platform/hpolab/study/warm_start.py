@@ -3,7 +3,7 @@
     warm_start: {from: digits-cnn, top_k: 5}                   # or from: studies/digits_cnn.yaml
     warm_start: {from: digits-cnn, top_k: 0, import_trials: true}
 
-- `top_k`: the earlier study's k best configurations (ranking.py) are enqueued and run first, as
+- `top_k`: the earlier study's k best distinct configurations (ranking.py) are enqueued and run first, as
   real trials of this study (they count against n_trials). Only the parameters that exist in this
   search space and fit its distributions are kept; the rest are sampled.
 - `import_trials`: the earlier study's COMPLETE trials are added to this study's history (Optuna's
@@ -84,6 +84,21 @@ def _fitting(t, space: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def distinct_best(trials, directions, space: dict[str, Any], k: int) -> list:
+    """The k best trials with k different configurations (as they fit this space). The same
+    configuration can finish twice (NSGA-II's crossover can copy a parent; a retry re-runs one):
+    enqueuing it twice would run it once (skip_if_exists) and leave a slot to the sampler unsaid."""
+    best, seen = [], []
+    for t in ranking.ranked(trials, directions):
+        if len(best) == k:
+            break
+        params = _fitting(t, space)
+        if params not in seen:
+            seen.append(params)
+            best.append(t)
+    return best
+
+
 def apply(study: optuna.Study, storage, spec, source: optuna.Study, lr: tuple[float, float] | None) -> str | None:
     """Enqueue / import once; a one-line summary (None when it was done before)."""
     with budget_lock(storage, spec.name):
@@ -91,7 +106,7 @@ def apply(study: optuna.Study, storage, spec, source: optuna.Study, lr: tuple[fl
             return None
         ws, space = spec.warm_start, _space(spec, lr)
         trials = source.get_trials(deepcopy=False)
-        best = ranking.ranked(trials, ranking.directions_of(source))[: ws.top_k]
+        best = distinct_best(trials, ranking.directions_of(source), space, ws.top_k)
         for t in best:
             study.enqueue_trial(_fitting(t, space), user_attrs={"hpolab.warm_start_from": f"{source.study_name} trial {t.number}"},
                                 skip_if_exists=True)

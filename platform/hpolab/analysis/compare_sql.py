@@ -1,0 +1,43 @@
+"""`compare NAME`'s table of an embedded store, read with plain SQL (issue 21).
+
+Both databases of a local store are SQLite files: the study is read with optuna_sql.read_study and
+the runs with mlflow_sql.read_runs, then the same table_of() as through Optuna and MLflow builds the
+table. Nothing here decides what a row says; this only replaces how the data is read. None when
+either store is not a local SQLite file this can read: the caller goes through Optuna and MLflow.
+"""
+
+from __future__ import annotations
+
+from hpolab.analysis.compare_study import StudyTable, table_of, top_numbers
+from hpolab.stores import mlflow_sql, optuna_sql
+from hpolab.stores.paths import Stores
+
+
+def sql_study_table(name: str, stores: Stores, top: tuple[str, int] | None) -> StudyTable | None:
+    optuna_db, mlflow_db = optuna_sql.sqlite_path(stores.optuna_url), optuna_sql.sqlite_path(stores.tracking_uri)
+    if optuna_db is None or mlflow_db is None or not optuna_db.is_file():
+        return None
+    study = optuna_sql.read_study(optuna_db, name)
+    if study is None:
+        return None
+    if not mlflow_db.exists():  # as tracking_client(): reading never creates it; Optuna's side alone
+        return table_of(study, "value", {}, False)
+    # The study metric: Optuna does not store it; the parent run's params do (study_metric()).
+    first = [study.user_attrs.get("mlflow_parent_run_id")] + [t.user_attrs.get("mlflow_run_id") for t in study.trials[:3]]
+    first = [r for r in first if r]
+    read = mlflow_sql.read_runs(mlflow_db, name, first)
+    if read is None:
+        return None
+    experiment_id, runs = read
+    metric = next((runs[r].params["metric"] for r in first if r in runs and runs[r].params.get("metric")), "value")
+    if top is None:
+        read = mlflow_sql.read_runs(mlflow_db, name, None)
+        found = bool(read and read[1])
+    else:
+        only = top_numbers(study, metric, *top)
+        read = mlflow_sql.read_runs(mlflow_db, name, [t.user_attrs["mlflow_run_id"] for t in study.trials
+                                                      if t.number in only and t.user_attrs.get("mlflow_run_id")])
+        found = experiment_id is not None
+    if read is None:
+        return None
+    return table_of(study, metric, {k: (r.tags, r.metrics) for k, r in read[1].items()}, found)
