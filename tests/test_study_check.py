@@ -15,7 +15,10 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from conftest import STUDY, copy_store, run_cli
+from hpolab.analysis.check import find_problems
+from hpolab.analysis.check_read import _read_sql, _read_through_clients
 from hpolab.cli import main
+from hpolab.stores.paths import resolve_stores
 from hpolab.stores.mlflow_runs import start_child_run
 
 pytestmark = pytest.mark.slow  # the shared study is built with the real CLI
@@ -37,7 +40,11 @@ def _by_state(study, state):
 
 
 def check(store, *flags, capsys):
-    """The CLI in this process (argument parsing, exit codes): (exit code, stdout)."""
+    """The CLI in this process (argument parsing, exit codes): (exit code, stdout). First, the same
+    problems whether the stores are read with plain SQL or through Optuna and MLflow's clients."""
+    stores = resolve_stores(str(store))
+    sql, clients = (find_problems(read(STUDY, stores)) for read in (_read_sql, _read_through_clients))
+    assert [(p.trial, p.what, p.fix, p.repair is None) for p in sql] == [(p.trial, p.what, p.fix, p.repair is None) for p in clients]
     capsys.readouterr()
     code = main(["--store", str(store), "study", "check", STUDY, *flags])
     return code, capsys.readouterr().out

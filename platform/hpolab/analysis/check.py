@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import json
 
-from hpolab.analysis.consistency import (Problem, Study, orphan_runs, parent_problems, read_study, running_problems,
-                                         trial_problems)
+from hpolab.analysis.check_read import Study, read_study
+from hpolab.analysis.consistency import Problem, orphan_runs, parent_problems, running_problems, trial_problems
 from hpolab.stores.paths import Stores
 
 

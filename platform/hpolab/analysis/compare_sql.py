@@ -29,7 +29,7 @@ def sql_study_table(name: str, stores: Stores, top: tuple[str, int] | None) -> S
     if read is None:
         return None
     experiment_id, runs = read
-    metric = next((runs[r].params["metric"] for r in first if r in runs and runs[r].params.get("metric")), "value")
+    metric = next((runs[r].data.params["metric"] for r in first if r in runs and runs[r].data.params.get("metric")), "value")
     if top is None:
         read = mlflow_sql.read_runs(mlflow_db, name, None)
         found = bool(read and read[1])
@@ -40,4 +40,4 @@ def sql_study_table(name: str, stores: Stores, top: tuple[str, int] | None) -> S
         found = experiment_id is not None
     if read is None:
         return None
-    return table_of(study, metric, {k: (r.tags, r.metrics) for k, r in read[1].items()}, found)
+    return table_of(study, metric, {k: (r.data.tags, r.data.metrics) for k, r in read[1].items()}, found)

@@ -1,5 +1,5 @@
-"""The checks of `hpolab study check` (check.py), each with its repair where one exists: a study's
-two stores read once (`read_study`), and the `Problem`s found in them.
+"""The checks of `hpolab study check` (check.py), each with its repair where one exists: the
+`Problem`s found in a study's two stores, read once (check_read.py).
 
 A repair never deletes: it sets tags, closes a run with Optuna's state, restores a deleted run,
 marks a RUNNING trial of a dead driver FAIL with a retry copy (what the next `study run` does),
@@ -9,15 +9,12 @@ queues an interrupted attempt to resume, or records that an artifact is missing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
-import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpolab.stores import mlflow_runs as tr
-from hpolab.stores.paths import Stores
+from hpolab.analysis.check_read import Study, local_artifact_dir, set_tags
 from hpolab.study.budget import IMPORTED, RELEASED, trial_counts
 from hpolab.study.heartbeat import why_dead
 from hpolab.stores.optuna_storage import GRACE_PERIOD
@@ -41,74 +38,12 @@ class Problem:
         return {"trial": self.trial, "what": self.what, "fix": self.fix, "repairable": self.repair is not None}
 
 
-@dataclass
-class Study:
-    """Both stores of one study, read once."""
-
-    name: str
-    stores: Stores
-    study: optuna.Study
-    client: Any
-    experiment_id: str | None
-    runs: dict[str, Any]  # run id -> Run (deleted runs too)
-    models: dict[str, Any]  # logged model id -> LoggedModel
-    trials: list[FrozenTrial]
-    parent_id: str | None
-    live: set[int] = field(default_factory=set)  # RUNNING trials whose owner may be alive
-
-    @property
-    def storage(self):
-        return self.study._storage
-
-
-def read_study(name: str, stores: Stores) -> Study:
-    from mlflow.entities import ViewType
-
-    from hpolab.stores.mlflow_runs import client_for
-    from hpolab.stores.optuna_storage import load_study
-
-    study = load_study(name, stores)  # an unknown study or store: one line (UserError), exit 2
-    client = client_for(stores)
-    exp = client.get_experiment_by_name(name)
-    runs: dict[str, Any] = {}
-    models: dict[str, Any] = {}
-    if exp is not None:
-        token = None
-        while True:
-            page = client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL, max_results=1000, page_token=token)
-            runs.update((r.info.run_id, r) for r in page)
-            token = page.token
-            if not token:
-                break
-        token = None
-        while True:
-            page = client.search_logged_models([exp.experiment_id], max_results=1000, page_token=token)
-            models.update((m.model_id, m) for m in page)
-            token = page.token
-            if not token:
-                break
-    return Study(name, stores, study, client, exp.experiment_id if exp else None, runs, models,
-                 study.get_trials(deepcopy=False), study.user_attrs.get("mlflow_parent_run_id"))
-
-
-
-def local_artifact_dir(uri: str) -> Path | None:
-    """The folder of a file: (or plain path) artifact URI; None for a remote store."""
-    if uri.startswith("file:"):
-        from mlflow.utils.file_utils import local_file_uri_to_path
-
-        return Path(local_file_uri_to_path(uri))
-    if uri.startswith("/"):
-        return Path(uri)
-    return None
-
-
 UNLIMITED = 10**9  # a repair's retry copy: interrupts never use up max_retries
 
 
 def _tags_fix(s: Study, run_id: str, tags: dict[str, str], what: str) -> Callable[[], str]:
     def fix() -> str:
-        tr.set_tags(s.client, run_id, tags)
+        set_tags(s, run_id, tags)
         return what
     return fix
 
@@ -150,7 +85,7 @@ def _reap(s: Study, t: FrozenTrial, kind: str, reason: str) -> str:
     copy = RetryCopy(UNLIMITED)(s.study, s.storage.get_trial(t._trial_id), kind=kind)
     run_id = t.user_attrs.get("mlflow_run_id")
     if run_id in s.runs:
-        tr.set_tags(s.client, run_id, {"hpolab.state": "FAIL", "hpolab.fail_kind": kind, "hpolab.retried_as_trial": str(copy),
+        set_tags(s, run_id, {"hpolab.state": "FAIL", "hpolab.fail_kind": kind, "hpolab.retried_as_trial": str(copy),
                                        "hpolab.fail_reason": f"{reason}; retried as trial {copy} {BY_CHECK}"})
         s.client.set_terminated(run_id, status="FAILED")
     return f"marked FAIL, queued to resume as trial {copy}" + (f", closed run {run_id} FAILED" if run_id in s.runs else "")
@@ -206,7 +141,7 @@ def _state_problems(s: Study, t: FrozenTrial, run) -> list[Problem]:
                 fix["hpolab.fail_reason"] = f"FAIL in Optuna, reason unknown {BY_CHECK}"
 
             def close(fix=fix) -> str:
-                tr.set_tags(s.client, run_id, fix)
+                set_tags(s, run_id, fix)
                 s.client.set_terminated(run_id, status=want)
                 return f"run {run_id}: hpolab.state={t.state.name}, status {want}"
             out.append(Problem(t.number, what, f"set hpolab.state={t.state.name} and status {want} (Optuna's state is the truth)", close))
@@ -223,7 +158,7 @@ def _state_problems(s: Study, t: FrozenTrial, run) -> list[Problem]:
 
 def _requeue(s: Study, t: FrozenTrial, kind: str, run_id: str) -> str:
     copy = RetryCopy(UNLIMITED)(s.study, t, kind=kind)
-    tr.set_tags(s.client, run_id, {"hpolab.retried_as_trial": str(copy)})
+    set_tags(s, run_id, {"hpolab.retried_as_trial": str(copy)})
     return f"queued to resume as trial {copy}"
 
 
@@ -320,7 +255,7 @@ def orphan_runs(s: Study) -> list[Problem]:
         points = s.trials[number].user_attrs.get("mlflow_run_id") if number is not None else None
 
         def mark(run=run, number=number) -> str:
-            tr.set_tags(s.client, run.info.run_id, {"hpolab.orphan": f"no trial points at this run {BY_CHECK}"})
+            set_tags(s, run.info.run_id, {"hpolab.orphan": f"no trial points at this run {BY_CHECK}"})
             if run.info.status == "RUNNING":
                 s.client.set_terminated(run.info.run_id, status="KILLED")
             return f"marked run {run.info.run_id} hpolab.orphan" + (" and closed it KILLED" if run.info.status == "RUNNING" else "")
@@ -367,6 +302,6 @@ def parent_problems(s: Study) -> list[Problem]:
 def _close_parent(s: Study, run, counts_tags: dict[str, str], counts: dict[str, Any], n_trials: int | None) -> str:
     done = (n_trials is not None and counts["finished"] >= n_trials) or bool(run.data.tags.get("hpolab.stop_reason"))
     status = "FINISHED" if done else "KILLED"
-    tr.set_tags(s.client, s.parent_id, {**counts_tags, "hpolab.closed_by": f"hpolab study check --repair {BY_CHECK}"})
+    set_tags(s, s.parent_id, {**counts_tags, "hpolab.closed_by": f"hpolab study check --repair {BY_CHECK}"})
     s.client.set_terminated(s.parent_id, status=status)
     return f"closed parent run {s.parent_id} {status} with the study's counts"

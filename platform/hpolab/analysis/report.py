@@ -315,10 +315,23 @@ def render(data: ReportData) -> str:
 # ---------------------------------------------------------------- command
 
 
+def _read_only(study):
+    """The study, for reading: Optuna's plots ask for `study.trials` / `get_trials()`, a deep copy of
+    every trial on each call; the report never changes a trial, so it hands them Optuna's own
+    objects (issue 21: four copies of 1,000 trials took about 2.5 s of a report)."""
+    import optuna
+
+    class ReadOnlyStudy(optuna.Study):
+        def get_trials(self, deepcopy: bool = True, states=None):
+            return super().get_trials(deepcopy=False, states=states)
+
+    return ReadOnlyStudy(study_name=study.study_name, storage=study._storage)
+
+
 def write_report(name: str, stores: Stores, out: Path | None = None) -> tuple[Path, ReportData]:
     from hpolab.stores.optuna_storage import load_study
 
-    study = load_study(name, stores)
+    study = _read_only(load_study(name, stores))
     data = gather(study, stores)
     out = Path(out) if out else stores.root / "reports" / f"{name}.html"
     out.parent.mkdir(parents=True, exist_ok=True)
