@@ -96,11 +96,17 @@ def test_it_falls_back_when_it_cannot_read_the_file(store):
     _store(store, "sq", ["maximize"])
     stores = resolve_stores(str(store))
     assert sql_study_table("nope", stores, None) is None  # no such study: Optuna's reader says so
+    exp, _ = mlflow_sql.read_runs(store / "mlflow.db", "sq", [])
+    assert mlflow_sql.read_run_series(store / "mlflow.db", exp, "0" * 32, "lr-range-test", ("x",)) == ("0" * 32, None, {})
+    assert mlflow_sql.read_run_series(store / "mlflow.db", exp, None, "lr-range-test", ("x",)) == (None, {}, {})
+    assert mlflow_sql.read_registry(store / "mlflow.db", "sq", "sq").found is False
     con = sqlite3.connect(store / "mlflow.db")
     with con:
         con.execute("ALTER TABLE latest_metrics RENAME COLUMN is_nan TO nan_flag")  # a schema this does not know
     con.close()
     assert mlflow_sql.read_runs(store / "mlflow.db", "sq", None) is None
+    assert mlflow_sql.read_registry(store / "mlflow.db", "sq", "sq") is None
+    assert mlflow_sql.read_run_series(store / "mlflow.db", exp, None, "lr-range-test", ("x",)) is None
     assert sql_study_table("sq", stores, None) is None
     assert mlflow_sql.read_runs(store / "missing.db", "sq", None) is None and not (store / "missing.db").exists()
 

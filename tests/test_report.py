@@ -9,6 +9,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import optuna
+import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
@@ -107,13 +108,38 @@ def _add_lr_range_test(client: MlflowClient, study: optuna.Study) -> str:
     return run_id
 
 
+def assert_same_data(sql, through_clients):
+    """The report's data read with plain SQL (report_sql.py) equals what MlflowClient gives."""
+    a, b = sql, through_clients
+    assert (a.metric, a.direction, a.counts, a.experiment_id, a.problems) == (b.metric, b.direction, b.counts, b.experiment_id, b.problems)
+    assert (a.parent_run.info.run_id, a.parent_run.data.tags, a.parent_run.data.params) == \
+        (b.parent_run.info.run_id, b.parent_run.data.tags, b.parent_run.data.params)
+    pd.testing.assert_frame_equal(a.table.frame.drop(columns=["duration_s"]), b.table.frame.drop(columns=["duration_s"]))
+    assert a.lr_test == b.lr_test
+    pa, pb = a.promotion, b.promotion
+    assert {k: v for k, v in pa.items() if k not in ("versions", "champion")} == {k: v for k, v in pb.items() if k not in ("versions", "champion")}
+
+    def version(v):
+        return None if v is None else (int(v.version), v.run_id, v.description, v.creation_timestamp, dict(v.tags))
+    assert [version(v) for v in pa.get("versions", [])] == [version(v) for v in pb.get("versions", [])]
+    assert version(pa.get("champion")) == version(pb.get("champion"))
+
+
 @pytest.mark.slow
 def test_report_on_a_finished_study(template, tmp_path):
+    from hpolab.analysis.report import _read_only
+    from hpolab.analysis.report_data import gather
+    from hpolab.analysis.report_sql import gather_sql
+    from hpolab.stores.paths import resolve_stores
+
     store = copy_store(template, tmp_path / "store")
     client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{store / 'optuna.db'}")
+    stores = resolve_stores(str(store))
+    assert gather_sql(_read_only(study, stores), stores).promotion == {"state": "none"}
     version = _add_champion(client, study)
     _add_lr_range_test(client, study)
+    assert_same_data(gather_sql(_read_only(study, stores), stores), gather(_read_only(study, stores), stores))
 
     proc = run_cli("--store", str(store), "report", STUDY)
     out = store / "reports" / f"{STUDY}.html"

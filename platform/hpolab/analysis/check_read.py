@@ -9,7 +9,6 @@ is read through Optuna and MlflowClient. Optuna's Study and the client are opene
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from optuna.trial import FrozenTrial
@@ -110,15 +109,3 @@ def _read_through_clients(name: str, stores: Stores) -> Study:
                 break
     return Study(name, stores, exp.experiment_id if exp else None, runs, models, study.get_trials(deepcopy=False),
                  study.user_attrs.get("mlflow_parent_run_id"), opened={"study": study, "client": client})
-
-
-def local_artifact_dir(uri: str) -> Path | None:
-    """The folder of a file: (or plain path) artifact URI; None for a remote store."""
-    if uri.startswith("file:"):  # as MLflow's local_file_uri_to_path, without importing MLflow
-        from urllib.parse import urlparse
-        from urllib.request import url2pathname
-
-        return Path(url2pathname(urlparse(uri).path))
-    if uri.startswith("/"):
-        return Path(uri)
-    return None

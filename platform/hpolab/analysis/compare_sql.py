@@ -8,6 +8,8 @@ either store is not a local SQLite file this can read: the caller goes through O
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hpolab.analysis.compare_study import StudyTable, table_of, top_numbers
 from hpolab.stores import mlflow_sql, optuna_sql
 from hpolab.stores.paths import Stores
@@ -22,14 +24,10 @@ def sql_study_table(name: str, stores: Stores, top: tuple[str, int] | None) -> S
         return None
     if not mlflow_db.exists():  # as tracking_client(): reading never creates it; Optuna's side alone
         return table_of(study, "value", {}, False)
-    # The study metric: Optuna does not store it; the parent run's params do (study_metric()).
-    first = [study.user_attrs.get("mlflow_parent_run_id")] + [t.user_attrs.get("mlflow_run_id") for t in study.trials[:3]]
-    first = [r for r in first if r]
-    read = mlflow_sql.read_runs(mlflow_db, name, first)
-    if read is None:
+    first = first_runs(mlflow_db, study)
+    if first is None:
         return None
-    experiment_id, runs = read
-    metric = next((runs[r].data.params["metric"] for r in first if r in runs and runs[r].data.params.get("metric")), "value")
+    experiment_id, _, metric = first
     if top is None:
         read = mlflow_sql.read_runs(mlflow_db, name, None)
         found = bool(read and read[1])
@@ -41,3 +39,16 @@ def sql_study_table(name: str, stores: Stores, top: tuple[str, int] | None) -> S
     if read is None:
         return None
     return table_of(study, metric, {k: (r.data.tags, r.data.metrics) for k, r in read[1].items()}, found)
+
+
+def first_runs(mlflow_db: Path, study) -> tuple[str | None, dict[str, mlflow_sql.RunFacts], str] | None:
+    """(experiment id, the parent run and the first trials' runs, the study metric). Optuna does not
+    store the metric; the parent run's params do (compare_study.study_metric)."""
+    ids = [study.user_attrs.get("mlflow_parent_run_id")] + [t.user_attrs.get("mlflow_run_id") for t in study.trials[:3]]
+    ids = [r for r in ids if r]
+    read = mlflow_sql.read_runs(mlflow_db, study.study_name, ids)
+    if read is None:
+        return None
+    experiment_id, runs = read
+    metric = next((runs[r].data.params["metric"] for r in ids if r in runs and runs[r].data.params.get("metric")), "value")
+    return experiment_id, runs, metric

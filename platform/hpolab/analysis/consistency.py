@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from optuna.trial import FrozenTrial, TrialState
 
-from hpolab.analysis.check_read import Study, local_artifact_dir, set_tags
+from hpolab.analysis.check_read import Study, set_tags
+from hpolab.stores.artifacts import local_artifact_dir
 from hpolab.study.budget import IMPORTED, RELEASED, trial_counts
 from hpolab.study.heartbeat import why_dead
 from hpolab.stores.optuna_storage import GRACE_PERIOD

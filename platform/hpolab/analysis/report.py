@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 from hpolab.analysis import report_html as H
 from hpolab.analysis.report_data import TOP_ROWS, ReportData, best_number, gather
 from hpolab.analysis.report_figures import plots_for, PLOTS, quiet
+from hpolab.analysis.report_sql import gather_sql
 from hpolab.stores.paths import Stores
 
 ARTIFACT_DIR = "report"  # on the study's parent run: report/<study>.html
@@ -315,15 +317,23 @@ def render(data: ReportData) -> str:
 # ---------------------------------------------------------------- command
 
 
-def _read_only(study):
+def _read_only(study, stores: Stores):
     """The study, for reading: Optuna's plots ask for `study.trials` / `get_trials()`, a deep copy of
-    every trial on each call; the report never changes a trial, so it hands them Optuna's own
-    objects (issue 21: four copies of 1,000 trials took about 2.5 s of a report)."""
+    every trial on each call; the report never changes a trial, so it hands them the same objects
+    (issue 21: four copies of 1,000 trials took about 2.5 s of a report). On an embedded store they
+    are read once with plain SQL (optuna_sql.read_study: 0.1 s instead of 0.5 s for 1,000 trials)."""
     import optuna
+
+    from hpolab.stores.optuna_sql import read_study, sqlite_path
+
+    path = sqlite_path(stores.optuna_url)
+    snapshot = read_study(path, study.study_name) if path is not None else None
 
     class ReadOnlyStudy(optuna.Study):
         def get_trials(self, deepcopy: bool = True, states=None):
-            return super().get_trials(deepcopy=False, states=states)
+            if snapshot is None:
+                return super().get_trials(deepcopy=False, states=states)
+            return snapshot.get_trials(states=states)
 
     return ReadOnlyStudy(study_name=study.study_name, storage=study._storage)
 
@@ -331,24 +341,41 @@ def _read_only(study):
 def write_report(name: str, stores: Stores, out: Path | None = None) -> tuple[Path, ReportData]:
     from hpolab.stores.optuna_storage import load_study
 
-    study = _read_only(load_study(name, stores))
-    data = gather(study, stores)
+    study = _read_only(load_study(name, stores), stores)
+    data = gather_sql(study, stores) or gather(study, stores)  # an embedded store: plain SQL (report_sql.py)
     out = Path(out) if out else stores.root / "reports" / f"{name}.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(data), encoding="utf-8")
     return out, data
 
 
-def log_report(data: ReportData, path: Path) -> str | None:
-    """Log the report on the study's parent run as report/<study>.html; returns the artifact path."""
-    if data.client is None or data.parent_run is None:
+def log_report(data: ReportData, path: Path, stores: Stores) -> str | None:
+    """Log the report on the study's parent run as report/<study>.html; returns the artifact path.
+    A run whose artifacts are a local folder (an embedded store) gets the file copied there, as
+    MLflow's local artifact repository does, without importing MLflow (issue 21); any other goes
+    through MlflowClient."""
+    if data.parent_run is None:
         return None
+    from hpolab.stores.artifacts import local_artifact_dir
+
     run_id = data.parent_run.info.run_id
     artifact_name = f"{data.study.study_name}.html"
+    folder = local_artifact_dir(data.parent_run.info.artifact_uri)
+    if data.client is None and folder is not None:
+        (folder / ARTIFACT_DIR).mkdir(parents=True, exist_ok=True)
+        partial = folder / ARTIFACT_DIR / f".{artifact_name}.partial"
+        shutil.copyfile(path, partial)
+        partial.replace(folder / ARTIFACT_DIR / artifact_name)  # (never a half-written page in the UI)
+        return f"{ARTIFACT_DIR}/{artifact_name}"
+    client = data.client
+    if client is None:
+        from hpolab.stores.mlflow_runs import client_for
+
+        client = client_for(stores)
     with tempfile.TemporaryDirectory() as tmp:
         p = Path(tmp) / artifact_name
         p.write_bytes(Path(path).read_bytes())
-        data.client.log_artifact(run_id, str(p), ARTIFACT_DIR)
+        client.log_artifact(run_id, str(p), ARTIFACT_DIR)
     return f"{ARTIFACT_DIR}/{artifact_name}"
 
 
@@ -358,7 +385,7 @@ def report_cmd(args, stores: Stores) -> int:
     if data.finished < 2:
         print(f"note: the study has {data.finished} finished trial{'s' * (data.finished != 1)}; the report says what is missing")
     try:
-        artifact = log_report(data, out)
+        artifact = log_report(data, out, stores)
     except Exception as e:  # the local file is the main product; say why MLflow did not get a copy
         print(f"warning: could not log the report to MLflow: {e}")
         return 0

@@ -16,6 +16,7 @@ from hpolab.stores.paths import Stores
 TOP_ROWS = 10  # the report's top-trials table (report.py)
 
 LR_RUN_NAME = "lr-range-test"
+LR_KEYS = ("lr_test_lr", "lr_test_loss", "lr_test_smoothed_loss")  # its metrics, step = sweep step
 
 
 @dataclass
@@ -96,13 +97,18 @@ def _lr_test(study, client, experiment_id: str | None, problems: list[str]) -> d
         if not run_id:
             return {"attr": attr, "run_id": None, "lr": [], "loss": [], "smoothed": []} if attr else None
         series = {}
-        for name in ("lr_test_lr", "lr_test_loss", "lr_test_smoothed_loss"):
+        for name in LR_KEYS:
             series[name] = {m.step: m.value for m in client.get_metric_history(run_id, name)}
-        steps = sorted(set(series["lr_test_lr"]) & set(series["lr_test_loss"]))
         params = client.get_run(run_id).data.params
     except Exception as e:
         problems.append(f"LR range test run not readable: {e}")
         return {"attr": attr, "run_id": run_id, "lr": [], "loss": [], "smoothed": []} if attr else None
+    return lr_curve(attr, run_id, series, params)
+
+
+def lr_curve(attr: dict | None, run_id: str, series: dict[str, dict[int, float]], params: dict[str, str]) -> dict[str, Any]:
+    """The LR range test entry of ReportData from its run's metric series (metric -> step -> value)."""
+    steps = sorted(set(series["lr_test_lr"]) & set(series["lr_test_loss"]))
     return {
         "attr": attr,
         "run_id": run_id,
@@ -147,11 +153,16 @@ def _promotion(name: str, client, problems: list[str]) -> dict[str, Any]:
         problems.append(f"model versions not readable: {e}")
         versions = []
     versions.sort(key=lambda v: int(v.version), reverse=True)
-    by_version = {str(v.version): [a for a, n in aliases.items() if str(n) == str(v.version)] for v in versions}
     champion = None
     if "champion" in aliases:
         try:
             champion = client.get_model_version_by_alias(name, "champion")
         except Exception as e:
             problems.append(f"champion version not readable: {e}")
-    return {"state": "registered", "name": name, "model": model, "aliases": aliases, "versions": versions, "version_aliases": by_version, "champion": champion}
+    return registered(name, aliases, versions, champion)
+
+
+def registered(name: str, aliases: dict[str, Any], versions: list, champion) -> dict[str, Any]:
+    """The promotion entry of ReportData for a registered model (versions newest first)."""
+    by_version = {str(v.version): [a for a, n in aliases.items() if str(n) == str(v.version)] for v in versions}
+    return {"state": "registered", "name": name, "aliases": aliases, "versions": versions, "version_aliases": by_version, "champion": champion}

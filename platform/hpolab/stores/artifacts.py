@@ -73,3 +73,15 @@ def delete_logged_model(client, model_id: str) -> None:
         except OSError:
             pass
     client.delete_logged_model(model_id)
+
+
+def local_artifact_dir(uri: str) -> Path | None:
+    """The folder of a file: (or plain path) artifact URI; None for a remote store."""
+    if uri.startswith("file:"):  # as MLflow's local_file_uri_to_path, without importing MLflow
+        from urllib.parse import urlparse
+        from urllib.request import url2pathname
+
+        return Path(url2pathname(urlparse(uri).path))
+    if uri.startswith("/"):
+        return Path(uri)
+    return None

@@ -62,8 +62,18 @@ class ModelFacts:
     artifact_location: str
 
 
+# What the report reads besides: the LR range test's metric series and the Model Registry
+REPORT_COLUMNS = {
+    "metrics": {"run_uuid", "key", "value", "step", "timestamp", "is_nan"},
+    "registered_models": {"name", "workspace"},
+    "model_versions": {"name", "version", "run_id", "description", "creation_time", "current_stage", "workspace"},
+    "model_version_tags": {"name", "version", "key", "value", "workspace"},
+    "registered_model_aliases": {"name", "alias", "version", "workspace"},
+}
+
+
 @contextmanager
-def _snapshot(path: Path) -> Iterator[sqlite3.Connection | None]:
+def _snapshot(path: Path, columns: dict[str, set[str]] = COLUMNS) -> Iterator[sqlite3.Connection | None]:
     """A read-only connection in one transaction; None when the file or its columns are not as expected."""
     if not Path(path).is_file():
         yield None
@@ -71,7 +81,7 @@ def _snapshot(path: Path) -> Iterator[sqlite3.Connection | None]:
     con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
     try:
         con.execute("BEGIN")
-        for table, cols in COLUMNS.items():
+        for table, cols in columns.items():
             if not cols <= {row[1] for row in con.execute(f"PRAGMA table_info({table})")}:
                 yield None
                 return
@@ -125,3 +135,82 @@ def _read(con: sqlite3.Connection, experiment: str, run_ids: list[str] | None, d
         for run, key, value in con.execute(f"SELECT run_uuid, key, value FROM {table} WHERE run_uuid IN (SELECT run_uuid FROM wanted)"):
             getattr(runs[run].data, table)[key] = value
     return str(row[0]), runs
+
+
+@dataclass
+class VersionFacts:
+    """MLflow's ModelVersion as far as the report reads it."""
+
+    name: str
+    version: int
+    run_id: str | None
+    description: str | None
+    creation_timestamp: int | None  # ms
+    tags: dict[str, str]
+
+
+@dataclass
+class RegistryFacts:
+    """One registered model: its aliases (alias -> version) and its versions, newest first (found:
+    False when no model is registered for the study)."""
+
+    found: bool
+    name: str
+    aliases: dict[str, int]
+    versions: list[VersionFacts]
+
+
+def read_run_series(path: Path, experiment_id: str, run_id: str | None, run_name: str, keys: tuple[str, ...],
+                    ) -> tuple[str | None, dict[str, dict[int, float]] | None, dict[str, str]] | None:
+    """(run id, {metric: {step: value}}, params) of run `run_id`, or else of the experiment's latest
+    active run named `run_name` (MLflow's get_metric_history order: a later value of a step wins).
+    (None, {}, {}): no run of that name; (run_id, None, {}): no such run; None: the file cannot be
+    read here."""
+    try:
+        with _snapshot(path, {**COLUMNS, **REPORT_COLUMNS}) as con:
+            if con is None:
+                return None
+            if not run_id:
+                row = con.execute("SELECT r.run_uuid FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid WHERE r.experiment_id = ? "
+                                  "AND r.lifecycle_stage = 'active' AND t.key = 'mlflow.runName' AND t.value = ? "
+                                  "ORDER BY r.start_time DESC LIMIT 1", (int(experiment_id), run_name)).fetchone()
+                if row is None:
+                    return None, {}, {}
+                run_id = row[0]
+            elif con.execute("SELECT 1 FROM runs WHERE run_uuid = ?", (run_id,)).fetchone() is None:
+                return run_id, None, {}
+            series: dict[str, dict[int, float]] = {k: {} for k in keys}
+            for key, step, value, is_nan in con.execute(
+                    f"SELECT key, step, value, is_nan FROM metrics WHERE run_uuid = ? AND key IN ({', '.join('?' * len(keys))}) "
+                    "ORDER BY timestamp, step, value", (run_id, *keys)):
+                series[key][step] = math.nan if is_nan else float(value)
+            params = dict(con.execute("SELECT key, value FROM params WHERE run_uuid = ?", (run_id,)))
+            return run_id, series, params
+    except (sqlite3.Error, ValueError, TypeError):
+        return None
+
+
+def read_registry(path: Path, name: str, study: str) -> RegistryFacts | None:
+    """The registered model `name`, or else the one whose versions carry tag hpolab.study = `study`
+    (`promote --model-name`); None when the file cannot be read here."""
+    try:
+        with _snapshot(path, {**COLUMNS, **REPORT_COLUMNS}) as con:
+            if con is None:
+                return None
+            live = "workspace = 'default' AND current_stage != 'Deleted_Internal'"
+            if con.execute("SELECT 1 FROM registered_models WHERE name = ? AND workspace = 'default'", (name,)).fetchone() is None:
+                row = con.execute(f"SELECT v.name FROM model_versions v JOIN model_version_tags t ON t.name = v.name AND t.version = v.version "
+                                  f"AND t.workspace = v.workspace WHERE v.{live} AND t.key = 'hpolab.study' AND t.value = ? "
+                                  "ORDER BY v.creation_time LIMIT 1", (study,)).fetchone()
+                if row is None:
+                    return RegistryFacts(False, name, {}, [])
+                name = row[0]
+            aliases = dict(con.execute("SELECT alias, version FROM registered_model_aliases WHERE name = ? AND workspace = 'default'", (name,)))
+            versions = {v: VersionFacts(name, v, run, desc, created, {}) for v, run, desc, created in con.execute(
+                f"SELECT version, run_id, description, creation_time FROM model_versions WHERE name = ? AND {live}", (name,))}
+            for v, key, value in con.execute("SELECT version, key, value FROM model_version_tags WHERE name = ? AND workspace = 'default'", (name,)):
+                if v in versions:
+                    versions[v].tags[key] = value
+            return RegistryFacts(True, name, aliases, sorted(versions.values(), key=lambda v: v.version, reverse=True))
+    except (sqlite3.Error, ValueError, TypeError):
+        return None
