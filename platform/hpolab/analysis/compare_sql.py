@@ -46,7 +46,7 @@ def first_runs(mlflow_db: Path, study) -> tuple[str | None, dict[str, mlflow_sql
     store the metric; the parent run's params do (compare_study.study_metric)."""
     ids = [study.user_attrs.get("mlflow_parent_run_id")] + [t.user_attrs.get("mlflow_run_id") for t in study.trials[:3]]
     ids = [r for r in ids if r]
-    read = mlflow_sql.read_runs(mlflow_db, study.study_name, ids)
+    read = mlflow_sql.read_runs(mlflow_db, study.study_name, ids, deleted=True)  # (as MlflowClient.get_run: deleted too)
     if read is None:
         return None
     experiment_id, runs = read

@@ -1,17 +1,19 @@
-"""`study list`, `study status` and `compare` of an embedded store with plain SQL: no SQLAlchemy (issue 21).
+"""The Optuna side of an embedded store with plain SQL, for `study list`, `study status`, `compare`,
+`study check` and `report` (issue 21).
 
 Importing Optuna and opening its RDBStorage (SQLAlchemy's ORM and the alembic version check) costs
 about 1.5 s of CPU before the first row is read; `study list` then needs only a few columns of every
 trial. So for a SQLite Optuna database whose schema version this module knows, it reads those
-columns with sqlite3 in a handful of queries, read-only. `compare` needs whole trials: read_study
-gives Optuna's own FrozenTrial objects, built the way Optuna's RDBStorage builds them. Any other database (PostgreSQL, a schema
-Optuna migrated past what is listed in KNOWN_SCHEMAS, a file that cannot be read this way) returns
-None, and the caller reads through Optuna as before. tests/test_study_list_sql.py checks that both
-readers give the same rows.
+columns with sqlite3 in a handful of queries, read-only, without importing Optuna. The other
+commands need whole trials: read_study gives Optuna's own FrozenTrial objects, built the way Optuna's
+RDBStorage builds them (0.09 s for 1,000 trials instead of 1.0 s). Any other database (PostgreSQL, a
+schema Optuna migrated past what is listed in KNOWN_SCHEMAS, a file that cannot be read this way)
+returns None, and the caller reads through Optuna as before. tests/test_study_list_sql.py and
+tests/test_compare_sql.py check that both readers give the same rows.
 
 The tables read (Optuna's RDB schema, alembic version v3.2.0.a, as Optuna 5 writes it): studies,
 study_directions, study_user_attributes, study_system_attributes, trials, trial_values,
-trial_system_attributes.
+trial_params, trial_intermediate_values, trial_user_attributes, trial_system_attributes.
 """
 
 from __future__ import annotations
