@@ -15,6 +15,7 @@ from optuna.trial import FrozenTrial
 
 from hpolab.stores import mlflow_sql, optuna_sql
 from hpolab.stores.paths import Stores
+from hpolab.stores.sqlite_read import sqlite_path
 
 
 @dataclass
@@ -67,7 +68,7 @@ def read_study(name: str, stores: Stores) -> Study:
 
 
 def _read_sql(name: str, stores: Stores) -> Study | None:
-    optuna_db, mlflow_db = optuna_sql.sqlite_path(stores.optuna_url), optuna_sql.sqlite_path(stores.tracking_uri)
+    optuna_db, mlflow_db = sqlite_path(stores.optuna_url), sqlite_path(stores.tracking_uri)
     if optuna_db is None or mlflow_db is None or not optuna_db.is_file():
         return None
     study = optuna_sql.read_study(optuna_db, name)

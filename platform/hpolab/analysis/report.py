@@ -324,7 +324,8 @@ def _read_only(study, stores: Stores):
     are read once with plain SQL (optuna_sql.read_study: 0.1 s instead of 0.5 s for 1,000 trials)."""
     import optuna
 
-    from hpolab.stores.optuna_sql import read_study, sqlite_path
+    from hpolab.stores.optuna_sql import read_study
+    from hpolab.stores.sqlite_read import sqlite_path
 
     path = sqlite_path(stores.optuna_url)
     snapshot = read_study(path, study.study_name) if path is not None else None

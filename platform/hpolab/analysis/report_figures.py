@@ -253,7 +253,8 @@ def fig_importances(data: ReportData) -> tuple[Any, str | None]:
 def fig_parallel(data: ReportData) -> tuple[Any, str | None]:
     """The metric and each sampled parameter that varies, one line per COMPLETE trial: one plotly
     Parcoords trace (Optuna 5's plot draws one Scatter per trial: 1,000 trials took 1.3 s, issue 21)."""
-    complete, params = _complete(data), _varying_params(_complete(data))
+    complete = _complete(data)
+    params = _varying_params(complete)
     target = _target(data).get("target") or (lambda t: t.value)
     trials = [t for t in complete if all(p in t.params for p in params) and math.isfinite(target(t))]
     if len(trials) < 2 or not params:

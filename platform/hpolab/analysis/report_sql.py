@@ -15,7 +15,7 @@ from hpolab.analysis.compare_sql import first_runs
 from hpolab.analysis.compare_study import table_of, top_numbers
 from hpolab.analysis.report_data import LR_KEYS, LR_RUN_NAME, TOP_ROWS, ReportData, lr_curve, registered
 from hpolab.stores import mlflow_sql
-from hpolab.stores.optuna_sql import sqlite_path
+from hpolab.stores.sqlite_read import sqlite_path
 from hpolab.stores.paths import Stores
 from hpolab.study.ranking import primary_direction
 

@@ -37,7 +37,8 @@ def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
 
 
 def _read_sql(name: str, stores: Stores):
-    from hpolab.stores.optuna_sql import read_trials, sqlite_path
+    from hpolab.stores.optuna_sql import read_trials
+    from hpolab.stores.sqlite_read import sqlite_path
 
     path = sqlite_path(stores.optuna_url)
     return read_trials(path, name) if path is not None else None

@@ -1,23 +1,24 @@
-"""The MLflow runs `compare` and `study check` read, from an embedded store with plain SQL: no MLflow import (issue 21).
+"""The MLflow side of an embedded store with plain SQL, for `compare`, `study check` and `report`: no
+MLflow import (issue 21).
 
 Importing MLflow and opening its SQLAlchemy store costs about 4 s of CPU on this machine before a
 run is read: more than `compare --top 10` may take in all. For a local `sqlite:///…/mlflow.db` the
 few columns these commands need are read here with sqlite3, read-only, in one snapshot: a run's latest
-metric values (the `latest_metrics` table: what MLflow's `run.data.metrics` is made of), its tags
-and params. MLflow migrates its schema often and mostly by adding tables, so this reader checks the
+metric values (the `latest_metrics` table: what MLflow's `run.data.metrics` is made of), its tags,
+params and status, logged models, a run's metric series, the Model Registry's versions and aliases. MLflow migrates its schema often and mostly by adding tables, so this reader checks the
 columns it reads rather than a version; any other store (an MLflow server, PostgreSQL, a schema
 without these columns, a file that cannot be read) returns None and the caller uses MlflowClient.
-tests/test_compare_sql.py checks that both give the same table.
+tests/test_compare_sql.py, test_study_check.py and test_report.py check that both readers agree.
 """
 
 from __future__ import annotations
 
 import math
 import sqlite3
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+
+from hpolab.stores.sqlite_read import snapshot
 
 # table -> the columns read from it
 COLUMNS = {
@@ -72,22 +73,11 @@ REPORT_COLUMNS = {
 }
 
 
-@contextmanager
-def _snapshot(path: Path, columns: dict[str, set[str]] = COLUMNS) -> Iterator[sqlite3.Connection | None]:
-    """A read-only connection in one transaction; None when the file or its columns are not as expected."""
-    if not Path(path).is_file():
-        yield None
-        return
-    con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        con.execute("BEGIN")
-        for table, cols in columns.items():
-            if not cols <= {row[1] for row in con.execute(f"PRAGMA table_info({table})")}:
-                yield None
-                return
-        yield con
-    finally:
-        con.close()
+def _snapshot(path: Path, columns: dict[str, set[str]] = COLUMNS):
+    """None unless every table has the columns read from it."""
+    def readable(con: sqlite3.Connection) -> bool:
+        return all(cols <= {row[1] for row in con.execute(f"PRAGMA table_info({table})")} for table, cols in columns.items())
+    return snapshot(path, readable)
 
 
 def read_runs(path: Path, experiment: str, run_ids: list[str] | None = None, deleted: bool = False,

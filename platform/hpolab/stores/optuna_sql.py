@@ -22,22 +22,19 @@ import json
 import math
 import sqlite3
 from collections import defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+from hpolab.stores.sqlite_read import snapshot
 
 KNOWN_SCHEMAS = {"v3.2.0.a"}
 IMPORTED = "hpolab.imported_from"  # system attr of a trial a warm start imported (study/budget.py uses this one)
 _INF = {"INF_POS": math.inf, "INF_NEG": -math.inf}
+_INTERMEDIATE = {"NAN": math.nan, **_INF}  # an intermediate value may also be NaN
 # The trial system attrs ranking reads: Optuna's constraints (its old list, its named ones) and IMPORTED
 _RANKING_KEYS = f"(key IN ('constraints', '{IMPORTED}') OR key LIKE 'constraints:%')"
-
-
-def sqlite_path(url: str) -> Path | None:
-    """The database file of a `sqlite:///PATH` URL; None for any other URL."""
-    return Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
 
 
 def ranking_attrs(system_attrs: dict[str, Any]) -> dict[str, Any]:
@@ -52,21 +49,13 @@ def constraints_of(system_attrs: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-@contextmanager
-def _snapshot(path: Path) -> Iterator[sqlite3.Connection | None]:
-    """A read-only connection (never creates or migrates) inside one transaction, so every query sees
-    the same snapshot; None when the file cannot be read this way or its schema is not a known one."""
-    try:
-        con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error:
-        yield None
-        return
-    try:
-        con.execute("BEGIN")
-        row = con.execute("SELECT version_num FROM alembic_version").fetchone()
-        yield con if row is not None and row[0] in KNOWN_SCHEMAS else None
-    finally:
-        con.close()
+def _known_schema(con: sqlite3.Connection) -> bool:
+    row = con.execute("SELECT version_num FROM alembic_version").fetchone()
+    return row is not None and row[0] in KNOWN_SCHEMAS
+
+
+def _snapshot(path: Path):
+    return snapshot(path, _known_schema)
 
 
 def _local(stamp: str | None) -> datetime | None:
@@ -238,14 +227,16 @@ def _study(con: sqlite3.Connection, sid: int, name: str) -> StudySnapshot:
         parts[tid]["values"][objective] = _INF.get(kind, value)
     dists: dict[str, Any] = {}  # the same distribution JSON, parsed once
     for tid, pname, pvalue, dist in con.execute(f"SELECT trial_id, param_name, param_value, distribution_json FROM trial_params WHERE {where}", (sid,)):
-        d = dists.get(dist) or dists.setdefault(dist, json_to_distribution(dist))
+        if dist not in dists:
+            dists[dist] = json_to_distribution(dist)
+        d = dists[dist]
         parts[tid]["params"][pname], parts[tid]["dists"][pname] = d.to_external_repr(pvalue), d
     for table, part in (("trial_user_attributes", "user"), ("trial_system_attributes", "system")):
         for tid, key, value in con.execute(f"SELECT trial_id, key, value_json FROM {table} WHERE {where}", (sid,)):
             parts[tid][part][key] = json.loads(value)
     for tid, step, value, kind in con.execute(
             f"SELECT trial_id, step, intermediate_value, intermediate_value_type FROM trial_intermediate_values WHERE {where}", (sid,)):
-        parts[tid]["steps"][step] = {"NAN": math.nan, **_INF}.get(kind, value)
+        parts[tid]["steps"][step] = _INTERMEDIATE.get(kind, value)
     trials = []
     for tid, number, state, start, end in con.execute(
             "SELECT trial_id, number, state, datetime_start, datetime_complete FROM trials WHERE study_id = ? ORDER BY number", (sid,)):

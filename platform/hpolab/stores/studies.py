@@ -79,7 +79,8 @@ def list_studies(stores: Stores, front: Callable[[list, list], list] | None = No
     study's `mlflow_parent_run_id`. A study of several objectives has no best value; `front(trials,
     directions)` (study/ranking.py's, which this layer cannot import) gives its feasible Pareto front.
     An embedded store is read with plain SQL when its schema is known (optuna_sql.py: no Optuna)."""
-    from hpolab.stores.optuna_sql import read_studies, sqlite_path
+    from hpolab.stores.optuna_sql import read_studies
+    from hpolab.stores.sqlite_read import sqlite_path
 
     path = sqlite_path(stores.optuna_url)
     if path is not None:

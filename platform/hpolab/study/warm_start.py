@@ -84,18 +84,18 @@ def _fitting(t, space: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def distinct_best(trials, directions, space: dict[str, Any], k: int) -> list:
-    """The k best trials with k different configurations (as they fit this space). The same
-    configuration can finish twice (NSGA-II's crossover can copy a parent; a retry re-runs one):
-    enqueuing it twice would run it once (skip_if_exists) and leave a slot to the sampler unsaid."""
-    best, seen = [], []
+def distinct_best(trials, directions, space: dict[str, Any], k: int) -> list[tuple[Any, dict[str, Any]]]:
+    """(trial, its configuration as it fits this space) of the k best trials with k different
+    configurations. The same configuration can finish twice (NSGA-II's crossover can copy a parent; a
+    retry re-runs one): enqueuing it twice would run it once (skip_if_exists) and leave a slot to the
+    sampler unsaid."""
+    best: list[tuple[Any, dict[str, Any]]] = []
     for t in ranking.ranked(trials, directions):
         if len(best) == k:
             break
         params = _fitting(t, space)
-        if params not in seen:
-            seen.append(params)
-            best.append(t)
+        if all(params != seen for _, seen in best):
+            best.append((t, params))
     return best
 
 
@@ -107,8 +107,8 @@ def apply(study: optuna.Study, storage, spec, source: optuna.Study, lr: tuple[fl
         ws, space = spec.warm_start, _space(spec, lr)
         trials = source.get_trials(deepcopy=False)
         best = distinct_best(trials, ranking.directions_of(source), space, ws.top_k)
-        for t in best:
-            study.enqueue_trial(_fitting(t, space), user_attrs={"hpolab.warm_start_from": f"{source.study_name} trial {t.number}"},
+        for t, params in best:
+            study.enqueue_trial(params, user_attrs={"hpolab.warm_start_from": f"{source.study_name} trial {t.number}"},
                                 skip_if_exists=True)
         imported = 0
         if ws.import_trials:
@@ -121,7 +121,7 @@ def apply(study: optuna.Study, storage, spec, source: optuna.Study, lr: tuple[fl
                                   **({"constraints": t.system_attrs["constraints"]} if "constraints" in t.system_attrs else {})}))
                 imported += 1
         summary = (f"warm start from study {source.study_name}: {len(best)} best configurations enqueued "
-                   f"(trials {', '.join(str(t.number) for t in best) or 'none'})"
+                   f"(trials {', '.join(str(t.number) for t, _ in best) or 'none'})"
                    + (f", {imported} finished trials imported into the sampler's history" if ws.import_trials else ""))
         study.set_user_attr(DONE_ATTR, summary)
         return summary
