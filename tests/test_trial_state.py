@@ -236,6 +236,25 @@ def test_retention_never_touches_the_files_of_a_running_run(store):
     assert client.get_run(run.info.run_id).data.tags["hpolab.checkpoints_deleted"] == "keep_checkpoints: top_k 1"
 
 
+def test_a_reaper_never_overwrites_the_close_of_an_owner_that_was_alive(store):
+    # The reaper fails the trial in Optuna, queues its retry, then closes the run; an owner that was
+    # alive sees the reap in between and closes the run itself, saying it still ran: that stays.
+    from hpolab.stores import mlflow_runs as tr
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    exp = client.create_experiment("reap", artifact_location=(store / "artifacts").as_uri())
+    owner_closed, still_open = client.create_run(exp).info.run_id, client.create_run(exp).info.run_id
+    tr.set_tags(client, owner_closed, {"hpolab.fail_reason": "reaped by another worker (h pid 1: gone) while it still ran here"})
+    client.set_terminated(owner_closed, "FAILED")
+    reaper = {"hpolab.state": "FAIL", "hpolab.fail_reason": "its driver is gone; retried as trial 1"}
+
+    assert tr.close_if_running(client, owner_closed, reaper, "FAILED") is False
+    assert client.get_run(owner_closed).data.tags["hpolab.fail_reason"].startswith("reaped by another worker")
+    assert tr.close_if_running(client, still_open, reaper, "FAILED") is True  # a dead owner's run: closed here
+    run = client.get_run(still_open)
+    assert run.info.status == "FAILED" and run.data.tags["hpolab.fail_reason"] == reaper["hpolab.fail_reason"]
+
+
 # ---------------------------------------------------------------- the real CLI
 
 
@@ -289,9 +308,8 @@ def test_a_trial_reaped_while_its_owner_runs_it_ends_fail_in_both_stores(store):
     t0 = study.trials[0]
     storage.set_trial_user_attr(t0._trial_id, OWNER_ATTR, {**t0.user_attrs[OWNER_ATTR], "pid": 4194304 + 7, "start_time": "0"})
 
-    def close_run(run_id, state, tags):
-        tr.set_tags(client, run_id, {"hpolab.state": state.name, **tags})
-        client.set_terminated(run_id, status="FAILED")
+    def close_run(run_id, state, tags):  # as the driver's Tracker.close_run_if_open
+        tr.close_if_running(client, run_id, {"hpolab.state": state.name, **tags}, "FAILED")
 
     notes: list[str] = []
     reap_dead_trials(study, storage, {}, RetryCopy(1), close_run, notes.append)

@@ -104,6 +104,17 @@ def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
     client.log_batch(run_id, tags=[RunTag(k, redact(str(v))[:MAX_PARAM_LEN]) for k, v in tags.items()])
 
 
+def close_if_running(client: MlflowClient, run_id: str, tags: dict[str, str], status: str) -> bool:
+    """Tag and end a run unless it has ended already; whether it was closed here. A reaper closes a
+    dead-looking driver's run this way: an owner that was alive after all has closed it itself,
+    with the better reason (it knows it still ran), and that reason stays."""
+    if client.get_run(run_id).info.status != "RUNNING":
+        return False
+    set_tags(client, run_id, tags)
+    client.set_terminated(run_id, status=status)
+    return True
+
+
 def log_epoch(client: MlflowClient, run_id: str, epoch: int, metrics: dict[str, float]) -> None:
     """One batched write per epoch: every metric of that epoch, with step = epoch."""
     ts = int(time.time() * 1000)

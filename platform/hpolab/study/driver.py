@@ -217,7 +217,7 @@ class Driver:
         self.progress.trial_started(trial.number, trial.params, src.retry_of)
 
     def _reap(self) -> None:
-        reap_dead_trials(self.study, self.storage, self.running, self.retry, self.tracker.close_run, self.progress.note,
+        reap_dead_trials(self.study, self.storage, self.running, self.retry, self.tracker.close_run_if_open, self.progress.note,
                          self.outage.call, self.beat_watch)
         self.pruning.close_orphans(self.study)  # several objectives: a dead driver's companion trials
 

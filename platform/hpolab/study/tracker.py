@@ -134,6 +134,10 @@ class TrialTracker:
         self.mlflow_guard(tr.set_tags, self.client, run_id, {"hpolab.state": state.name, **tags})
         self.mlflow_guard(self.client.set_terminated, run_id, status=MLFLOW_STATUS[state])
 
+    def close_run_if_open(self, run_id: str, state: TrialState, tags: dict[str, str]) -> None:
+        """Close another driver's run (a reaped trial's) unless its owner has (tr.close_if_running)."""
+        self.mlflow_guard(tr.close_if_running, self.client, run_id, {"hpolab.state": state.name, **tags}, MLFLOW_STATUS[state])
+
     def finish(self, r: Running, state: TrialState, tags: dict[str, str], model_info: dict | None = None,
                upload_last: bool = False) -> None:
         """Queue the trial's last checkpoint (`upload_last`: a retry, maybe on another worker, resumes
