@@ -148,7 +148,8 @@ class Driver:
         # (torch.export, used by mlflow.pytorch.log_model) while we open the stores.
         with signals_ignored():  # the forkserver inherits SIG_IGN: a signal to the process group is the driver's
             self.runner.start_forkserver()
-        threading.Thread(target=warm_exporter, daemon=True).start()
+        if self.spec.log_models != "none":  # (the import competes for the CPU with the forkserver's)
+            threading.Thread(target=warm_exporter, daemon=True).start()
         self.storage = make_storage(self.stores.optuna_url, self.spec.max_retries)
         self.storage.heartbeat_stale_trial_callback = self.retry  # (if anything calls fail_stale_trials)
         directions = [o.direction for o in self.spec.objective_list]

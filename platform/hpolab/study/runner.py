@@ -189,9 +189,9 @@ class TrialRunner:
             "cuda_device": self.trial_gpus(r),
             "project_dir": str(self.project_dir),
         }
-        from hpolab.study import trial_process
+        from hpolab.study import trial_entry  # not trial_process: that one imports torch._dynamo (seconds)
 
         r.process, r.conn, r.lifeline = spawn_with_lifeline(
-            self.context(), trial_process.run, f"trial-{r.number}",
+            self.context(), trial_entry.run, f"trial-{r.number}",
             lambda conn, lifeline: (conn, lifeline, job), daemon=False)
         r.started = time.monotonic()

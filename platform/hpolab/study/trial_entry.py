@@ -1,0 +1,17 @@
+"""The trial process's entry point, kept apart from trial_process so the driver never imports it.
+
+The forkserver pickles a process's target by reference (module + name) and the driver must import
+that module to name it. trial_process imports torch and torch._dynamo (seconds of CPU) for the
+forkserver to preload; the driver needs neither to start a trial, so it names this function, and
+the trial, forked from the warm forkserver, finds trial_process already imported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def run(conn, lifeline, job: dict[str, Any]) -> None:
+    from hpolab.study import trial_process
+
+    trial_process.run(conn, lifeline, job)
