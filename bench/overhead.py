@@ -1,7 +1,7 @@
 """Overhead benchmark: hpolab vs the hand-written Optuna + MLflow loop, side by side in one run.
 
     PYTHONPATH=platform .venv/bin/python bench/overhead.py [--trials 12] [--repeats 3] [--lengths 0.5 2 5]
-        [--parallel 1 2] [--epochs 2 8 20] [--no-log-models] [--json bench/results/overhead.json]
+        [--parallel 1 2] [--epochs 2 8 20] [--no-log-models [--hpolab-default-models]] [--json bench/results/overhead.json]
 
 Both sides train the same configurations (digits CNN, studies/digits_cnn.yaml, random sampler with
 the same seed, no pruning, no early stopping) with the same routine (hpolab.train.fit), each in a fresh
@@ -82,7 +82,7 @@ def run_baseline(store: Path, trials: int, epochs: int, log_models: bool) -> dic
 
 
 def run_hpolab(store: Path, trials: int, epochs: int, parallel: int, log_models: bool | None) -> dict:
-    # log_models None: hpolab has no knob and logs every COMPLETE trial's model (its default).
+    # log_models None: hpolab's default (no knob, or --hpolab-default-models)
     knob = [] if log_models is None else [f"log_models={'complete' if log_models else 'none'}"]
     cmd = [str(Path(sys.executable).with_name("hpolab")), "--store", str(store), "study", "run", SPEC,
            f"n_trials={trials}", f"parallel={parallel}", f"trainer.max_epochs={epochs}", *COMMON, *knob]
@@ -254,6 +254,9 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, nargs="+", default=[1, 2], help="hpolab parallel settings")
     ap.add_argument("--no-log-models", dest="log_models", action="store_false",
                     help="log no models on either side (needs an hpolab with a log_models: spec key)")
+    ap.add_argument("--hpolab-default-models", action="store_true",
+                    help="hpolab keeps its default model logging (no log_models= override) whatever the baseline "
+                         "does: with --no-log-models, issue 22's 'default logging vs a loop that logs none'")
     ap.add_argument("--keep", action="store_true", help="keep the temporary stores (their path is printed)")
     ap.add_argument("--json", type=Path, help="also write every measurement here (e.g. bench/results/overhead.json)")
     args = ap.parse_args()
@@ -264,10 +267,12 @@ def main() -> int:
     if not args.log_models and not knob:
         sys.exit("overhead: this hpolab always logs the model of every COMPLETE trial (no `log_models:` spec key), "
                  "so the baseline must too: drop --no-log-models")
-    hp_log_models = args.log_models if knob else None
+    hp_log_models = args.log_models if knob and not args.hpolab_default_models else None
 
     workdir = Path(tempfile.mkdtemp(prefix="hpolab-overhead-"))
-    print(f"stores under {workdir}; {args.trials} trials per study; models logged: {'yes' if args.log_models else 'no'}")
+    models = "yes" if args.log_models else "no"
+    print(f"stores under {workdir}; {args.trials} trials per study; models logged by the baseline: {models}, "
+          f"by hpolab: {'its default (the spec log_models)' if hp_log_models is None else models}")
     if args.epochs:
         epochs_for = dict(zip(args.lengths, args.epochs))
     else:
