@@ -1,17 +1,9 @@
-"""A trial's final model in MLflow: rebuilt from its best checkpoint, logged with signature and example."""
+"""A trial's final model in MLflow: the folder its trial process saved (study/child_export.py), or,
+where there is none, rebuilt here from its best checkpoint; logged with signature and example."""
 
 from __future__ import annotations
 
 from typing import Any
-
-
-def warm_exporter() -> None:
-    """Import what log_model needs (torch.export, seconds) ahead of the first completed trial."""
-    try:
-        import mlflow.pytorch  # noqa: F401
-        import torch.export  # noqa: F401
-    except Exception:
-        pass  # only a warm-up: a real problem shows when the model is logged
 
 
 # What a logged model (a trial's, or promote's serving model) needs to load: torch runs it, torchvision
@@ -85,4 +77,39 @@ def log_trial_model(experiment, config: dict[str, Any], info: dict[str, Any], ru
         run_id=run_id,
         pip_requirements=pip_requirements(env),
     )
+    return {"hpolab.model_uri": logged.model_uri, "hpolab.model_id": logged.model_id or ""}
+
+
+class _SavedFolder:
+    """A "flavor" for mlflow.models.Model.log whose save_model copies a folder mlflow.pytorch.save_model
+    already wrote (in the trial process): Model.log then does everything else as for any model (the
+    LoggedModel's artifacts, the run's outputs, the model's metrics) without exporting it again.
+    Model.log's own MLmodel fields (model id, run id, artifact path, uuid, time) are kept; what the
+    folder's MLmodel says about its content (flavors, signature, example, size) is copied onto them."""
+
+    CONTENT = ("flavors", "signature", "saved_input_example_info", "model_size_bytes", "metadata", "env_vars")
+
+    @staticmethod
+    def save_model(path, mlflow_model, saved_dir, **_):
+        import shutil
+
+        from mlflow.models import Model
+
+        shutil.copytree(saved_dir, path)
+        saved = Model.load(saved_dir)
+        for field in _SavedFolder.CONTENT:
+            setattr(mlflow_model, field, getattr(saved, field, None))
+        mlflow_model.save(f"{path}/MLmodel")
+
+
+def log_saved_model(saved_dir: str, run_id: str) -> dict[str, str]:
+    """Log a model folder the trial process saved (and checked: it loaded it back and predicted) as the
+    run's model; returns the tags that point at it, as log_trial_model does."""
+    import mlflow
+    from mlflow.models import Model
+
+    client = mlflow.MlflowClient()  # the driver set the tracking URI; Model.log resolves the same one
+    logged = Model.log(artifact_path=None, name="model", flavor=_SavedFolder, run_id=run_id, saved_dir=saved_dir,
+                       model_id=new_run_model(client, run_id, "model").model_id,
+                       validate_serving_input=False)  # the trial process did (child_export.save_model)
     return {"hpolab.model_uri": logged.model_uri, "hpolab.model_id": logged.model_id or ""}

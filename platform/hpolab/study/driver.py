@@ -35,7 +35,6 @@ different points. The salt and the sampler seed are tags of every trial run (`hp
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -58,7 +57,6 @@ from hpolab.study.ranking import directions_of
 from hpolab.study.progress import Progress
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.environment import capture_environment
-from hpolab.stores.models import warm_exporter
 from hpolab.study.budget import FINISHED, FailureStreak, count_existing_trials, may_start_another, over_budget, release, trial_counts
 from hpolab.study.heartbeat import HEARTBEAT_ATTR, AttrBeats, Heartbeats, others_running, reap_dead_trials
 from hpolab.study.lr_step import ensure_lr_range_test, lr_bounds
@@ -116,7 +114,8 @@ class Driver:
         self.retry = RetryCopy(spec.max_retries)
         self.parent_run_id: str | None = None
         self.env_tags: dict[str, str] = {}
-        self.runner = TrialRunner(spec.experiment, self.experiment.__name__, spec.parallel, self.project_dir)
+        self.runner = TrialRunner(spec.experiment, self.experiment.__name__, spec.parallel, self.project_dir,
+                                  export_models=spec.log_models != "none")
         self._waiting_note = 0.0
         # The loop's store calls ride out a database restart (outage.py): one per store, each says its name.
         aborting = lambda: self.signals.aborting  # noqa: E731
@@ -144,12 +143,10 @@ class Driver:
         import mlflow
 
         ensure_local(self.stores)
-        # Start the forkserver (imports torch + the experiment, seconds) and warm the model exporter
-        # (torch.export, used by mlflow.pytorch.log_model) while we open the stores.
+        # Start the forkserver (imports torch + the experiment, and warms the model export when the
+        # spec logs models: seconds) while we open the stores.
         with signals_ignored():  # the forkserver inherits SIG_IGN: a signal to the process group is the driver's
             self.runner.start_forkserver()
-        if self.spec.log_models != "none":  # (the import competes for the CPU with the forkserver's)
-            threading.Thread(target=warm_exporter, daemon=True).start()
         self.storage = make_storage(self.stores.optuna_url, self.spec.max_retries)
         self.storage.heartbeat_stale_trial_callback = self.retry  # (if anything calls fail_stale_trials)
         directions = [o.direction for o in self.spec.objective_list]

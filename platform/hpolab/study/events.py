@@ -133,11 +133,12 @@ class TrialEvents:
         self.running.pop(number, None)
         self.pruning.finish(r, state, value[self._primary] if isinstance(value, list) else value)
         frozen = self._tell(r, state, value, tags)
-        for c in (r.conn, r.lifeline):
-            try:
-                c.close()
-            except OSError:
-                pass
+        if not r.awaits_export:  # (one that does is answered, and its pipes closed, by the tracker)
+            for c in (r.conn, r.lifeline):
+                try:
+                    c.close()
+                except OSError:
+                    pass
         if frozen is None or frozen.state != state or "hpolab.tell_error" in tags:  # Optuna's state is the truth
             state, value, model_info, retry = disagreement(frozen, state, value, model_info, retry, tags)
         copy = None
@@ -186,6 +187,7 @@ class TrialEvents:
                                          "hpolab.fail_kind": "reaped", "hpolab.epochs_run": str(r.epoch)})
 
     def on_done(self, r: Running, info: dict[str, Any]) -> None:
+        r.awaits_export = bool(info.get("export_in_child"))  # it saves its model if the tracker says so
         tags = {
             "hpolab.best_epoch": str(info["best_epoch"]),
             "hpolab.epochs_run": str(info["epochs_run"]),

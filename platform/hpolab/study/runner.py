@@ -42,6 +42,8 @@ class Running:
     uploaded_epoch: int = 0  # the epoch of that upload
     best_inode: int | None = None  # best.pt's inode at that upload (a new one is uploaded only when it changed)
     lost: str | None = None  # why Optuna no longer has it RUNNING (another worker reaped it; heartbeat.py)
+    awaits_export: bool = False  # it reported "done" and waits for "export" | "skip" (child_export.py)
+    model_tags: dict[str, str] | None = None  # what logging its model put on its run (once logged)
 
     @property
     def number(self) -> int:
@@ -77,11 +79,12 @@ def next_message(conn) -> Any | None:
 class TrialRunner:
     """Starts trial processes: the forkserver context, threads per trial and the GPU of each."""
 
-    def __init__(self, experiment: str, experiment_module: str, parallel: int, project_dir: Path):
+    def __init__(self, experiment: str, experiment_module: str, parallel: int, project_dir: Path, export_models: bool = False):
         self.experiment = experiment  # the spec's experiment reference, as the child loads it
         self.experiment_module = experiment_module  # the imported module's name, preloaded
         self.parallel = parallel
         self.project_dir = project_dir
+        self.export_models = export_models  # the spec logs models: a trial saves its own (child_export.py)
         self._ctx = None
         self._n_gpus: int | None = None
         self._retired: list[tuple[Any, int | None]] = []  # (process, gpu) of finished trials still exiting
@@ -111,7 +114,10 @@ class TrialRunner:
             ctx = mp.get_context("forkserver")
             # The forkserver imports torch, the routine and the experiment once; every trial is a
             # fork of that warm process (tens of ms) instead of a fresh interpreter (seconds).
-            ctx.set_forkserver_preload(["hpolab.study.trial_process", self.experiment_module])
+            preload = ["hpolab.study.trial_process", self.experiment_module]
+            if self.export_models:  # MLflow imported and torch.export warm in every trial
+                preload.append("hpolab.study.export_warm")
+            ctx.set_forkserver_preload(preload)
             self._ctx = ctx
         return self._ctx
 
@@ -188,6 +194,8 @@ class TrialRunner:
             "threads": self.threads_per_trial(),
             "cuda_device": self.trial_gpus(r),
             "project_dir": str(self.project_dir),
+            # DDP trials (devices > 1) leave their model to the driver (its fallback export)
+            "export_model": self.export_models and int(r.config["trainer"].get("devices", 1)) == 1,
         }
         from hpolab.study import trial_entry  # not trial_process: that one imports torch._dynamo (seconds)
 

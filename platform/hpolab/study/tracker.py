@@ -4,12 +4,14 @@ The driver is the only writer to MLflow (trial processes never touch it). A tria
 params and config.yaml when it starts (on the loop: the run id is needed), its epochs as they arrive
 (after the child got its reply), and everything slower in the background, in order, on one upload
 thread (uploads.py): checkpoint uploads (at most every `checkpoint_upload_every` seconds, latest
-only), artifacts, the model (per `log_models`), the close, and retention (retention.py). The parent
+only), artifacts, the model (per `log_models`: the folder the trial process saved, child_export.py),
+the close, and retention (retention.py). The parent
 run (one per study, shared by all its workers) is in parent_run.py.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +23,8 @@ from optuna.trial import TrialState
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.artifacts import upload_checkpoints
 from hpolab.stores.code_artifacts import log_code
-from hpolab.stores.models import log_trial_model
+from hpolab.stores.models import log_saved_model, log_trial_model
+from hpolab.study.child_export import answer_child, receive_model
 from hpolab.study.outage import passthrough
 from hpolab.study.retention import Retention, tidy_finished
 from hpolab.study.retry import RetrySource, retry_source  # noqa: F401  (re-exported: the driver imports them here)
@@ -150,24 +153,40 @@ class TrialTracker:
                 if state == TrialState.COMPLETE:  # a COMPLETE trial without a model says why
                     tags["hpolab.model_skipped"] = skip
                 model_info = None
-        # Exporting + logging a model takes seconds: on the upload thread, so the running trials'
+        # A trial process that waits is told now whether to save its model (it does while the next
+        # trial starts). Logging a model takes a while: on the upload thread, so the running trials'
         # epochs (and pruning decisions) never wait behind it.
-        self.uploads.submit(f"trial {r.number}: closing its run", self._log_model_then_close, r, model_info, tags, state)
+        child = answer_child(r.conn, r.lifeline, model_info is not None) if r.awaits_export else None
+        self.uploads.submit(f"trial {r.number}: closing its run", self._log_model_then_close, r, model_info, tags, state, child)
         self._retain()
 
-    def _log_model_then_close(self, r: Running, info: dict[str, Any] | None, tags: dict[str, str], state: TrialState) -> None:
+    def _log_model_then_close(self, r: Running, info: dict[str, Any] | None, tags: dict[str, str], state: TrialState,
+                              child: tuple | None = None) -> None:
         if info is not None:
-            try:
-                tags.update(log_trial_model(self.experiment, r.config, info, r.run_id, self.env_tags))
-            except Exception as e:  # the trial's result stands even if the model could not be logged
-                tags["hpolab.model_error"] = f"{type(e).__name__}: {e}"
-                self.note(f"trial {r.number}: logging the model failed: {e}")
+            if r.model_tags is None:  # (a job retried after a store outage does not log the model twice)
+                r.model_tags = self._log_model(r, info, child)
+            tags.update(r.model_tags)
         if state in (TrialState.COMPLETE, TrialState.PRUNED):  # nothing resumes it (a FAIL may be retried)
             try:
                 tags.update(tidy_finished(self.client, r.run_id, r.trial_dir))
             except Exception as e:  # its files stay; the result stands
                 self.note(f"trial {r.number}: deleting its last.pt: {type(e).__name__}: {e}")
         self.close_run(r.run_id, state, tags)
+
+    def _log_model(self, r: Running, info: dict[str, Any], child: tuple | None) -> dict[str, str]:
+        """Log the folder the trial process saved, or (a DDP trial, or its process could not) export
+        the model here from its checkpoint. The tags to put on its run."""
+        saved = receive_model(*child, on_problem=lambda why: self.note(f"trial {r.number}: {why}")) if child else None
+        try:
+            if saved is not None:
+                return log_saved_model(saved, r.run_id)
+            return log_trial_model(self.experiment, r.config, info, r.run_id, self.env_tags)
+        except Exception as e:  # the trial's result stands even if the model could not be logged
+            self.note(f"trial {r.number}: logging the model failed: {e}")
+            return {"hpolab.model_error": f"{type(e).__name__}: {e}"}
+        finally:
+            if saved is not None:  # the store's copy is the one kept
+                shutil.rmtree(saved, ignore_errors=True)
 
     def _retain(self) -> None:
         items = self.retention.plan() if self.retention else []

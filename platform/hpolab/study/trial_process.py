@@ -6,10 +6,11 @@ routine, and talks to the driver only through its pipe:
     child -> driver                          driver -> child
     ("epoch", epoch, metrics)                "continue" | "stop"   (after every epoch)
     ("done", summary) | ("fail", details)
+    ("model", path) | ("model_error", why)   "export" | "skip"     (after "done", when the spec logs models: child_export.py)
 
-It never touches Optuna or MLflow: the driver is the only writer to both stores. A lifeline pipe
-(whose other end only the driver holds) ends the process within a second of the driver dying,
-so no orphan keeps a GPU busy.
+It never writes to Optuna or MLflow (its model it saves to a local folder): the driver is the only
+writer to both stores. A lifeline pipe (whose other end only the driver holds) ends the process
+within a second of the driver dying, so no orphan keeps a GPU busy.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import torch  # imported here so the forkserver that preloads this module has torch warm
 import torch._dynamo  # noqa: F401  -- torch.optim's constructors import it lazily (~3 s); pay it once, in the forkserver
 
+from hpolab.study.child_export import offer_export
 from hpolab.study.lifeline import ORPHAN_EXIT_CODE, watch_lifeline
 from hpolab.train import NonFiniteLossError, fit, seed_everything
 from hpolab.train.config import trainer_config
@@ -54,7 +56,18 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
         run_ranks(conn, lifeline, job, devices, sys.modules[__name__])
         return
     torch.set_num_threads(int(job["threads"]))
-    report(conn, lambda: train(job, ask_driver(conn)))
+
+    def work() -> dict[str, Any] | None:
+        summary = train(job, ask_driver(conn))
+        if summary is not None and job.get("export_model"):
+            summary["export_in_child"] = True  # this process waits for the driver's "export" | "skip"
+        return summary
+
+    summary = report(conn, work, close=False)
+    try:
+        offer_export(conn, job, summary)  # the model is saved here while the driver starts the next trial
+    finally:
+        conn.close()
 
 
 def ask_driver(conn):
@@ -138,10 +151,13 @@ def _objective_values(cfg: dict[str, Any], result, model, example, own_costs=Non
     return values
 
 
-def report(conn, work) -> None:
-    """Run `work()` and send its outcome: ("done", summary) or ("fail", details); then close the pipe."""
+def report(conn, work, close: bool = True) -> dict[str, Any] | None:
+    """Run `work()` and send its outcome: ("done", summary) or ("fail", details); then close the pipe
+    (unless `close` is False: the caller still has to talk). Returns the summary sent (None: a failure)."""
     try:
-        conn.send(("done", work()))
+        summary = work()
+        conn.send(("done", summary))
+        return summary
     except NonFiniteLossError as e:
         conn.send(("fail", {"kind": "nan", "reason": str(e), "traceback": traceback.format_exc()}))
     except torch.cuda.OutOfMemoryError as e:
@@ -150,4 +166,6 @@ def report(conn, work) -> None:
     except Exception as e:  # any error in the experiment or routine fails this trial only
         conn.send(("fail", {"kind": "exception", "reason": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}))
     finally:
-        conn.close()
+        if close:
+            conn.close()
+    return None

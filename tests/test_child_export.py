@@ -1,0 +1,156 @@
+"""A trial's model saved by its own process (study/child_export.py), logged by the driver.
+
+Real processes and pipes (a fork of this one), a real checkpoint of the digits CNN, a real SQLite
+MLflow store: the trial process saves the model when the driver says "export", the driver logs that
+folder (stores/models.log_saved_model) as the run's model, and MLflow loads it back by its URI.
+When the process cannot save it (it died, or its save failed), the driver is told why and gets None
+(the tracker then exports from the checkpoint itself).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hpolab.study import child_export
+from hpolab.study.lifeline import ORPHAN_EXIT_CODE
+
+MODEL = {"channels": 8, "depth": 1, "dropout": 0.0}
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_tracking_uri():
+    import mlflow
+
+    mlflow.set_tracking_uri(None)
+    yield
+    mlflow.set_tracking_uri(None)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)  # (set_tracking_uri exports it: CLI calls of later tests inherit it)
+
+
+def _trial(tmp_path: Path, checkpoint: Path | None = None):
+    """A job and "done" summary as a digits trial process has them, with a real best.pt."""
+    from experiments import digits_cnn
+
+    torch.manual_seed(0)
+    model = digits_cnn.build_model(MODEL, (1, 8, 8), 10).eval()
+    best = tmp_path / "best.pt"
+    torch.save({"model": model.state_dict()}, best)
+    example = torch.randn(2, 1, 8, 8)
+    with torch.inference_mode():
+        output = model(example)
+    job = {"experiment": "digits_cnn", "config": {"model": MODEL}, "checkpoint_dir": str(tmp_path), "export_model": True}
+    summary = {"input_shape": [1, 8, 8], "num_classes": 10, "best_checkpoint": str(checkpoint or best), "last_checkpoint": None,
+               "input_example": example.numpy(), "output_example": output.numpy()}
+    return job, summary
+
+
+def _after_done(conn, lifeline, job, summary) -> None:
+    """The trial process after it sent "done" (trial_process.run): wait for the driver, save if told."""
+    from hpolab.study.lifeline import watch_lifeline
+
+    watch_lifeline(lifeline)
+    child_export.offer_export(conn, job, summary)
+    conn.close()
+
+
+def _start(job, summary):
+    """A process running _after_done with its pipe and lifeline. Forked from a forkserver, as trials
+    are (a fork of this multi-threaded test process could deadlock in torch)."""
+    ctx = mp.get_context("forkserver")
+    parent, child = ctx.Pipe(duplex=True)
+    life_read, life_write = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_after_done, args=(child, life_read, job, summary))
+    proc.start()
+    child.close()
+    life_read.close()
+    return proc, parent, life_write
+
+
+def test_the_trial_process_saves_its_model_and_the_driver_logs_that_folder(tmp_path, store):
+    import mlflow
+
+    from hpolab.stores.models import log_saved_model
+
+    job, summary = _trial(tmp_path)
+    proc, conn, lifeline = _start(job, summary)
+    handles = child_export.answer_child(conn, lifeline, export=True)
+    problems: list[str] = []
+    saved = child_export.receive_model(*handles, on_problem=problems.append)
+    proc.join(30)
+    assert problems == [] and proc.exitcode == 0
+    assert saved == str(tmp_path / child_export.MODEL_DIR) and (Path(saved) / "MLmodel").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".model-")]  # no half-written folder left
+
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    exp = client.create_experiment("child-export", artifact_location=str(store / "artifacts"))
+    run = client.create_run(exp)
+    mlflow.set_tracking_uri(uri)
+    tags = log_saved_model(saved, run.info.run_id)
+
+    model = client.get_logged_model(tags["hpolab.model_id"])
+    assert model.experiment_id == exp and model.source_run_id == run.info.run_id  # the study's experiment, not Default
+    assert str(model.status) in ("READY", "LoggedModelStatus.READY")
+    assert [o.model_id for o in client.get_run(run.info.run_id).outputs.model_outputs] == [model.model_id]
+    assert Path(model.artifact_location.removeprefix("file://")).is_relative_to(store / "artifacts")
+    loaded = mlflow.pyfunc.load_model(tags["hpolab.model_uri"])
+    assert loaded.metadata.model_id == model.model_id and loaded.metadata.run_id == run.info.run_id
+    assert loaded.metadata.get_input_schema() is not None  # signature kept from the saved folder
+    assert (Path(model.artifact_location.removeprefix("file://")) / "data" / "model.pt2").is_file()  # torch.export's format
+    np.testing.assert_allclose(np.asarray(loaded.predict(summary["input_example"])), summary["output_example"], atol=1e-5)
+
+
+def test_told_to_skip_the_trial_process_saves_nothing_and_exits(tmp_path):
+    job, summary = _trial(tmp_path)
+    proc, conn, lifeline = _start(job, summary)
+    assert child_export.answer_child(conn, lifeline, export=False) is None
+    proc.join(30)
+    # it exits on "skip", or its lifeline (closed with it) ends it first
+    assert proc.exitcode in (0, ORPHAN_EXIT_CODE) and not (tmp_path / child_export.MODEL_DIR).exists()
+
+
+def test_a_save_that_fails_in_the_trial_process_is_reported_to_the_driver(tmp_path):
+    job, summary = _trial(tmp_path, checkpoint=tmp_path / "missing.pt")
+    proc, conn, lifeline = _start(job, summary)
+    problems: list[str] = []
+    assert child_export.receive_model(*child_export.answer_child(conn, lifeline, export=True), on_problem=problems.append) is None
+    proc.join(30)
+    assert len(problems) == 1 and "could not save the model (FileNotFoundError: checkpoint not found" in problems[0]
+    assert "exporting it from its checkpoint here" in problems[0]
+
+
+def test_a_trial_process_that_dies_before_saving_is_noticed_at_once(tmp_path):
+    job, summary = _trial(tmp_path)
+    proc, conn, lifeline = _start(job, summary)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(30)
+    problems: list[str] = []
+    handles = child_export.answer_child(conn, lifeline, export=True)
+    saved = child_export.receive_model(*handles, on_problem=problems.append) if handles else None
+    assert saved is None
+    assert handles is None or problems == ["its process ended before saving the model; exporting it from its checkpoint here"]
+
+
+def test_a_driver_that_waits_too_long_gives_up_with_a_reason(tmp_path):
+    ctx = mp.get_context("fork")
+    conn, silent = ctx.Pipe(duplex=True)  # a process that never answers
+    life_read, life_write = ctx.Pipe(duplex=False)
+    problems: list[str] = []
+    assert child_export.receive_model(conn, life_write, on_problem=problems.append, wait_s=0.2) is None
+    assert problems == ["its process did not save the model within 0.2 s; exporting it from its checkpoint here"]
+    assert life_read.poll(0) and _closed(life_read)  # its lifeline closed: the process ends
+
+
+def _closed(read_end) -> bool:
+    try:
+        read_end.recv()
+    except EOFError:
+        return True
+    return False
