@@ -29,7 +29,7 @@ def test_each_failure_ends_its_trial_only(store):
     # No trial completes (the healthy one is pruned): exit 1. max_retries=0: the hang is not retried.
     out = run_cli(
         "--store", str(store), "study", "run", SPEC,
-        "n_trials=6", "parallel=2", "trial_timeout=20", "max_retries=0", "max_failures=null",
+        "n_trials=6", "parallel=2", "trial_timeout=20", "max_retries=0", "max_failures=null", "log_models=none",
         "sampler={type: grid}",
         "search_space={model.fault: {type: categorical, choices: [none, raise, nan, sigkill, segfault, hang]}}",
         "model.fault_after=3",
@@ -77,7 +77,7 @@ def test_each_failure_ends_its_trial_only(store):
 def test_cuda_oom_is_retried_with_half_the_micro_batch(store):
     # Fault injection raises torch.cuda.OutOfMemoryError at micro-step 3 (works on CPU). The retry is
     # a new attempt (trial 1, its own run) with half the micro-batch (tests/test_faults.py: continuity).
-    run_cli("--store", str(store), "study", "run", SPEC, "n_trials=1", "trainer.inject_oom_at_step=3",
+    run_cli("--store", str(store), "study", "run", SPEC, "n_trials=1", "trainer.inject_oom_at_step=3", "log_models=none",
             "trainer.batch_size=128", "trainer.grad_accum_steps=1", cwd=PROJECT)
     client, study = _open(store)
     first, t = study.get_trials()
@@ -120,7 +120,7 @@ def test_driver_killed_then_resumed(store, tmp_path):
     pids = tmp_path / "pids"
     pids.mkdir()
     env = {**hpolab_env(), "HPOLAB_TEST_PID_DIR": str(pids), "HPOLAB_HEARTBEAT_INTERVAL": "1", "HPOLAB_GRACE_PERIOD": "4"}
-    args = ["n_trials=3", "parallel=2", "trainer.max_epochs=8", "model.sleep=0.03"]
+    args = ["n_trials=3", "parallel=2", "trainer.max_epochs=8", "model.sleep=0.03", "log_models=none"]
     driver = _start_driver(store, *args, env=env)
     _wait_for_checkpoints(store, 2)
     driver.kill()  # SIGKILL: no cleanup code runs in the driver
@@ -169,7 +169,7 @@ def test_driver_killed_then_resumed(store, tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_the_study_resumes(store):
-    args = ["n_trials=2", "parallel=2", "trainer.max_epochs=8", "model.sleep=0.03"]
+    args = ["n_trials=2", "parallel=2", "trainer.max_epochs=8", "model.sleep=0.03", "log_models=none"]
     driver = _start_driver(store, *args, env=hpolab_env())
     _wait_for_checkpoints(store, 2)
     driver.send_signal(signal.SIGINT)
@@ -200,7 +200,7 @@ def test_ctrl_c_stops_cleanly_and_the_study_resumes(store):
 def test_study_timeout_stops_starting_trials(store):
     # Each forward call sleeps 0.1 s: the first trial takes seconds on any machine, so it is still
     # running when the 1 s study timeout passes (a lower bound on its time, not an upper one).
-    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=10", "parallel=1", "timeout=1", "model.sleep=0.1", cwd=PROJECT)
+    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=10", "parallel=1", "timeout=1", "model.sleep=0.1", "log_models=none", cwd=PROJECT)
     assert "timeout (1 s) reached" in out.stdout
     client, study = _open(store)
     trials = study.get_trials()
@@ -211,8 +211,8 @@ def test_study_timeout_stops_starting_trials(store):
 
 @pytest.mark.slow
 def test_direction_change_of_an_existing_study_is_refused(store):
-    run_cli("--store", str(store), "study", "run", SPEC, "n_trials=1", "trainer.max_epochs=1", cwd=PROJECT)
-    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=2", "metric=val_loss", "direction=minimize",
+    run_cli("--store", str(store), "study", "run", SPEC, "n_trials=1", "trainer.max_epochs=1", "log_models=none", cwd=PROJECT)
+    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=2", "metric=val_loss", "direction=minimize", "log_models=none",
                   cwd=PROJECT, check=False)
     assert out.returncode == 2  # the study remembers its spec: refused with the diff (test_study_controls.py)
     assert 'direction: "maximize" -> "minimize"' in out.stderr and "--new-study" in out.stderr and "Traceback" not in out.stderr

@@ -53,7 +53,7 @@ def _wait_for_checkpoints(store: Path, n: int, timeout: float = 120) -> None:
 def test_child_dead_at_the_reply_ends_its_trial_only(store):
     # The child exits right after sending its epoch: the driver's "continue" meets a closed pipe.
     out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=2", "parallel=2", "sampler={type: grid}",
-                  "search_space={model.fault: {type: categorical, choices: [none, exit_after_epoch]}}", cwd=PROJECT)
+                  "search_space={model.fault: {type: categorical, choices: [none, exit_after_epoch]}}", "log_models=none", cwd=PROJECT)
     client, study = _open(store)
     by_fault = {t.params["model.fault"]: t for t in study.get_trials()}
     assert by_fault["none"].state == TrialState.COMPLETE, out.stdout
@@ -66,7 +66,7 @@ def test_child_dead_at_the_reply_ends_its_trial_only(store):
 
 @pytest.mark.slow
 def test_sigterm_stops_gracefully_exits_143_and_resumes(store):
-    args = ["n_trials=2", "parallel=2", "trainer.max_epochs=8", "model.sleep=0.03"]
+    args = ["n_trials=2", "parallel=2", "trainer.max_epochs=8", "model.sleep=0.03", "log_models=none"]
     driver = _start(store, *args)
     _wait_for_checkpoints(store, 2)
     driver.send_signal(signal.SIGTERM)
@@ -95,7 +95,7 @@ def test_sigterm_stops_gracefully_exits_143_and_resumes(store):
 @pytest.mark.slow
 def test_immediate_restart_after_sigkill_finishes_the_budget(store):
     # Default heartbeats (10 s, 60 s grace): the restart must not wait for them, the owner is gone.
-    args = ["n_trials=3", "parallel=2", "trainer.max_epochs=6", "model.sleep=0.03"]
+    args = ["n_trials=3", "parallel=2", "trainer.max_epochs=6", "model.sleep=0.03", "log_models=none"]
     driver = _start(store, *args)
     _wait_for_checkpoints(store, 2)
     driver.kill()
@@ -117,7 +117,7 @@ def test_immediate_restart_after_sigkill_finishes_the_budget(store):
 @pytest.mark.slow
 def test_oom_retry_is_a_new_attempt_that_continues(store):
     # 1000 samples / 128 = 8 micro-steps per epoch: micro-step 12 is in epoch 2.
-    run_cli("--store", str(store), "study", "run", SPEC, "n_trials=1", "trainer.inject_oom_at_step=12",
+    run_cli("--store", str(store), "study", "run", SPEC, "n_trials=1", "trainer.inject_oom_at_step=12", "log_models=none",
             "trainer.batch_size=128", "trainer.grad_accum_steps=1", cwd=PROJECT)
     client, study = _open(store)
     first, retry = study.get_trials()
@@ -139,7 +139,7 @@ def test_timeout_retry_resumes_from_the_checkpoint(store):
     # after epoch 1 in a fresh process and needs only 10 calls for epoch 2. The timeout is far above
     # what an epoch takes even on a loaded machine: the hang never ends, so only the wait grows.
     run_cli("--store", str(store), "study", "run", SPEC, "n_trials=1", "trial_timeout=30", "trainer.max_epochs=2",
-            "model.fault=hang", "model.fault_after=15", cwd=PROJECT)
+            "model.fault=hang", "model.fault_after=15", "log_models=none", cwd=PROJECT)
     client, study = _open(store)
     first, retry = study.get_trials()
     assert first.state == TrialState.FAIL and retry.state == TrialState.COMPLETE
@@ -152,7 +152,7 @@ def test_timeout_retry_resumes_from_the_checkpoint(store):
 
 @pytest.mark.slow
 def test_failure_limit_and_exit_codes(store):
-    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=5", "max_failures=2", "model.fault=raise",
+    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=5", "max_failures=2", "model.fault=raise", "log_models=none",
                   cwd=PROJECT, check=False)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "failure limit" in out.stderr and "2 trials failed in a row (max_failures=2)" in out.stderr
@@ -161,11 +161,11 @@ def test_failure_limit_and_exit_codes(store):
 
     # (each re-run changes the model's fault settings: a spec change the study must be told about)
     out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=3", "max_failures=null", "model.fault=raise",
-                  "model.fault_after=0", "--allow-spec-change", cwd=PROJECT, check=False)
+                  "model.fault_after=0", "log_models=none", "--allow-spec-change", cwd=PROJECT, check=False)
     assert out.returncode == 1 and "no trial completed (3 failed" in out.stderr, out.stderr
-    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=4", "--allow-spec-change", cwd=PROJECT, check=False)
+    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=4", "log_models=none", "--allow-spec-change", cwd=PROJECT, check=False)
     assert out.returncode == 0, out.stderr
-    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=4", "max_failures=0", cwd=PROJECT, check=False)
+    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=4", "max_failures=0", "log_models=none", cwd=PROJECT, check=False)
     assert out.returncode == 2 and "max_failures" in out.stderr
     _check_clean(store)
 
@@ -174,7 +174,7 @@ def test_failure_limit_and_exit_codes(store):
 def test_reproduce_of_a_pruned_trial_matches(store):
     # Cosine over 3 epochs, pruned after epoch 1: reproducing with max_epochs=1 would change the LR.
     run_cli("--store", str(store), "study", "run", SPEC, "n_trials=1", "trainer.scheduler=cosine",
-            "pruner={type: threshold, kwargs: {lower: 0.99}}", cwd=PROJECT, check=False)
+            "pruner={type: threshold, kwargs: {lower: 0.99}}", "log_models=none", cwd=PROJECT, check=False)
     client, study = _open(store)
     (t,) = study.get_trials()
     assert t.state == TrialState.PRUNED

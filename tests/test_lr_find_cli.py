@@ -25,7 +25,7 @@ def test_lr_find_command(store, tmp_path):
 
 @pytest.mark.slow
 def test_study_takes_its_lr_bounds_from_the_range_test(store):
-    args = ["--store", str(store), "study", "run", "studies/digits_cnn_lr.yaml", "trainer.max_epochs=2", "pruner={type: none}"]
+    args = ["--store", str(store), "study", "run", "studies/digits_cnn_lr.yaml", "trainer.max_epochs=2", "pruner={type: none}", "log_models=none"]
     run_cli(*args, "n_trials=2")
     study = optuna.load_study(study_name="digits-cnn-lr", storage=f"sqlite:///{store / 'optuna.db'}")
     attr = study.user_attrs["lr_range_test"]

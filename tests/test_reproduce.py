@@ -12,7 +12,7 @@ from conftest import run_cli
 @pytest.mark.slow
 def test_a_trial_reproduces_exactly(store):
     run_cli("--store", str(store), "study", "run", "studies/digits_cnn.yaml", "n_trials=2", "trainer.max_epochs=2",
-            "pruner={type: none}")
+            "pruner={type: none}", "log_models=none")
     rows = json.loads(run_cli("--store", str(store), "compare", "digits-cnn", "--format", "json").stdout)
     for row in rows:
         out = run_cli("--store", str(store), "reproduce", row["run_id"])

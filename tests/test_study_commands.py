@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT, copy_store, hpolab_env, run_cli
 
-TINY = ["n_trials=2", "trainer.max_epochs=2", "parallel=1"]
+TINY = ["n_trials=2", "trainer.max_epochs=2", "parallel=1", "log_models=none"]
 
 
 def _spec(folder: Path, name: str) -> Path:

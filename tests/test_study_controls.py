@@ -157,7 +157,7 @@ def test_enqueue_entries_are_checked_against_the_search_space(tmp_path):
 
 # ---------------------------------------------------------------- the real CLI on tiny studies
 
-TINY = [SPEC, "name=ctl", "parallel=1", "trainer.max_epochs=1", "pruner={type: none}", "sampler.kwargs={n_startup_trials: 1}"]
+TINY = [SPEC, "name=ctl", "parallel=1", "trainer.max_epochs=1", "pruner={type: none}", "sampler.kwargs={n_startup_trials: 1}", "log_models=none"]
 
 
 def _open(store, name):

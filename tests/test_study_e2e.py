@@ -78,13 +78,13 @@ def test_study_run_end_to_end(store):
     assert tuple(out.shape) == (2, 10) and np.isfinite(out.detach().numpy()).all()
 
     # a second run of the same command does not add trials beyond the budget
-    again = run_cli("--store", str(store), "study", "run", "studies/digits_cnn.yaml", *TINY)
+    again = run_cli("--store", str(store), "study", "run", "studies/digits_cnn.yaml", *TINY, "log_models=none")
     assert "3/3" in again.stdout
     _, study = _stores(store)
     assert len(study.get_trials()) == 3
 
     # raising the budget continues the same study, same parent run
-    run_cli("--store", str(store), "study", "run", "studies/digits_cnn.yaml", *TINY[1:], "n_trials=4")
+    run_cli("--store", str(store), "study", "run", "studies/digits_cnn.yaml", *TINY[1:], "n_trials=4", "log_models=none")
     _, study = _stores(store)
     assert len(study.get_trials()) == 4
     assert study.user_attrs["mlflow_parent_run_id"] == parent_id
