@@ -140,7 +140,7 @@ def _study_prune_promote(store, spec: str, name: str, pruner: str) -> optuna.Stu
     tiny = ["parallel=2", "trainer.max_epochs=3", "sampler.kwargs={n_startup_trials: 2}"]
     run_cli("--store", str(store), "study", "run", spec, *tiny, "n_trials=2", "pruner={type: none}")
     # a pruner for the third trial: a spec change the study is told about
-    run_cli("--store", str(store), "study", "run", spec, *tiny, "n_trials=3", f"pruner={pruner}", "--allow-spec-change")
+    run_cli("--store", str(store), "study", "run", spec, *tiny, "n_trials=3", f"pruner={pruner}", "log_models=none", "--allow-spec-change")
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{store / 'optuna.db'}")
     states = [t.state for t in study.get_trials()]
     assert states.count(optuna.trial.TrialState.COMPLETE) == 2 and states[2] == optuna.trial.TrialState.PRUNED
