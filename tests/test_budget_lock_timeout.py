@@ -89,7 +89,7 @@ def test_a_worker_whose_budget_lock_is_held_exits_1_with_one_line(store):
     env = {**hpolab_env(), "HPOLAB_LOCK_TIMEOUT": "3"}
     with open(store / "optuna.budget.lock", "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
-        out = run_cli("--store", str(store), "study", "run", FAULT_SPEC, "n_trials=1", cwd=FAULT_PROJECT, env=env,
+        out = run_cli("--store", str(store), "study", "run", FAULT_SPEC, "n_trials=1", "log_models=none", cwd=FAULT_PROJECT, env=env,
                       check=False, timeout=CEILING + 60)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "timed out after 3 s waiting for the budget lock of study 'faulty'" in out.stderr

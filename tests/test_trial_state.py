@@ -351,7 +351,7 @@ def test_a_study_metric_never_finite_is_a_fail_in_both_stores(store):
 @pytest.mark.slow
 def test_a_configuration_interrupted_twice_resumes_and_completes(store):
     # The reproduction: max_retries=1, parallel=1, Ctrl-C twice while the same configuration trains.
-    args = ["n_trials=3", "parallel=1", "max_retries=1", "trainer.max_epochs=10", "model.sleep=0.03"]
+    args = ["n_trials=3", "parallel=1", "max_retries=1", "trainer.max_epochs=10", "model.sleep=0.03", "log_models=none"]
     for attempt in (0, 1):  # trial 1 is the retry copy of trial 0: the same configuration
         driver = _start(store, *args)
         _wait_for(store / "trials" / "faulty" / f"trial-{attempt}" / "last.pt", driver)
