@@ -154,3 +154,40 @@ def _closed(read_end) -> bool:
     except EOFError:
         return True
     return False
+
+
+WARMED_FORKSERVER = r"""
+import os, sys, time
+import torch
+import hpolab.study.trial_process  # what the forkserver preloads first (torch, the routine)
+threads_before = len(os.listdir("/proc/self/task"))
+import hpolab.study.export_warm  # noqa: F401  (the warm-up runs on import)
+assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true"
+pid = os.fork()  # as the forkserver forks a trial
+if pid == 0:
+    torch.set_num_threads(2)
+    x = torch.randn(512, 512)
+    for _ in range(20):
+        x = (x @ x).tanh() + x.clone()  # parallel kernels: a libgomp pool copied by the fork would hang here
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), "threads", threads_before, len(os.listdir("/proc/self/task")))
+"""
+
+
+def test_the_warmed_forkserver_forks_trials_that_compute_in_parallel(tmp_path):
+    """The warm-up runs torch on one thread and MLflow without telemetry: no thread it would start
+    (an OpenMP pool, a telemetry client) exists in the forkserver, so a forked trial computing on two
+    threads does not hang (it did, in the first version of this change)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, hpolab_env
+
+    env = {**hpolab_env(), "PYTHONPATH": str(ROOT / "platform")}
+    env.pop("MLFLOW_DISABLE_TELEMETRY", None)
+    out = subprocess.run([sys.executable, "-c", WARMED_FORKSERVER], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    words = out.stdout.split()
+    assert words[:2] == ["child", "0"], out.stdout
+    assert int(words[4]) <= int(words[3]) + 1, out.stdout  # at most MLflow's own import-time thread, no pool

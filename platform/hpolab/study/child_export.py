@@ -30,7 +30,21 @@ MODEL_DIR = "model"  # the saved MLflow model, in the trial's folder, until the 
 
 def warm() -> None:
     """One throwaway save and load of a tiny model: MLflow's imports and torch.export's first-call
-    set-up (seconds) happen once, in the forkserver, not in every trial."""
+    set-up (seconds) happen once, in the forkserver, not in every trial.
+
+    On one thread: torch's OpenMP pool must not start in the forkserver (a fork of a process with
+    a running libgomp pool hangs the first time the child computes in parallel)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _save_and_load_a_tiny_model()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _save_and_load_a_tiny_model() -> None:
     import torch
 
     model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3, padding=1), torch.nn.BatchNorm2d(2), torch.nn.ReLU(),

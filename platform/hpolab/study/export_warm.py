@@ -2,9 +2,17 @@
 export once so that every trial forked afterwards saves its model warm (child_export.py).
 
 A failure here is only a missed warm-up: the trial's own save reports any real problem.
+
+MLflow's telemetry is off in the forkserver and so in the trials: its client starts threads, and a
+fork copies only the thread that forks (a lock one of them held would stay held in every trial).
+Trial processes never talk to the tracking store; the driver's telemetry is the user's setting.
 """
 
-from hpolab.study import child_export
+import os
+
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+
+from hpolab.study import child_export  # noqa: E402  (after the setting above)
 
 try:
     child_export.warm()
