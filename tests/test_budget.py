@@ -22,7 +22,7 @@ from conftest import ROOT, hpolab_env
 def _workers(store: Path, n_trials: int, n: int = 4) -> list[str]:
     exe = str(Path(sys.executable).with_name("hpolab"))
     args = ["studies/digits_cnn.yaml", "name=budget", f"n_trials={n_trials}", "parallel=1", "trainer.max_epochs=1",
-            "pruner={type: none}", "sampler={type: random}"]
+            "pruner={type: none}", "sampler={type: random}", "log_models=none"]
     procs = [subprocess.Popen([exe, "--store", str(store), "worker", *args], cwd=ROOT, env=hpolab_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(n)]
     outs = [p.communicate(timeout=600)[0] for p in procs]

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 # The fault project's MLP, slowed (50 ms a forward call) so the 60-step LR range test takes seconds.
 ARGS = ["n_trials=2", "parallel=1", "trainer.max_epochs=2", "model.sleep=0.05",
         "lr_range_test={enabled: true, num_steps: 60, min_lr: 1.0e-5, max_lr: 10.0}",
-        "search_space={trainer.lr: {type: float, log: true, from_lr_range_test: true}}"]
+        "search_space={trainer.lr: {type: float, log: true, from_lr_range_test: true}}", "log_models=none"]
 
 
 class Driver:

@@ -24,7 +24,7 @@ from services import free_port
 
 pytestmark = pytest.mark.slow
 EXE = str(Path(sys.executable).with_name("hpolab"))
-ARGS = ["n_trials=2", "parallel=1", "trainer.max_epochs=8", "model.sleep=0.03"]
+ARGS = ["n_trials=2", "parallel=1", "trainer.max_epochs=8", "model.sleep=0.03", "log_models=none"]
 HANG_LIMIT = 300  # seconds: far past B's own work (about a minute); reached only if B waits for A forever
 
 

@@ -25,7 +25,7 @@ from conftest import hpolab_env, run_cli
 PROJECT = Path(__file__).parent / "fault_project"
 SPEC = "studies/faulty.yaml"
 # ~12 forward calls per epoch x 0.1 s: epochs of about 1.2 s, six of them
-ARGS = ["n_trials=1", "parallel=1", "trainer.max_epochs=6", "model.sleep=0.1", "checkpoint_upload_every=0"]
+ARGS = ["n_trials=1", "parallel=1", "trainer.max_epochs=6", "model.sleep=0.1", "checkpoint_upload_every=0", "log_models=none"]
 
 
 def _global(shared: Path, store: Path) -> list[str]:
