@@ -222,7 +222,7 @@ def test_a_worker_with_changed_code_is_refused_unless_allowed(studied, tmp_path)
         assert out.returncode == 2 and recorded in out.stderr and new_hash in out.stderr, out.stderr
         assert "--allow-code-change" in out.stderr and "--new-study" in out.stderr and "Traceback" not in out.stderr
         assert len(_trial_runs(store)[1].trials) == 2  # nothing ran
-        run_cli("--store", str(store), "study", "run", spec, *more, "--allow-code-change", cwd=elsewhere)
+        run_cli("--store", str(store), "study", "run", spec, *more, "log_models=none", "--allow-code-change", cwd=elsewhere)
     client, study, runs = _trial_runs(store)
     assert study.user_attrs["hpolab.code_hash"] == new_hash
     assert [r.data.tags["hpolab.code_hash"] for r in runs] == [recorded, recorded, new_hash]
