@@ -138,7 +138,8 @@ def test_compose_services_run_natively_on_loopback(tmp_path):
 def _run_workers(worker: dict, hosts: dict[str, str], tmp_path: Path) -> None:
     # Two replicas (`docker compose up --scale worker=2 worker`), each with its own local store (its
     # container's filesystem). The study is shortened with key=value overrides appended to the command.
-    cmd = shlex.split(worker["command"]) + ["n_trials=3", "parallel=1", "trainer.max_epochs=1", "pruner={type: none}"]
+    cmd = shlex.split(worker["command"]) + ["n_trials=3", "parallel=1", "trainer.max_epochs=1", "pruner={type: none}",
+                                            "log_models=none"]
     assert cmd[:2] == ["hpolab", "worker"] and (ROOT / cmd[2]).is_file()
     for v in worker["volumes"]:
         src, dst = v.split(":")[:2]

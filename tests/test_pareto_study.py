@@ -118,7 +118,8 @@ def test_promote_picks_from_the_front_by_a_stated_rule(ran, tmp_path):
 def test_a_new_study_warm_starts_from_the_earlier_one(ran):
     store, stdout, study, client = ran
     storage = f"sqlite:///{store / 'optuna.db'}"
-    base = ["--store", str(store), "study", "run", "studies/digits_pareto.yaml", "name=pareto-warm", "trainer.max_epochs=2", "parallel=2"]
+    base = ["--store", str(store), "study", "run", "studies/digits_pareto.yaml", "name=pareto-warm", "trainer.max_epochs=2", "parallel=2",
+            "log_models=none"]
     # refused before the study exists: nothing is written
     for extra, msg in ((["warm_start={from: nope}"], "warm_start.from: no study named 'nope'"),
                        (["warm_start={from: digits-pareto, import_trials: true}", "objectives=null", "pruning=null", "constraints=[]",
