@@ -167,8 +167,8 @@ def test_ddp_trials_complete_and_prune_through_the_cli(store):
     env["HPOLAB_DDP_TEST"] = tag.split("=", 1)[1]
     # trial 0: no pruner -> COMPLETE with its model logged; trial 1: val_acc < 0.99 after epoch 1 -> PRUNED
     run_cli("--store", str(store), "study", "run", *DDP, "n_trials=1", "pruner={type: none}", env=env)
-    out = run_cli("--store", str(store), "study", "run", *DDP, "n_trials=2", "pruner={type: threshold, kwargs: {lower: 0.99}}", "--allow-spec-change",
-                  env=env, check=False)
+    out = run_cli("--store", str(store), "study", "run", *DDP, "n_trials=2", "pruner={type: threshold, kwargs: {lower: 0.99}}", "log_models=none",
+                  "--allow-spec-change", env=env, check=False)
     assert out.returncode == 0, out.stderr
     assert _tagged_processes(tag) == []  # no rank, trial process or forkserver outlived the driver
 

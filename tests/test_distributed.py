@@ -105,7 +105,7 @@ def test_four_workers_through_the_grpc_storage_proxy(postgres, mlflow_server, tm
         assert "storage proxy" in proxy.stdout.readline()
         env = {**hpolab_env(), "OPTUNA_STORAGE": f"grpc://127.0.0.1:{port}", "MLFLOW_TRACKING_URI": mlflow_server}
         args = ["studies/digits_cnn.yaml", "name=via-proxy", "n_trials=5", "parallel=1", "trainer.max_epochs=1",
-                "pruner={type: none}", "sampler={type: random}"]
+                "pruner={type: none}", "sampler={type: random}", "log_models=none"]
         workers = [subprocess.Popen([exe, "--store", str(tmp_path / f"w{i}"), "worker", *args], cwd=ROOT, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(4)]
         outs = [w.communicate(timeout=600)[0] for w in workers]

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("sbatch") is None,
                                  reason="Slurm is not installed (sudo scripts/system-deps installs slurmctld, slurmd, slurm-client, munge)")]
 
-TINY = ["parallel=1", "trainer.max_epochs=2", "sampler={type: random}"]
+TINY = ["parallel=1", "trainer.max_epochs=2", "sampler={type: random}", "log_models=none"]
 
 
 def _slurm_answers() -> bool:
@@ -100,7 +100,7 @@ def test_two_array_tasks_share_the_budget_and_tag_their_runs(slurm, store, tmp_p
 def test_scancel_leaves_a_resumable_study_and_a_relaunch_completes_it(slurm, store, tmp_path):
     logs = tmp_path / "logs"
     args = ["name=slurm-b", "n_trials=4", "parallel=1", "trainer.max_epochs=20", "model.sleep=0.03",
-            "sampler={type: random}"]
+            "sampler={type: random}", "log_models=none"]
     job = _launch(store, logs, *args)
     trial_dirs = store / "trials" / "slurm-b"
     _wait_until(lambda: len(list(trial_dirs.glob("trial-*/last.pt"))) >= 2, "both workers to checkpoint a trial")
