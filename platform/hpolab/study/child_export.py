@@ -98,6 +98,11 @@ def offer_export(conn, job: dict[str, Any], summary: dict[str, Any] | None) -> N
     if not job.get("export_model") or summary is None:
         return
     _free_gpu_memory()  # the next trial may be starting on the same GPU while this one saves
+    import torch
+
+    # Tracing is single-threaded Python and the example's forward passes are tiny: one thread, so
+    # this process's OpenMP pool does not contend for the cores with the next trial's training.
+    torch.set_num_threads(1)
     try:
         if conn.recv() != "export":
             return
