@@ -191,3 +191,47 @@ def test_the_warmed_forkserver_forks_trials_that_compute_in_parallel(tmp_path):
     words = out.stdout.split()
     assert words[:2] == ["child", "0"], out.stdout
     assert int(words[4]) <= int(words[3]) + 1, out.stdout  # at most MLflow's own import-time thread, no pool
+
+
+@pytest.mark.slow
+def test_sigterm_while_trials_save_their_models_loses_no_model(tmp_path):
+    """The real CLI with the default `log_models`: SIGTERM after the first trial completed. The driver
+    exits 143; every trial that completed has its model (saved by its own process: no fallback
+    note), MLflow loads it, no saved folder is left in the trial folders, and both stores agree."""
+    import subprocess
+    import sys
+    import time
+
+    import mlflow
+    import optuna
+    from optuna.trial import TrialState
+
+    from conftest import ROOT, hpolab_env, run_cli
+
+    store = tmp_path / "store"
+    exe = str(Path(sys.executable).with_name("hpolab"))
+    driver = subprocess.Popen([exe, "--store", str(store), "study", "run", "studies/digits_cnn.yaml", "name=sigterm-models",
+                               "n_trials=6", "parallel=1", "trainer.max_epochs=3", "pruner={type: none}"],
+                              cwd=ROOT, env=hpolab_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    seen = ""
+    while "trial 1 COMPLETE" not in seen and time.monotonic() < deadline and driver.poll() is None:
+        seen += driver.stdout.readline()
+    driver.send_signal(signal.SIGTERM)
+    out = seen + driver.communicate(timeout=300)[0]
+    assert driver.returncode == 143, out
+    assert "exporting it from its checkpoint" not in out and "logging the model failed" not in out, out
+
+    study = optuna.load_study(study_name="sigterm-models", storage=f"sqlite:///{store / 'optuna.db'}")
+    complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert len(complete) >= 2, out
+    client = mlflow.MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
+    for t in complete:  # 2..5 COMPLETE trials: all within the default top 5, so each has its model
+        run = client.get_run(t.user_attrs["mlflow_run_id"])
+        assert run.info.status == "FINISHED"
+        model = client.get_logged_model(run.data.tags["hpolab.model_id"])
+        assert model.source_run_id == run.info.run_id and (Path(model.artifact_location.removeprefix("file://")) / "MLmodel").is_file()
+    left = [p for p in (store / "trials").rglob("*") if p.name == child_export.MODEL_DIR or p.name.startswith(".model-")]
+    assert left == []
+    check = run_cli("--store", str(store), "study", "check", "sigterm-models")
+    assert "agree" in check.stdout, check.stdout
