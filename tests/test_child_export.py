@@ -84,7 +84,8 @@ def test_the_trial_process_saves_its_model_and_the_driver_logs_that_folder(tmp_p
     problems: list[str] = []
     saved = child_export.receive_model(*handles, on_problem=problems.append)
     proc.join(30)
-    assert problems == [] and proc.exitcode == 0
+    # it exits after sending the path, or its lifeline (closed by receive_model) ends it first
+    assert problems == [] and proc.exitcode in (0, ORPHAN_EXIT_CODE)
     assert saved == str(tmp_path / child_export.MODEL_DIR) and (Path(saved) / "MLmodel").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".model-")]  # no half-written folder left
 
