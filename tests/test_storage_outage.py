@@ -52,11 +52,16 @@ def _start(pg_ctl: str, data: Path, port: int) -> bool:
 
 
 def _a_trial_mid_run(url: str) -> bool:
+    # Polled every 0.2 s: each storage's engine is disposed, or their pooled connections pile up until
+    # the server refuses clients ("too many clients already": seen when the driver started slowly).
+    storage = optuna.storages.RDBStorage(url)
     try:
-        study = optuna.load_study(study_name="faulty", storage=url)
+        study = optuna.load_study(study_name="faulty", storage=storage)
+        return any(t.state == TrialState.RUNNING and t.intermediate_values for t in study.get_trials(deepcopy=False))
     except KeyError:
         return False  # not created yet
-    return any(t.state == TrialState.RUNNING and t.intermediate_values for t in study.get_trials(deepcopy=False))
+    finally:
+        storage.engine.dispose()
 
 
 @contextmanager
