@@ -51,6 +51,17 @@ def new_run_model(client, run_id: str, name: str, tags: dict[str, str] | None = 
     )
 
 
+def model_from_checkpoint(experiment, config: dict[str, Any], info: dict[str, Any]):
+    """The trial's model, built by its experiment and loaded from its best (else last) checkpoint, in
+    eval mode on the CPU. `info`: the trial process's "done" summary."""
+    from hpolab.train.checkpoint import load_checkpoint, load_model_state
+
+    model = experiment.build_model(config["model"], tuple(info["input_shape"]), info["num_classes"])
+    ckpt = load_checkpoint(info["best_checkpoint"] or info["last_checkpoint"], map_location="cpu")
+    load_model_state(model, ckpt["model"])
+    return model.eval()
+
+
 def log_trial_model(experiment, config: dict[str, Any], info: dict[str, Any], run_id: str, env: dict[str, str]) -> dict[str, str]:
     """Log the trial's best checkpoint as the run's model; returns the tags that point at it.
 
@@ -61,12 +72,7 @@ def log_trial_model(experiment, config: dict[str, Any], info: dict[str, Any], ru
     import mlflow.pytorch
     from mlflow.models import infer_signature
 
-    from hpolab.train.checkpoint import load_checkpoint, load_model_state
-
-    model = experiment.build_model(config["model"], tuple(info["input_shape"]), info["num_classes"])
-    ckpt = load_checkpoint(info["best_checkpoint"] or info["last_checkpoint"], map_location="cpu")
-    load_model_state(model, ckpt["model"])
-    model.eval()
+    model = model_from_checkpoint(experiment, config, info)
     client = mlflow.MlflowClient()  # the driver set the tracking URI; log_model resolves the same one
     logged = mlflow.pytorch.log_model(
         model,

@@ -72,13 +72,9 @@ def save_trial_model(experiment, config: dict[str, Any], summary: dict[str, Any]
     """The trial's best checkpoint as an MLflow model folder in `trial_dir` (written under a temporary
     name, then renamed: the driver never sees half a model). Returns its path. Its requirements pin
     the versions installed here, the ones this trial trained with (the env.* tags of its run)."""
-    from hpolab.stores.models import pip_requirements
-    from hpolab.train.checkpoint import load_checkpoint, load_model_state
+    from hpolab.stores.models import model_from_checkpoint, pip_requirements
 
-    model = experiment.build_model(config["model"], tuple(summary["input_shape"]), summary["num_classes"])
-    ckpt = load_checkpoint(summary["best_checkpoint"] or summary["last_checkpoint"], map_location="cpu")
-    load_model_state(model, ckpt["model"])
-    model.eval()
+    model = model_from_checkpoint(experiment, config, summary)
     final = trial_dir / MODEL_DIR
     partial = Path(tempfile.mkdtemp(prefix=".model-", dir=trial_dir))
     try:
