@@ -165,14 +165,18 @@ def cmd_study_run(args) -> int:
     stores = _stores(args)  # first: a wrong or down store is said in seconds, before torch/mlflow are imported
 
     from hpolab.config.spec import load_spec
-    from hpolab.study.driver import Driver
-    from hpolab.study.progress import Progress
 
     import json
 
     # --new-study NAME: the spec under another name (JSON-quoted: a YAML scalar like `1` or `yes` stays a string)
     rename = [f"name={json.dumps(args.new_study)}"] if args.new_study else []
     spec = load_spec(args.spec, [*args.overrides, *rename])
+    from hpolab.study.runner import started_runner
+
+    runner = started_runner(spec)  # its forkserver warms up (seconds) while MLflow is imported and the stores open
+    from hpolab.study.driver import Driver
+    from hpolab.study.progress import Progress
+
     # `hpolab worker` joins a study that other drivers are running now: salt the sampler seed (host,
     # pid, start time, random bits: containers all run as PID 1) so workers do not propose identical trials.
     from hpolab.study.seeds import worker_salt
@@ -181,7 +185,7 @@ def cmd_study_run(args) -> int:
     # The spec's project (the folder holding its experiments/): trial processes import the
     # experiment from there, whatever the working directory.
     outcome = Driver(spec, stores, Progress(spec), project_dir=spec.project_dir, worker_seed=worker_seed,
-                     allow_spec_change=args.allow_spec_change, allow_code_change=args.allow_code_change).run()
+                     allow_spec_change=args.allow_spec_change, allow_code_change=args.allow_code_change, runner=runner).run()
     code, message = study_exit(outcome)
     if message:
         print(f"hpolab: {message}", file=sys.stderr)
@@ -392,5 +396,5 @@ def _stdout_reader_gone() -> bool:
         return False
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `python -m hpolab.cli` (tests run it in-process to look at sys.modules after)
     sys.exit(main())

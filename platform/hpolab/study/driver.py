@@ -68,7 +68,7 @@ from hpolab.study.repair import close_orphan_runs
 from hpolab.study.retention import Retention
 from hpolab.study.retry import RetryCopy
 from hpolab.study.seeds import worker_salt
-from hpolab.study.runner import Running, TrialRunner
+from hpolab.study.runner import Running, TrialRunner, runner_for
 from hpolab.study.search_space import optuna_distributions
 from hpolab.study.signals import StopSignals, signals_ignored
 from hpolab.study.enqueue import enqueue_known_good
@@ -96,7 +96,7 @@ class Outcome:
 
 class Driver:
     def __init__(self, spec: StudySpec, stores: Stores, progress: Progress | None = None, project_dir: Path | None = None, worker_seed: int = 0,
-                 allow_spec_change: bool = False, allow_code_change: bool = False):
+                 allow_spec_change: bool = False, allow_code_change: bool = False, runner: TrialRunner | None = None):
         self.spec = spec
         self.allow_spec_change = allow_spec_change  # accept a changed spec that keeps the search space valid (spec_guard.py)
         self.worker_seed = worker_seed  # the salt mixed into the sampler seed so concurrent workers draw differently
@@ -114,8 +114,7 @@ class Driver:
         self.retry = RetryCopy(spec.max_retries)
         self.parent_run_id: str | None = None
         self.env_tags: dict[str, str] = {}
-        self.runner = TrialRunner(spec.experiment, self.experiment.__name__, spec.parallel, self.project_dir,
-                                  export_models=spec.log_models != "none")
+        self.runner = runner or runner_for(spec, self.project_dir)  # (the CLI starts its forkserver early)
         self._waiting_note = 0.0
         # The loop's store calls ride out a database restart (outage.py): one per store, each says its name.
         aborting = lambda: self.signals.aborting  # noqa: E731

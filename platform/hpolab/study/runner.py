@@ -76,6 +76,25 @@ def next_message(conn) -> Any | None:
         return None
 
 
+def runner_for(spec, project_dir: Path | None) -> "TrialRunner":
+    """The runner of a study spec's trials, run from its project folder (default: the working directory)."""
+    from hpolab.config.experiment import load_experiment
+
+    return TrialRunner(spec.experiment, load_experiment(spec.experiment).__name__, spec.parallel, (project_dir or Path.cwd()).resolve(),
+                       export_models=spec.log_models != "none")
+
+
+def started_runner(spec, project_dir: Path | None = None) -> "TrialRunner":
+    """runner_for(spec), its forkserver started now (it imports torch and the experiment and warms the
+    model export: seconds the CLI spends importing MLflow and opening the stores meanwhile)."""
+    from hpolab.study.signals import signals_ignored
+
+    runner = runner_for(spec, project_dir or spec.project_dir)
+    with signals_ignored():  # the forkserver inherits SIG_IGN: a signal to the process group is the driver's
+        runner.start_forkserver()
+    return runner
+
+
 class TrialRunner:
     """Starts trial processes: the forkserver context, threads per trial and the GPU of each."""
 
