@@ -136,6 +136,7 @@ class TrialRunner:
             preload = ["hpolab.study.trial_process", self.experiment_module]
             if self.export_models:  # MLflow imported and torch.export warm in every trial
                 preload.append("hpolab.study.export_warm")
+            preload.append("hpolab.study.forkserver_exit")  # last: its atexit handler runs first
             ctx.set_forkserver_preload(preload)
             self._ctx = ctx
         return self._ctx
