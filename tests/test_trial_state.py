@@ -393,3 +393,27 @@ def test_the_drivers_file_descriptors_do_not_grow_with_the_trials(store, monkeyp
     outcome = Driver(spec, resolve_stores(str(store)), CountingFds(spec, quiet=True), project_dir=FAULT_PROJECT).run()
     assert outcome.counts["complete"] == 12, fds
     assert fds[11] - fds[3] <= 3, fds  # before: one more descriptor for every trial still exiting when it ended
+
+
+@pytest.mark.slow
+def test_a_run_its_killed_driver_never_linked_is_removed_by_the_driver_that_reaps_its_trial(store):
+    """A driver SIGKILLed between making a trial's MLflow run and putting its id on the trial leaves
+    a RUNNING run that no trial points at. The next driver finds the trial still RUNNING when it
+    opens (it reaps it later, in its loop); when it ends, the run is gone and both stores agree."""
+    from hpolab.stores import mlflow_runs as tr
+    from hpolab.study.owners import OWNER_ATTR, owner_record
+
+    run_cli("--store", str(store), "study", "run", FAULT_SPEC, "n_trials=1", "log_models=none", cwd=FAULT_PROJECT)
+    client, study = open_study(store)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    trial = study.ask()  # trial 1, RUNNING, owned by a driver that is gone (same host, its pid has exited)
+    trial.set_user_attr(OWNER_ATTR, {**owner_record(trial.number), "pid": int(dead.stdout), "start_time": -1.0})
+    exp = client.get_experiment_by_name("faulty")
+    unlinked = tr.start_child_run(client, exp.experiment_id, study.user_attrs["mlflow_parent_run_id"], "faulty", trial.number, {})
+
+    out = run_cli("--store", str(store), "study", "run", FAULT_SPEC, "n_trials=2", "log_models=none", cwd=FAULT_PROJECT)
+    assert "trial 1 was left RUNNING" in out.stdout + out.stderr, out.stdout + out.stderr
+    assert client.get_run(unlinked).info.lifecycle_stage == "deleted"
+    client, study = open_study(store)
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    run_cli("--store", str(store), "study", "check", "faulty", cwd=FAULT_PROJECT)

@@ -347,6 +347,10 @@ class Driver:
 
     def _close(self, outcome: Outcome) -> None:
         self.tracker.shutdown()  # every trial's model is logged before the study closes
+        # Again at the end: a driver killed between making a trial's run and linking it leaves that run
+        # RUNNING; at _open its trial was often still RUNNING (not yet reaped), so it was skipped there.
+        self.mlflow_outage.call(close_orphan_runs, self.client, self.experiment_id, self.study, self.tracker.close_run,
+                                self.progress.note)
         g = self.outage.call
         outcome.counts = g(trial_counts, self.study)
         g(close_parent_run, self.client, self.parent_run_id, self.study, self.spec, outcome.counts, self.no_improvement.reason)
