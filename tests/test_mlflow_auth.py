@@ -9,6 +9,7 @@ authentication failed and which variables to set; the bare REST API answers 401.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import urllib.error
@@ -24,8 +25,9 @@ ADMIN, PASSWORD = "hpolab-admin", "s3cret-for-tests-only"
 
 
 @pytest.fixture(scope="module")
-def auth_server(tmp_path_factory):
+def auth_server(tmp_path_factory, migrated_store):
     tmp = tmp_path_factory.mktemp("mlflow-auth")
+    shutil.copy(migrated_store / "mlflow.db", tmp / "mlflow.db")  # migrated once per session, not by this server
     ini = tmp / "basic_auth.ini"
     # MLflow's own default config with its users' database in our temp folder; the admin password
     # comes from the environment, as from a Kubernetes Secret, not from the file.
