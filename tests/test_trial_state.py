@@ -2,7 +2,8 @@
 
 Logic first (fabricated trials, pipes and runs; real Optuna and MLflow stores), then the real CLI in
 tests/fault_project: a trial reaped while its owner still runs it, a study metric that is never
-finite, a configuration interrupted twice, and a driver's file descriptors over many trials.
+finite, a configuration interrupted twice, a driver's file descriptors over many trials, and a run
+that a killed driver never linked to its trial.
 """
 
 from __future__ import annotations

@@ -84,12 +84,12 @@ def runner_for(spec, project_dir: Path | None) -> "TrialRunner":
                        export_models=spec.log_models != "none")
 
 
-def started_runner(spec, project_dir: Path | None = None) -> "TrialRunner":
-    """runner_for(spec), its forkserver started now (it imports torch and the experiment and warms the
-    model export: seconds the CLI spends importing MLflow and opening the stores meanwhile)."""
+def started_runner(spec) -> "TrialRunner":
+    """runner_for(spec) from its project, its forkserver started now (it imports torch and the experiment
+    and warms the model export: seconds the CLI spends importing MLflow and opening the stores meanwhile)."""
     from hpolab.study.signals import signals_ignored
 
-    runner = runner_for(spec, project_dir or spec.project_dir)
+    runner = runner_for(spec, spec.project_dir)
     with signals_ignored():  # the forkserver inherits SIG_IGN: a signal to the process group is the driver's
         runner.start_forkserver()
     return runner
