@@ -163,17 +163,26 @@ def _stores(args, optuna: bool = True, tracking: bool = True):
 
 def cmd_study_run(args) -> int:
     stores = _stores(args)  # first: a wrong or down store is said in seconds, before torch/mlflow are imported
-
-    from hpolab.config.spec import load_spec
-
     import json
 
+    from hpolab.study import trial_forkserver
+
     # --new-study NAME: the spec under another name (JSON-quoted: a YAML scalar like `1` or `yes` stays a string)
-    rename = [f"name={json.dumps(args.new_study)}"] if args.new_study else []
-    spec = load_spec(args.spec, [*args.overrides, *rename])
+    overrides = [*args.overrides, *([f"name={json.dumps(args.new_study)}"] if args.new_study else [])]
+    # The forkserver imports torch and the experiment (seconds) while the spec is checked, MLflow imported
+    # and the stores opened; a bad spec stops it at once.
+    early = trial_forkserver.start_early(args.spec, overrides)
+    try:
+        from hpolab.config.spec import load_spec
+
+        spec = load_spec(args.spec, overrides)
+    except BaseException:
+        if early:
+            trial_forkserver.stop_now()
+        raise
     from hpolab.study.runner import started_runner
 
-    runner = started_runner(spec)  # its forkserver warms up (seconds) while MLflow is imported and the stores open
+    runner = started_runner(spec)  # (the one started early, unless the checked spec differs)
     from hpolab.study.driver import Driver
     from hpolab.study.progress import Progress
 
@@ -251,34 +260,9 @@ def cmd_study_list(args) -> int:
 
 def cmd_study_delete(args) -> int:
     stores = _stores(args)
-    from hpolab.stores.paths import redact
-    from hpolab.stores.studies import delete_study, study_names
+    from hpolab.tools.study_delete import delete_cmd
 
-    names = study_names(stores)
-    if args.name not in names:
-        raise UserError(f"no study named {args.name!r} in {redact(stores.optuna_url)} (studies there: {', '.join(names) or 'none'})")
-    what = (f"study {args.name!r}: its Optuna study in {redact(stores.optuna_url)}, its MLflow experiment in {redact(stores.tracking_uri)} "
-            f"(soft delete) and {stores.trials_dir / args.name} and {stores.root / 'lr-find' / args.name}")
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise UserError(f"deleting {what} needs confirmation: pass --yes (no terminal to ask on)")
-        answer = input(f"Delete {what}? [y/N] ").strip().lower()
-        if answer not in ("y", "yes"):
-            print("nothing deleted")
-            return EXIT_OK
-    d = delete_study(args.name, stores)
-    print(f"deleted Optuna study {d.name!r} ({d.trials} trials)")
-    if d.experiment_renamed_to:
-        print(f"deleted MLflow experiment {d.experiment_id} (soft delete: renamed {d.experiment_renamed_to!r} so the name is free; "
-              "it stays in MLflow's trash, with its runs and artifacts, until `mlflow gc` purges it)")
-    elif d.experiment_id:
-        print(f"MLflow experiment {d.experiment_id} was already deleted")
-    else:
-        print(f"no MLflow experiment named {d.name!r} in {redact(stores.tracking_uri)}")
-    for f in d.folders:
-        print(f"removed {f}")
-    print("registered models and their versions are kept")
-    return EXIT_OK
+    return delete_cmd(args, stores)
 
 
 def cmd_ui(args) -> int:

@@ -99,22 +99,9 @@ def _import_from(root: Path, module: str) -> ModuleType:
     return importlib.import_module(module)
 
 
-def load_experiment(name: str, search_from: str | Path | None = None) -> ModuleType:
-    """`digits_cnn` -> `experiments.digits_cnn` of the project; `pkg.mod` -> that import path.
-
-    Looks, in order: the project at or above `search_from` (the spec's folder), the working
-    directory, the import path. Without `search_from` (a trial process, a command given a study
-    name), a module already imported under that name is the one: the process that loaded the spec
-    found it, and a forked child inherits it.
-    """
-    short = name[len(PACKAGE) + 1 :] if name.startswith(PACKAGE + ".") else name
-    module = f"{PACKAGE}.{short}"
-    if search_from is None:
-        for m in (module, name):
-            if m in sys.modules and getattr(sys.modules[m], "__file__", None):
-                return sys.modules[m]
-
-    looked: list[str] = []
+def _project_roots(search_from: str | Path | None, looked: list[str]) -> list[tuple[Path, str]]:
+    """The project folders load_experiment looks in, in order, each with why (what it did not find
+    goes to `looked`)."""
     roots: list[tuple[Path, str]] = []
     if search_from is not None:
         root = find_project_root(search_from)
@@ -127,7 +114,41 @@ def load_experiment(name: str, search_from: str | Path | None = None) -> ModuleT
         roots.append((cwd, "the working directory"))
     elif not (cwd / PACKAGE).is_dir():
         looked.append(f"no {PACKAGE}/ folder in the working directory {cwd}")
-    for root, why in roots:
+    return roots
+
+
+def _short_name(name: str) -> str:
+    return name[len(PACKAGE) + 1 :] if name.startswith(PACKAGE + ".") else name
+
+
+def locate_experiment(name: str, search_from: str | Path) -> tuple[Path, str] | None:
+    """Where load_experiment(name, search_from) imports the experiment from, found without importing
+    anything: (project root, module name), or None when it is not a file of a project's
+    experiments/ folder (the import path is searched by importing)."""
+    short = _short_name(name)
+    for root, _ in _project_roots(search_from, []):
+        if _has_module(root, short):
+            return root, f"{PACKAGE}.{short}"
+    return None
+
+
+def load_experiment(name: str, search_from: str | Path | None = None) -> ModuleType:
+    """`digits_cnn` -> `experiments.digits_cnn` of the project; `pkg.mod` -> that import path.
+
+    Looks, in order: the project at or above `search_from` (the spec's folder), the working
+    directory, the import path. Without `search_from` (a trial process, a command given a study
+    name), a module already imported under that name is the one: the process that loaded the spec
+    found it, and a forked child inherits it.
+    """
+    short = _short_name(name)
+    module = f"{PACKAGE}.{short}"
+    if search_from is None:
+        for m in (module, name):
+            if m in sys.modules and getattr(sys.modules[m], "__file__", None):
+                return sys.modules[m]
+
+    looked: list[str] = []
+    for root, why in _project_roots(search_from, looked):
         if _has_module(root, short):
             return _import_from(root, module)
         looked.append(f"{root / PACKAGE / short.replace('.', '/')}.py ({why})")

@@ -70,7 +70,7 @@ from hpolab.study.retry import RetryCopy
 from hpolab.study.seeds import worker_salt
 from hpolab.study.runner import Running, TrialRunner, runner_for
 from hpolab.study.search_space import optuna_distributions
-from hpolab.study.signals import StopSignals, signals_ignored
+from hpolab.study.signals import StopSignals
 from hpolab.study.enqueue import enqueue_known_good
 from hpolab.study.spec_guard import check_spec, record_spec
 from hpolab.study.code_guard import check_code, record_code
@@ -143,9 +143,8 @@ class Driver:
 
         ensure_local(self.stores)
         # Start the forkserver (imports torch + the experiment, and warms the model export when the
-        # spec logs models: seconds) while we open the stores.
-        with signals_ignored():  # the forkserver inherits SIG_IGN: a signal to the process group is the driver's
-            self.runner.start_forkserver()
+        # spec logs models: seconds) while we open the stores; the CLI has started it already.
+        self.runner.start_forkserver()
         self.storage = make_storage(self.stores.optuna_url, self.spec.max_retries)
         self.storage.heartbeat_stale_trial_callback = self.retry  # (if anything calls fail_stale_trials)
         directions = [o.direction for o in self.spec.objective_list]

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 
 import optuna
 
+from hpolab.study import trial_forkserver
 from hpolab.study.gpus import physical_devices, trial_indices
 
 
@@ -86,12 +87,10 @@ def runner_for(spec, project_dir: Path | None) -> "TrialRunner":
 
 def started_runner(spec) -> "TrialRunner":
     """runner_for(spec) from its project, its forkserver started now (it imports torch and the experiment
-    and warms the model export: seconds the CLI spends importing MLflow and opening the stores meanwhile)."""
-    from hpolab.study.signals import signals_ignored
-
+    and warms the model export: seconds the CLI spends importing MLflow and opening the stores meanwhile),
+    unless `study run` already started it for this spec (trial_forkserver.start_early)."""
     runner = runner_for(spec, spec.project_dir)
-    with signals_ignored():  # the forkserver inherits SIG_IGN: a signal to the process group is the driver's
-        runner.start_forkserver()
+    runner.start_forkserver()
     return runner
 
 
@@ -130,37 +129,13 @@ class TrialRunner:
 
     def context(self):
         if self._ctx is None:
-            ctx = mp.get_context("forkserver")
-            # The forkserver imports torch, the routine and the experiment once; every trial is a
-            # fork of that warm process (tens of ms) instead of a fresh interpreter (seconds).
-            preload = ["hpolab.study.trial_process", self.experiment_module]
-            if self.export_models:  # MLflow imported and torch.export warm in every trial
-                preload.append("hpolab.study.export_warm")
-            preload.append("hpolab.study.forkserver_exit")  # last: its atexit handler runs first
-            ctx.set_forkserver_preload(preload)
-            self._ctx = ctx
+            self.start_forkserver()
         return self._ctx
 
     def start_forkserver(self) -> None:
-        """Start it now (imports torch + the experiment: seconds) so the first trial does not wait.
-
-        It starts with SIGTERM ignored (an ignored signal stays ignored across exec): Slurm's scancel
-        signals every process of the job, and a killed forkserver makes its live trials read as
-        exited with code 255 instead of stopping gracefully with their driver. It still ends with the
-        driver (its alive pipe closes) and on SIGKILL."""
-        self.context()
-        import signal
-        import threading
-        from multiprocessing import forkserver
-
-        if threading.current_thread() is not threading.main_thread():
-            forkserver.ensure_running()
-            return
-        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        try:
-            forkserver.ensure_running()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        """Start it now (imports torch + the experiment: seconds) so the first trial does not wait;
+        a no-op when `study run` started it early for this spec (trial_forkserver.py)."""
+        self._ctx = trial_forkserver.start(self.experiment_module, self.export_models)
 
     def threads_per_trial(self) -> int:
         return max(1, (os.cpu_count() or 1) // self.parallel)

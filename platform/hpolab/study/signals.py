@@ -9,8 +9,7 @@ The CLI exits 130 after SIGINT and 143 after SIGTERM.
 from __future__ import annotations
 
 import signal
-from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable
 
 NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
@@ -41,19 +40,3 @@ class StopSignals:
         else:
             self.aborting = True
             self.note(f"{name} again: stopping now")
-
-
-@contextmanager
-def signals_ignored() -> Iterator[None]:
-    """Ctrl-C and SIGTERM ignored while a helper process is started (it inherits SIG_IGN across exec).
-
-    The trial runner's forkserver: a Ctrl-C or SIGTERM to the whole process group (a terminal, `docker
-    stop`, a scheduler) would otherwise kill it, and with it the LR range test that the driver forks
-    from it after the signal; the driver alone decides what a signal stops. (The start is a fork and
-    exec, milliseconds: a signal sent in that window is not seen.)"""
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in NAMES}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
