@@ -38,6 +38,7 @@ def mlflow_server(postgres, tmp_path_factory):
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"postgresql+psycopg2://{postgres}/mlflow",
          "--artifacts-destination", artifacts.as_uri(), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**hpolab_env(), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # as compose and the k8s manifests run it
     )
     url = f"http://127.0.0.1:{port}"
     wait_for_http(f"{url}/health", proc)

@@ -33,11 +33,13 @@ def auth_server(tmp_path_factory, migrated_store):
     # comes from the environment, as from a Kubernetes Secret, not from the file.
     ini.write_text("[mlflow]\ndefault_permission = READ\n"
                    f"database_uri = sqlite:///{tmp / 'basic_auth.db'}\n"
-                   "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+                   "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                   "auth_cache_ttl_seconds = 300\n")  # as README advises: no scrypt check on every request
     port = free_port()
     env = {**hpolab_env(), "MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_USERNAME": ADMIN,
            "MLFLOW_AUTH_ADMIN_PASSWORD": PASSWORD,
-           "MLFLOW_FLASK_SERVER_SECRET_KEY": "csrf-key-for-tests-only"}  # basic-auth refuses to start without one
+           "MLFLOW_FLASK_SERVER_SECRET_KEY": "csrf-key-for-tests-only",  # basic-auth refuses to start without one
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # as compose and the k8s manifests run it
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth",
          "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}", "--artifacts-destination", (tmp / "artifacts").as_uri(),

@@ -63,7 +63,8 @@ def _mlflow(o: K8sOptions) -> list[dict[str, Any]]:
         "name": "mlflow", "image": o.image,
         "command": ["mlflow", "server", "--host", "0.0.0.0", "--port", str(MLFLOW_PORT),
                     "--artifacts-destination", "/artifacts", "--serve-artifacts"],
-        "env": [secret_env(o.secret, "MLFLOW_BACKEND_STORE_URI")],
+        # MLflow's job runner (GenAI scorers, trace rollups): more processes and CPU, nothing hpolab uses
+        "env": [secret_env(o.secret, "MLFLOW_BACKEND_STORE_URI"), {"name": "MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "value": "false"}],
         "ports": [{"containerPort": MLFLOW_PORT, "name": "mlflow"}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": MLFLOW_PORT}, "periodSeconds": 5},
         "volumeMounts": [{"name": "artifacts", "mountPath": "/artifacts"}],
