@@ -96,6 +96,26 @@ def test_cli_reports_spec_errors_without_traceback(store, tmp_path):
     assert not (store / "trials").exists()  # nothing half-written
 
 
+def test_an_experiment_that_fails_to_import_is_one_line_from_the_check_and_silent_in_the_forkserver(store, tmp_path):
+    """The forkserver starts before the check and imports the experiment too: its failure there must not
+    reach the terminal as a traceback (multiprocessing's preload lets all but ImportError escape)."""
+    project = tmp_path / "project"
+    (project / "experiments").mkdir(parents=True)
+    (project / "studies").mkdir()
+    (project / "experiments" / "broken.py").write_text('raise ValueError("boom at import")\n')
+    (project / "studies" / "s.yaml").write_text((ROOT / DEFAULT).read_text().replace("experiment: digits_cnn", "experiment: broken"))
+    out = run_cli("--store", str(store), "study", "run", str(project / "studies" / "s.yaml"), cwd=tmp_path, check=False)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "experiment: importing 'broken' failed: ValueError: boom at import" in out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+
+    # The forkserver's side on its own (in the race above the check may fail before it gets there):
+    env = {**hpolab_env(), "HPOLAB_FORKSERVER_EXPERIMENT": "experiments.broken", "PYTHONPATH": str(project)}
+    preload = subprocess.run([sys.executable, "-c", "import hpolab.study.experiment_preload"], cwd=project, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert preload.returncode == 0 and preload.stderr == "", preload.stderr
+
+
 def _live_forkservers(group: int) -> list[str]:
     """Command lines of the live (not zombie) multiprocessing forkservers in a process group."""
     found = []

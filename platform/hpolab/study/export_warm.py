@@ -1,4 +1,4 @@
-"""Imported only as a forkserver preload (runner.py), when the spec logs models: warms the model
+"""Imported only as a forkserver preload (trial_forkserver.py), when the spec logs models: warms the model
 export once so that every trial forked afterwards saves its model warm (child_export.py).
 
 A failure here is only a missed warm-up: the trial's own save reports any real problem.

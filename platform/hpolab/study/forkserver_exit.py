@@ -1,4 +1,4 @@
-"""Imported only as the forkserver's last preload (runner.py): the forkserver ends at once when its
+"""Imported only as the forkserver's last preload (trial_forkserver.py): the forkserver ends at once when its
 driver is gone, instead of tearing down an interpreter that holds torch (and MLflow): a second or two
 of CPU for nothing, taken from the next study or test on a small machine.
 

@@ -9,7 +9,6 @@ whose write end only the driver holds, so the child exits as soon as the driver 
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import time
 from dataclasses import dataclass, field

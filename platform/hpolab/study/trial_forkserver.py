@@ -17,13 +17,15 @@ import sys
 import threading
 from pathlib import Path
 
+EXPERIMENT_ENV = "HPOLAB_FORKSERVER_EXPERIMENT"  # read (and removed) by experiment_preload.py in the forkserver
 # (experiment module, export warm-up) of the forkserver this process started; None before any start
 _started: tuple[str, bool] | None = None
 
 
 def preload(experiment_module: str, export_models: bool) -> list[str]:
     """What the forkserver imports before it forks anything."""
-    modules = ["hpolab.study.trial_process", experiment_module]
+    # the experiment is imported by experiment_preload.py (named in the environment; see start)
+    modules = ["hpolab.study.trial_process", "hpolab.study.experiment_preload"]
     if export_models:  # MLflow imported and torch.export warm in every trial (child_export.py)
         modules.append("hpolab.study.export_warm")
     modules.append("hpolab.study.forkserver_exit")  # last: its atexit handler runs first
@@ -47,15 +49,19 @@ def start(experiment_module: str, export_models: bool):
         stop_now()
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(preload(experiment_module, export_models))
-    if threading.current_thread() is threading.main_thread():
-        previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
+    os.environ[EXPERIMENT_ENV] = experiment_module  # the forkserver inherits the environment at its start
+    try:
+        if threading.current_thread() is threading.main_thread():
+            previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                forkserver.ensure_running()
+            finally:
+                for s, h in previous.items():
+                    signal.signal(s, h)
+        else:  # signal handlers can only be set from the main thread (a driver run in a thread, in tests)
             forkserver.ensure_running()
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
-    else:  # signal handlers can only be set from the main thread (a driver run in a thread, in tests)
-        forkserver.ensure_running()
+    finally:
+        os.environ.pop(EXPERIMENT_ENV, None)
     _started = (experiment_module, export_models)
     return ctx
 
