@@ -80,6 +80,13 @@ def _bind_package(root: Path) -> None:
         raise
 
 
+def put_first_on_path(root: Path) -> None:
+    """`root` first on sys.path (moved there if it was already on it)."""
+    if str(root) in sys.path:
+        sys.path.remove(str(root))
+    sys.path.insert(0, str(root))
+
+
 def _import_from(root: Path, module: str) -> ModuleType:
     """Import `experiments.<x>` from `root`, even when another root's `experiments` was imported first.
 
@@ -88,9 +95,7 @@ def _import_from(root: Path, module: str) -> ModuleType:
     one (from another root) is dropped from sys.modules before importing; module objects already
     handed out stay valid.
     """
-    if str(root) in sys.path:
-        sys.path.remove(str(root))
-    sys.path.insert(0, str(root))  # for the project's own other modules
+    put_first_on_path(root)  # for the project's own other modules
     if _imported_roots() != {root}:
         for name in [n for n in sys.modules if n == PACKAGE or n.startswith(PACKAGE + ".")]:
             del sys.modules[name]

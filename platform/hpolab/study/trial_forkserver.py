@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 from pathlib import Path
 
@@ -22,9 +21,9 @@ EXPERIMENT_ENV = "HPOLAB_FORKSERVER_EXPERIMENT"  # read (and removed) by experim
 _started: tuple[str, bool] | None = None
 
 
-def preload(experiment_module: str, export_models: bool) -> list[str]:
-    """What the forkserver imports before it forks anything."""
-    # the experiment is imported by experiment_preload.py (named in the environment; see start)
+def preload(export_models: bool) -> list[str]:
+    """What the forkserver imports before it forks anything (the experiment through experiment_preload.py,
+    which reads its name from the environment: see start)."""
     modules = ["hpolab.study.trial_process", "hpolab.study.experiment_preload"]
     if export_models:  # MLflow imported and torch.export warm in every trial (child_export.py)
         modules.append("hpolab.study.export_warm")
@@ -48,7 +47,7 @@ def start(experiment_module: str, export_models: bool):
     if _started is not None and _started != (experiment_module, export_models):
         stop_now()
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(preload(experiment_module, export_models))
+    ctx.set_forkserver_preload(preload(export_models))
     os.environ[EXPERIMENT_ENV] = experiment_module  # the forkserver inherits the environment at its start
     try:
         if threading.current_thread() is threading.main_thread():
@@ -90,7 +89,7 @@ def start_early(spec_path: str, overrides: list[str]) -> bool:
     only on the import path) leaves the start to the usual place, after the check."""
     import yaml
 
-    from hpolab.config.experiment import locate_experiment
+    from hpolab.config.experiment import locate_experiment, put_first_on_path
     from hpolab.config.overrides import apply_overrides, parse_overrides
 
     try:
@@ -103,8 +102,6 @@ def start_early(spec_path: str, overrides: list[str]) -> bool:
     if found is None:
         return False
     root, module = found
-    if str(root) in sys.path:  # the forkserver is given this process's sys.path; load_spec puts it first too
-        sys.path.remove(str(root))
-    sys.path.insert(0, str(root))
+    put_first_on_path(root)  # the forkserver is given this process's sys.path (load_spec does the same)
     start(module, export_models=log_models != "none")
     return True
