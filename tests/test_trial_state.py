@@ -2,13 +2,12 @@
 
 Logic first (fabricated trials, pipes and runs; real Optuna and MLflow stores), then the real CLI in
 tests/fault_project: a trial reaped while its owner still runs it, a study metric that is never
-finite, a configuration interrupted twice, a driver's file descriptors over many trials, and a run
-that a killed driver never linked to its trial.
+finite, a configuration interrupted twice, and a run that a killed driver never linked to its trial.
+(A driver's file descriptors over many trials: tests/test_driver_fds.py.)
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -370,30 +369,6 @@ def test_a_configuration_interrupted_twice_resumes_and_completes(store):
     final = [t for t in trials if t.number not in retried]
     assert len(final) == 3 and all(t.state == TrialState.COMPLETE for t in final), [(t.number, t.state) for t in trials]
     _states_agree(client, study)
-
-
-@pytest.mark.slow
-def test_the_drivers_file_descriptors_do_not_grow_with_the_trials(store, monkeypatch):
-    # Each trial's process lingers 0.5 s after its result (model.linger): the driver retires it alive.
-    # The driver runs in this process (its descriptors are the ones counted), from the project folder.
-    from hpolab.config.spec import load_spec
-    from hpolab.stores.paths import resolve_stores
-    from hpolab.study.driver import Driver
-    from hpolab.study.progress import Progress
-
-    fds: dict[int, int] = {}
-
-    class CountingFds(Progress):
-        def trial_finished(self, number, *args, **kwargs):
-            fds[number] = len(os.listdir("/proc/self/fd"))
-            super().trial_finished(number, *args, **kwargs)
-
-    monkeypatch.chdir(FAULT_PROJECT)
-    spec = load_spec(FAULT_PROJECT / FAULT_SPEC, ["n_trials=12", "parallel=1", "trainer.max_epochs=1", "log_models=none",
-                                                  "model.linger=0.5", "search_space={}"])
-    outcome = Driver(spec, resolve_stores(str(store)), CountingFds(spec, quiet=True), project_dir=FAULT_PROJECT).run()
-    assert outcome.counts["complete"] == 12, fds
-    assert fds[11] - fds[3] <= 3, fds  # before: one more descriptor for every trial still exiting when it ended
 
 
 @pytest.mark.slow
