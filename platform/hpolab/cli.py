@@ -169,8 +169,10 @@ def cmd_study_run(args) -> int:
 
     # --new-study NAME: the spec under another name (JSON-quoted: a YAML scalar like `1` or `yes` stays a string)
     overrides = [*args.overrides, *([f"name={json.dumps(args.new_study)}"] if args.new_study else [])]
-    # The forkserver imports torch and the experiment (seconds) while the spec is checked, MLflow imported
-    # and the stores opened; a bad spec stops it at once.
+    # The forkserver is a fork of this process once the spec check has imported torch and the experiment;
+    # where it cannot be, it imports them itself (seconds) while the spec is checked, MLflow imported and
+    # the stores opened, and a bad spec stops it at once.
+    trial_forkserver.allow_fork()
     early = trial_forkserver.start_early(args.spec, overrides)
     try:
         from hpolab.config.spec import load_spec

@@ -1,24 +1,48 @@
 """The forkserver every trial process is forked from: what it preloads, how it starts, and its start
 before the spec is checked.
 
-It imports torch, the routine and the experiment once (and, when the study logs models, MLflow with
+It holds torch, the routine and the experiment imported (and, when the study logs models, MLflow with
 torch.export warmed up); every trial is a fork of that warm process. Importing all that takes
-seconds, so `study run` starts it first, from a quick read of the spec file (`start_early`), and
-checks the spec meanwhile: the spec check imports the experiment too, in the driver, and the driver
-then imports MLflow and opens the stores. This module imports neither optuna nor pydantic, so that
-read costs milliseconds.
+seconds of CPU, and the driver has just paid most of it checking the spec (the check imports the
+experiment: torch, scikit-learn). So the forkserver is, where it can be, a fork of the driver taken
+right after that check (`_fork_server`): the same multiprocessing forkserver loop and protocol,
+started without a new interpreter importing everything again (about 3.5 s of CPU less per study on
+the 2-core machine). It then imports only the rest of its preload (the routine, the export warm-up)
+while the driver imports MLflow and opens the stores.
+
+Where the driver cannot be forked safely (a Python thread of its own running, gRPC's threads after a
+proxy store check, a Python whose forkserver protocol this module does not know), multiprocessing
+starts it as a new interpreter; `study run` then starts that one first, from a quick read of the spec
+file (`start_early`), and checks the spec meanwhile. This module imports neither optuna nor
+pydantic, so that read costs milliseconds.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
 EXPERIMENT_ENV = "HPOLAB_FORKSERVER_EXPERIMENT"  # read (and removed) by experiment_preload.py in the forkserver
+# HPOLAB_FORKSERVER=new: always multiprocessing's own start (a new interpreter), never a fork of the driver:
+# for an experiment that imports a library whose own threads a fork would leave behind (Python's threads
+# are seen and refused; a C library's are not)
+START_ENV = "HPOLAB_FORKSERVER"
 # (experiment module, export warm-up) of the forkserver this process started; None before any start
 _started: tuple[str, bool] | None = None
+_fork_allowed = False  # set by allow_fork(): only the `hpolab` command's own process forks its forkserver
+
+
+def allow_fork() -> None:
+    """Let the forkserver be a fork of this process (can_fork_server). `study run` calls it: a fresh
+    interpreter that has imported only what the spec check needs. Any other caller (a notebook, a
+    test running a driver in its own process) may hold anything (C libraries' threads, a sys.modules
+    with packages swapped in and out, which trips torch._dynamo's import) and gets a new interpreter."""
+    global _fork_allowed
+    _fork_allowed = True
 
 
 def preload(export_models: bool) -> list[str]:
@@ -53,7 +77,10 @@ def start(experiment_module: str, export_models: bool):
         if threading.current_thread() is threading.main_thread():
             previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
             try:
-                forkserver.ensure_running()
+                if can_fork_server():
+                    _fork_server(preload(export_models))
+                else:
+                    forkserver.ensure_running()
             finally:
                 for s, h in previous.items():
                     signal.signal(s, h)
@@ -63,6 +90,59 @@ def start(experiment_module: str, export_models: bool):
         os.environ.pop(EXPERIMENT_ENV, None)
     _started = (experiment_module, export_models)
     return ctx
+
+
+def can_fork_server() -> bool:
+    """Whether the forkserver can be a fork of this process (see the module's docstring): allowed
+    (allow_fork: the `hpolab` command; not HPOLAB_FORKSERVER=new), Linux (the fork start method's home), no Python thread but
+    this one (a fork copies only the forking thread: a lock another one held would stay held in the
+    forkserver and every trial), no gRPC (its C core's threads), and the multiprocessing.forkserver.main
+    this module was written against (Python 3.11's; one with other parameters, such as 3.14's
+    authentication key, gets the usual start)."""
+    from multiprocessing import forkserver
+
+    known = list(inspect.signature(forkserver.main).parameters) == ["listener_fd", "alive_r", "preload", "main_path", "sys_path"]
+    return (_fork_allowed and os.environ.get(START_ENV) != "new" and sys.platform == "linux" and known
+            and threading.active_count() == 1 and "grpc" not in sys.modules)
+
+
+def _fork_server(modules: list[str]) -> None:
+    """multiprocessing's forkserver for this process, started as a fork of it (what
+    forkserver.ensure_running does, with os.fork where it starts a new interpreter): a no-op while
+    one runs. The forked server imports what `modules` adds to what this process already holds,
+    then serves; it ends with os._exit, never running this process's atexit handlers (MLflow's,
+    the stores'): they are the driver's to run."""
+    import socket
+    from multiprocessing import connection, forkserver, resource_tracker, util
+
+    server = forkserver._forkserver
+    with server._lock:
+        resource_tracker.ensure_running()
+        if server._forkserver_pid is not None:
+            pid, _ = os.waitpid(server._forkserver_pid, os.WNOHANG)
+            if not pid:
+                return  # still alive
+            os.close(server._forkserver_alive_fd)  # dead: start another, as ensure_running does
+            server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+        with socket.socket(socket.AF_UNIX) as listener:
+            address = connection.arbitrary_address("AF_UNIX")
+            listener.bind(address)
+            if not util.is_abstract_socket_namespace(address):
+                os.chmod(address, 0o600)
+            listener.listen()
+            # every client holds the write end of "alive"; the server leaves when it reads EOF
+            alive_r, alive_w = os.pipe()
+            for stream in (sys.stdout, sys.stderr):  # or the server would print this process's buffered text again
+                stream.flush()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.close(alive_w)
+                    forkserver.main(listener.fileno(), alive_r, modules)
+                finally:
+                    os._exit(0)
+            os.close(alive_r)
+        server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
 
 
 def stop_now() -> None:
@@ -83,15 +163,17 @@ def stop_now() -> None:
 
 
 def start_early(spec_path: str, overrides: list[str]) -> bool:
-    """Start the forkserver for the spec file before the spec is checked, when a quick read finds its
-    experiment as a file in a project's experiments/ folder (where load_experiment will import it
-    from). Returns whether it started; anything unusual (an unreadable spec, an experiment found
+    """Start the forkserver for the spec file before the spec is checked, when it cannot be a fork of
+    this process (can_fork_server) and a quick read finds its experiment as a file in a project's
+    experiments/ folder (where load_experiment will import it from). Returns whether it started; anything unusual (an unreadable spec, an experiment found
     only on the import path) leaves the start to the usual place, after the check."""
     import yaml
 
     from hpolab.config.experiment import locate_experiment, put_first_on_path
     from hpolab.config.overrides import apply_overrides, parse_overrides
 
+    if can_fork_server():  # the check's imports are the forkserver's: it is forked after them (start)
+        return False
     try:
         raw = yaml.safe_load(Path(spec_path).read_text())
         raw = apply_overrides(raw, parse_overrides(overrides))

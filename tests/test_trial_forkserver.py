@@ -1,0 +1,82 @@
+"""The trials' forkserver: a fork of the `hpolab` command once its spec check has imported torch and
+the experiment, unless that is unsafe or HPOLAB_FORKSERVER=new asks for multiprocessing's own start
+(a new interpreter importing everything again)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env
+
+PROBE = """
+import threading
+from hpolab.study import trial_forkserver as t
+print(t.can_fork_server())  # not the hpolab command (a notebook, a test's own driver): never
+t.allow_fork()
+print(t.can_fork_server())
+done = threading.Event()
+thread = threading.Thread(target=done.wait)
+thread.start()
+print(t.can_fork_server())  # a thread of ours would be lost in the fork, holding whatever lock it held
+done.set()
+thread.join()
+import grpc
+print(t.can_fork_server())  # gRPC's C core runs threads of its own
+"""
+
+
+@pytest.mark.parametrize("start, expected", [(None, "False True False False"), ("new", "False False False False")])
+def test_the_fork_is_refused_outside_the_command_with_threads_grpc_or_when_asked(start, expected):
+    env = {k: v for k, v in hpolab_env().items() if k != "HPOLAB_FORKSERVER"}
+    if start:
+        env["HPOLAB_FORKSERVER"] = start
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert " ".join(out.stdout.split()) == expected
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every live process."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            found[int(stat.parent.name)] = (int(fields[1]), cmdline)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start", ["fork", "new"])
+def test_trials_run_from_a_fork_of_the_command_or_from_a_new_interpreter(store, tmp_path, start):
+    exe = Path(sys.executable).with_name("hpolab")
+    out = tmp_path / "out"
+    with out.open("w") as o:
+        # model.sleep: each forward pass sleeps, so the trial is running while we look
+        driver = subprocess.Popen([str(exe), "--store", str(store), "study", "run", FAULT_SPEC, "n_trials=1", "trainer.max_epochs=1",
+                                   "log_models=none", "model.sleep=0.05"], cwd=FAULT_PROJECT,
+                                  env={**hpolab_env(), "HPOLAB_FORKSERVER": start}, stdout=o, stderr=subprocess.STDOUT)
+        server = None
+        deadline = time.monotonic() + 240
+        while server is None and driver.poll() is None and time.monotonic() < deadline:
+            procs = _processes()
+            # the forkserver: the driver's child that has a child (the trial) of its own
+            parents = {parent for parent, _ in procs.values()}
+            server = next((pid for pid, (parent, _) in procs.items() if parent == driver.pid and pid in parents), None)
+            time.sleep(0.05)
+        assert server is not None, out.read_text()
+        server_cmdline, driver_cmdline = procs[server][1], procs[driver.pid][1]
+        assert driver.wait(timeout=300) == 0, out.read_text()
+    if start == "fork":
+        assert server_cmdline == driver_cmdline  # no new interpreter: the command's own image
+    else:
+        assert "from multiprocessing.forkserver import main" in server_cmdline
+    assert "COMPLETE" in out.read_text()
