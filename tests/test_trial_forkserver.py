@@ -40,6 +40,45 @@ def test_the_fork_is_refused_outside_the_command_with_threads_grpc_or_when_asked
     assert " ".join(out.stdout.split()) == expected
 
 
+NESTED = """
+import multiprocessing as mp
+from hpolab.study import trial_forkserver
+
+
+def grandchild():
+    pass
+
+
+def child():  # a trial whose own code starts a process with a forkserver context (a DataLoader may)
+    p = mp.get_context("forkserver").Process(target=grandchild)
+    p.start()
+    p.join()
+    assert p.exitcode == 0
+
+
+if __name__ == "__main__":
+    trial_forkserver.allow_fork()
+    assert trial_forkserver.can_fork_server()
+    trial_forkserver._fork_server([])
+    p = mp.get_context("forkserver").Process(target=child)
+    p.start()
+    p.join(60)
+    print(p.exitcode)
+    if p.exitcode is None:
+        p.kill()
+"""
+
+
+def test_a_trial_of_the_forked_server_can_start_a_forkserver_of_its_own(tmp_path):
+    # The lock multiprocessing holds while it starts a forkserver is held when the fork is taken: the
+    # forked server must free it, or every trial inherits it held and hangs in a start of its own.
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED)
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=hpolab_env(), capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0 and out.stdout.split() == ["0"], out.stdout + out.stderr
+
+
 def _processes() -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, command line) of every live process."""
     found = {}

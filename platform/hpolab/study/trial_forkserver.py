@@ -12,9 +12,10 @@ while the driver imports MLflow and opens the stores.
 
 Where the driver cannot be forked safely (a Python thread of its own running, gRPC's threads after a
 proxy store check, a Python whose forkserver protocol this module does not know), multiprocessing
-starts it as a new interpreter; `study run` then starts that one first, from a quick read of the spec
-file (`start_early`), and checks the spec meanwhile. This module imports neither optuna nor
-pydantic, so that read costs milliseconds.
+starts it as a new interpreter. When that is known before the check (all of these but a thread or
+gRPC that the experiment's own imports start), `study run` starts that one first, from a quick read
+of the spec file (`start_early`), and checks the spec meanwhile; otherwise it starts after the check.
+This module imports neither optuna nor pydantic, so that read costs milliseconds.
 """
 
 from __future__ import annotations
@@ -134,15 +135,43 @@ def _fork_server(modules: list[str]) -> None:
             alive_r, alive_w = os.pipe()
             for stream in (sys.stdout, sys.stderr):  # or the server would print this process's buffered text again
                 stream.flush()
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(alive_r)
+                os.close(alive_w)
+                raise
             if pid == 0:
-                try:
-                    os.close(alive_w)
-                    forkserver.main(listener.fileno(), alive_r, modules)
-                finally:
-                    os._exit(0)
+                _serve(server, listener.fileno(), alive_r, alive_w, modules)  # (never returns)
             os.close(alive_r)
         server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
+
+
+def _serve(server, listener_fd: int, alive_r: int, alive_w: int, modules: list[str]) -> None:
+    """The forked server's whole life: multiprocessing's forkserver loop, then os._exit (never this
+    process's atexit handlers). The lock held while forking is replaced: every trial forked from here
+    would otherwise inherit it held, and hang in any forkserver start of its own (a DataLoader with a
+    forkserver context). A crash says why on stderr and exits 1, as a new interpreter's would."""
+    import threading
+    import traceback
+    from multiprocessing import forkserver
+
+    code = 1
+    try:
+        server._lock = threading.Lock()
+        os.close(alive_w)
+        forkserver.main(listener_fd, alive_r, modules)
+    except SystemExit:  # its driver is gone: the loop's normal end
+        code = 0
+    except BaseException:  # noqa: BLE001 -- said, then the exit code
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
 
 
 def stop_now() -> None:
