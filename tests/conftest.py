@@ -5,6 +5,7 @@ Creating an MLflow SQLite DB runs all its migrations (seconds); copying a migrat
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import sqlite3
@@ -90,23 +91,38 @@ _TEMPLATE: dict[str, Path] = {}
 def mixed_study_template(tmp_path_factory, migrated_store: Path) -> Path:
     """A store holding study `cmp-tiny`: trials 0-1 COMPLETE, 2 FAIL (NaN injected), 3 PRUNED.
 
-    Built once per session (about a minute on 2 cores) and shared: treat it as read-only.
+    Built once per test run (three `study run`s, about half a minute on 2 cores) and shared: treat it
+    as read-only. Under pytest-xdist the first worker that needs it builds it in the run's shared
+    temporary folder while the others wait on a lock, then all read that one.
     """
     if "store" not in _TEMPLATE:
-        store = tmp_path_factory.mktemp("mixed-study") / "store"
-        store.mkdir()
-        for name in ("mlflow.db", "optuna.db"):
-            shutil.copy(migrated_store / name, store / name)
-        (store / "artifacts").mkdir()
-        s = ["--store", str(store), "study", "run", *SPEC]
-        run_cli(*s, "n_trials=2", "pruner={type: none}")
-        # NaN loss at micro-step 2 -> the trial fails with a reason, before any epoch ends.
-        # (Changing trainer/pruner values of a study needs --allow-spec-change: they change what a trial means.)
-        run_cli(*s, "n_trials=3", "trainer.inject_nan_at_step=2", "pruner={type: none}", "--allow-spec-change")
-        # ThresholdPruner: val_acc below 0.99 after epoch 1 (a 3-epoch digits CNN never reaches it) -> pruned.
-        run_cli(*s, "n_trials=4", "pruner={type: threshold, kwargs: {lower: 0.99}}", "--allow-spec-change")
-        _TEMPLATE["store"] = store
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            shared = tmp_path_factory.getbasetemp().parent  # this run's folder, above each worker's own
+            with (shared / "mixed-study.lock").open("w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not (shared / "mixed-study" / "built").exists():
+                    shutil.rmtree(shared / "mixed-study", ignore_errors=True)  # a build that failed in another worker
+                    _build_mixed_study(shared / "mixed-study" / "store", migrated_store)
+                    (shared / "mixed-study" / "built").touch()
+            _TEMPLATE["store"] = shared / "mixed-study" / "store"
+        else:
+            _TEMPLATE["store"] = _build_mixed_study(tmp_path_factory.mktemp("mixed-study") / "store", migrated_store)
     return _TEMPLATE["store"]
+
+
+def _build_mixed_study(store: Path, migrated_store: Path) -> Path:
+    store.mkdir(parents=True)
+    for name in ("mlflow.db", "optuna.db"):
+        shutil.copy(migrated_store / name, store / name)
+    (store / "artifacts").mkdir()
+    s = ["--store", str(store), "study", "run", *SPEC]
+    run_cli(*s, "n_trials=2", "pruner={type: none}")
+    # NaN loss at micro-step 2 -> the trial fails with a reason, before any epoch ends.
+    # (Changing trainer/pruner values of a study needs --allow-spec-change: they change what a trial means.)
+    run_cli(*s, "n_trials=3", "trainer.inject_nan_at_step=2", "pruner={type: none}", "--allow-spec-change")
+    # ThresholdPruner: val_acc below 0.99 after epoch 1 (a 3-epoch digits CNN never reaches it) -> pruned.
+    run_cli(*s, "n_trials=4", "pruner={type: threshold, kwargs: {lower: 0.99}}", "--allow-spec-change")
+    return store
 
 
 def copy_store(src: Path, dst: Path) -> Path:

@@ -1,7 +1,7 @@
 """`hpolab compare`: the table of a real tiny study (COMPLETE, PRUNED and FAIL trials) checked
 against both stores, its formats, and runs side by side.
 
-The study is built once per session by the real CLI (conftest.mixed_study_template) and shared
+The study is built once per test run by the real CLI (conftest.mixed_study_template) and shared
 read-only with test_report.py and test_ui_browser.py; tests that write get a copy.
 """
 
