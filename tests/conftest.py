@@ -81,6 +81,20 @@ def run_cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, tim
     return proc
 
 
+def live_processes() -> dict[int, tuple[int, int, str]]:
+    """pid -> (parent pid, process group, command line) of every live (not zombie) process, from /proc."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:  # it ended meanwhile
+            continue
+        if fields[0] != "Z":
+            found[int(stat.parent.name)] = (int(fields[1]), int(fields[2]), cmdline)
+    return found
+
+
 # ---- a shared study with COMPLETE, FAIL and PRUNED trials (compare, report, UI tests)
 
 STUDY = "cmp-tiny"

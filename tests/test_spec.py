@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from conftest import ROOT, hpolab_env, run_cli
+from conftest import ROOT, hpolab_env, live_processes, run_cli
 from hpolab.config.spec import SpecError, load_spec, parse_overrides
 
 DEFAULT = "studies/digits_cnn.yaml"
@@ -93,7 +93,7 @@ def test_cli_reports_spec_errors_without_traceback(store, tmp_path, start):
                                 cwd=ROOT, env={**hpolab_env(), "HPOLAB_FORKSERVER": start}, stdout=o, stderr=e,
                                 start_new_session=True)
         proc.wait(timeout=300)
-    assert not _live_processes(proc.pid)
+    assert not [cmd for _, group, cmd in live_processes().values() if group == proc.pid]
     assert proc.returncode == 2
     assert "invalid study spec" in err.read_text() and "trainer.lrr" in err.read_text()
     assert "Traceback" not in err.read_text()
@@ -118,20 +118,6 @@ def test_an_experiment_that_fails_to_import_is_one_line_from_the_check_and_silen
     preload = subprocess.run([sys.executable, "-c", "import hpolab.study.experiment_preload"], cwd=project, env=env,
                              capture_output=True, text=True, timeout=300)
     assert preload.returncode == 0 and preload.stderr == "", preload.stderr
-
-
-def _live_processes(group: int) -> list[str]:
-    """Command lines of the live (not zombie) processes in a process group."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:  # it ended meanwhile
-            continue
-        if int(fields[2]) == group and fields[0] != "Z":
-            found.append(cmdline)
-    return found
 
 
 def test_cli_validate_prints_resolved_spec():

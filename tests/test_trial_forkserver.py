@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env
+from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, live_processes
 
 PROBE = """
 import threading
@@ -79,20 +79,6 @@ def test_a_trial_of_the_forked_server_can_start_a_forkserver_of_its_own(tmp_path
     assert out.returncode == 0 and out.stdout.split() == ["0"], out.stdout + out.stderr
 
 
-def _processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) of every live process."""
-    found = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            found[int(stat.parent.name)] = (int(fields[1]), cmdline)
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("start", ["fork", "new"])
 def test_trials_run_from_a_fork_of_the_command_or_from_a_new_interpreter(store, tmp_path, start):
@@ -100,19 +86,19 @@ def test_trials_run_from_a_fork_of_the_command_or_from_a_new_interpreter(store, 
     out = tmp_path / "out"
     with out.open("w") as o:
         # model.sleep: each forward pass sleeps, so the trial is running while we look
-        driver = subprocess.Popen([str(exe), "--store", str(store), "study", "run", FAULT_SPEC, "n_trials=1", "trainer.max_epochs=1",
-                                   "log_models=none", "model.sleep=0.05"], cwd=FAULT_PROJECT,
+        driver = subprocess.Popen([str(exe), "--store", str(store), "study", "run", FAULT_SPEC, "n_trials=1",
+                                   "trainer.max_epochs=1", "log_models=none", "model.sleep=0.05"], cwd=FAULT_PROJECT,
                                   env={**hpolab_env(), "HPOLAB_FORKSERVER": start}, stdout=o, stderr=subprocess.STDOUT)
         server = None
         deadline = time.monotonic() + 240
         while server is None and driver.poll() is None and time.monotonic() < deadline:
-            procs = _processes()
+            procs = live_processes()
             # the forkserver: the driver's child that has a child (the trial) of its own
-            parents = {parent for parent, _ in procs.values()}
-            server = next((pid for pid, (parent, _) in procs.items() if parent == driver.pid and pid in parents), None)
+            parents = {parent for parent, _, _ in procs.values()}
+            server = next((pid for pid, (parent, _, _) in procs.items() if parent == driver.pid and pid in parents), None)
             time.sleep(0.05)
         assert server is not None, out.read_text()
-        server_cmdline, driver_cmdline = procs[server][1], procs[driver.pid][1]
+        server_cmdline, driver_cmdline = procs[server][2], procs[driver.pid][2]
         assert driver.wait(timeout=300) == 0, out.read_text()
     if start == "fork":
         assert server_cmdline == driver_cmdline  # no new interpreter: the command's own image

@@ -6,7 +6,7 @@ torch.export warmed up); every trial is a fork of that warm process. Importing a
 seconds of CPU, and the driver has just paid most of it checking the spec (the check imports the
 experiment: torch, scikit-learn). So the forkserver is, where it can be, a fork of the driver taken
 right after that check (`_fork_server`): the same multiprocessing forkserver loop and protocol,
-started without a new interpreter importing everything again (about 3.5 s of CPU less per study on
+started without a new interpreter importing everything again (about 3-4 s of CPU less per study on
 the 2-core machine). It then imports only the rest of its preload (the routine, the export warm-up)
 while the driver imports MLflow and opens the stores.
 
@@ -95,14 +95,15 @@ def start(experiment_module: str, export_models: bool):
 
 def can_fork_server() -> bool:
     """Whether the forkserver can be a fork of this process (see the module's docstring): allowed
-    (allow_fork: the `hpolab` command; not HPOLAB_FORKSERVER=new), Linux (the fork start method's home), no Python thread but
-    this one (a fork copies only the forking thread: a lock another one held would stay held in the
-    forkserver and every trial), no gRPC (its C core's threads), and the multiprocessing.forkserver.main
-    this module was written against (Python 3.11's; one with other parameters, such as 3.14's
-    authentication key, gets the usual start)."""
+    (allow_fork: the `hpolab` command; not HPOLAB_FORKSERVER=new), Linux (the fork start method's
+    home), no Python thread but this one (a fork copies only the forking thread: a lock another one
+    held would stay held in the forkserver and every trial), no gRPC (its C core's threads), and the
+    multiprocessing.forkserver.main this module was written against (Python 3.11's; one with other
+    parameters, such as 3.14's authentication key, gets the usual start)."""
     from multiprocessing import forkserver
 
-    known = list(inspect.signature(forkserver.main).parameters) == ["listener_fd", "alive_r", "preload", "main_path", "sys_path"]
+    known = list(inspect.signature(forkserver.main).parameters) == [
+        "listener_fd", "alive_r", "preload", "main_path", "sys_path"]
     return (_fork_allowed and os.environ.get(START_ENV) != "new" and sys.platform == "linux" and known
             and threading.active_count() == 1 and "grpc" not in sys.modules)
 
@@ -152,7 +153,6 @@ def _serve(server, listener_fd: int, alive_r: int, alive_w: int, modules: list[s
     process's atexit handlers). The lock held while forking is replaced: every trial forked from here
     would otherwise inherit it held, and hang in any forkserver start of its own (a DataLoader with a
     forkserver context). A crash says why on stderr and exits 1, as a new interpreter's would."""
-    import threading
     import traceback
     from multiprocessing import forkserver
 
@@ -194,8 +194,9 @@ def stop_now() -> None:
 def start_early(spec_path: str, overrides: list[str]) -> bool:
     """Start the forkserver for the spec file before the spec is checked, when it cannot be a fork of
     this process (can_fork_server) and a quick read finds its experiment as a file in a project's
-    experiments/ folder (where load_experiment will import it from). Returns whether it started; anything unusual (an unreadable spec, an experiment found
-    only on the import path) leaves the start to the usual place, after the check."""
+    experiments/ folder (where load_experiment will import it from). Returns whether it started;
+    anything unusual (an unreadable spec, an experiment found only on the import path) leaves the
+    start to the usual place, after the check."""
     import yaml
 
     from hpolab.config.experiment import locate_experiment, put_first_on_path
