@@ -14,9 +14,8 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from sklearn.datasets import load_diabetes  # bundled with scikit-learn, no download
-
 from hpolab.train.data import DataSplits
+from hpolab.train.sklearn_data import load_diabetes_raw  # scikit-learn's bundled files, no download (and no sklearn import)
 
 TASK = "regression"
 
@@ -30,9 +29,9 @@ MODEL_DEFAULTS = {
 
 
 def _raw_and_split(data: dict, seed: int):
-    bunch = load_diabetes(scaled=False)
-    x = bunch.data.astype(np.float32)  # (442, 10) raw units
-    y = bunch.target.astype(np.float32)  # (442,)
+    features, target = load_diabetes_raw()
+    x = features.astype(np.float32)  # (442, 10) raw units
+    y = target.astype(np.float32)  # (442,)
     order = np.random.default_rng(seed).permutation(len(y))
     n_val, n_test = round(len(y) * data["val_fraction"]), round(len(y) * data["test_fraction"])
     val, test, train = order[:n_val], order[n_val : n_val + n_test], order[n_val + n_test :]

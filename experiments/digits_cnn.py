@@ -12,10 +12,9 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from sklearn.datasets import load_digits  # bundled with scikit-learn, no download
-
 from hpolab.train.data import DataSplits
 from hpolab.train.layers import GlobalAvgPool
+from hpolab.train.sklearn_data import load_digits  # scikit-learn's bundled file, no download (and no sklearn import)
 
 # Imports live at module level on purpose: the study driver's forkserver preloads experiment
 # modules, so what is imported here is paid once per study, not once per trial.
@@ -66,9 +65,9 @@ def _stratified_split(y: np.ndarray, fractions: tuple[float, float], seed: int):
 
 
 def _raw_and_split(data: dict, seed: int):
-    bunch = load_digits()
-    x_raw = bunch.images.astype(np.float32)  # (1797, 8, 8), 0..16 (integers: exact in float32)
-    y = bunch.target.astype(np.int64)
+    images, target = load_digits()
+    x_raw = images.astype(np.float32)  # (1797, 8, 8), 0..16 (integers: exact in float32)
+    y = target.astype(np.int64)
     return x_raw, y, _stratified_split(y, (data["val_fraction"], data["test_fraction"]), seed)
 
 

@@ -11,9 +11,8 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from sklearn.datasets import load_digits  # bundled with scikit-learn, no download
-
 from hpolab.train.data import DataSplits
+from hpolab.train.sklearn_data import load_digits  # scikit-learn's bundled file, no download (and no sklearn import)
 
 TASK = "multilabel"
 LABELS = ("even", "greater_than_4", "loop")
@@ -34,12 +33,12 @@ def _labels(digit: np.ndarray) -> np.ndarray:
 
 
 def _raw_and_split(data: dict, seed: int):
-    bunch = load_digits()
-    x = bunch.images.astype(np.float32)
+    images, target = load_digits()
+    x = images.astype(np.float32)
     order = np.random.default_rng(seed).permutation(len(x))
     n_val, n_test = round(len(x) * data["val_fraction"]), round(len(x) * data["test_fraction"])
     val, test, train = order[:n_val], order[n_val : n_val + n_test], order[n_val + n_test :]
-    return x, _labels(bunch.target), (np.sort(train), np.sort(val), np.sort(test))
+    return x, _labels(target), (np.sort(train), np.sort(val), np.sort(test))
 
 
 def load_data(data: dict, seed: int) -> DataSplits:

@@ -21,20 +21,20 @@ import time
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import TensorDataset
 
 from hpolab.train.data import DataSplits
+from hpolab.train.sklearn_data import load_digits
 
 DATA_DEFAULTS: dict = {}
 MODEL_DEFAULTS = {"hidden": 32, "fault": "none", "fault_after": 0, "sleep": 0.0, "linger": 0.0}
 
 
 def load_data(data: dict, seed: int) -> DataSplits:
-    bunch = load_digits()
-    x = torch.tensor(bunch.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(bunch.target, dtype=torch.long)
+    images, target = load_digits()
+    x = torch.tensor(images.reshape(len(images), -1), dtype=torch.float32) / 16.0
+    y = torch.tensor(target, dtype=torch.long)
     idx = torch.from_numpy(np.random.default_rng(seed).permutation(len(y)))
     tr, va, te = idx[:1000], idx[1000:1400], idx[1400:]
     return DataSplits(
