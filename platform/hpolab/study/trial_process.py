@@ -8,6 +8,12 @@ routine, and talks to the driver only through its pipe:
     ("done", summary) | ("fail", details)
     ("model", path) | ("model_error", why)   "export" | "skip"     (after "done", when the spec logs models: child_export.py)
 
+The trial does not wait for an epoch's answer: it trains the next epoch meanwhile, reads the answer
+between that epoch's batches, and waits for it only before that epoch's checkpoints are written (the
+driver stages the previous ones for upload before it answers) and after its last epoch (EpochAnswers).
+A "stop" abandons the epoch in progress: a pruned trial ends within a batch of the driver's decision,
+and the driver's bookkeeping (MLflow, Optuna, another trial's epoch) never holds up its training.
+
 It never writes to Optuna or MLflow (its model it saves to a local folder): the driver is the only
 writer to both stores. A lifeline pipe (whose other end only the driver holds) ends the process
 within a second of the driver dying, so no orphan keeps a GPU busy.
@@ -58,7 +64,8 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
     torch.set_num_threads(int(job["threads"]))
 
     def work() -> dict[str, Any] | None:
-        summary = train(job, ask_driver(conn))
+        answers = EpochAnswers(conn)
+        summary = train(job, answers.on_epoch, stop_requested=answers.stop_requested)
         if summary is not None and job.get("export_model"):
             summary["export_in_child"] = True  # this process waits for the driver's "export" | "skip"
         return summary
@@ -70,8 +77,35 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
         conn.close()
 
 
+class EpochAnswers:
+    """fit()'s on_epoch and stop_requested for one trial process: an epoch's metrics are sent and
+    training goes on; the driver's "continue" | "stop" is read when fit asks (loop.py says when)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.pending = False  # an epoch was sent and its answer not read yet
+        self.stop = False
+
+    def on_epoch(self, epoch: int, metrics: dict[str, float]) -> bool:
+        try:
+            self.conn.send(("epoch", epoch, metrics))
+        except (EOFError, OSError):  # the driver is gone (its end closed or reset): nobody to train for
+            os._exit(ORPHAN_EXIT_CODE)
+        self.pending = True
+        return False
+
+    def stop_requested(self, wait: bool) -> bool:
+        try:
+            if self.pending and (wait or self.conn.poll()):
+                self.stop, self.pending = self.conn.recv() == "stop", False
+        except (EOFError, OSError):
+            os._exit(ORPHAN_EXIT_CODE)
+        return self.stop
+
+
 def ask_driver(conn):
-    """fit()'s on_epoch: send the epoch's metrics, wait for "continue" or "stop"."""
+    """fit()'s on_epoch for a trial on several devices (ranks.py): send the epoch's metrics, wait for
+    "continue" or "stop" (every rank must stop after the same epoch, so rank 0 waits)."""
 
     def on_epoch(epoch: int, metrics: dict[str, float]) -> bool:
         try:
@@ -83,10 +117,11 @@ def ask_driver(conn):
     return on_epoch
 
 
-def train(job: dict[str, Any], on_epoch, ranks_of=None) -> dict[str, Any] | None:
+def train(job: dict[str, Any], on_epoch, ranks_of=None, stop_requested=None) -> dict[str, Any] | None:
     """Build the experiment's data and model, fit(); the summary the driver logs (None on ranks other than 0).
 
     ranks_of(cfg): this process's Ranks when it is one of several (ranks.py), called before the model is built.
+    stop_requested: fit()'s, with an on_epoch that does not wait (EpochAnswers); one process only.
     """
     from hpolab.config.experiment import load_experiment
 
@@ -113,6 +148,7 @@ def train(job: dict[str, Any], on_epoch, ranks_of=None) -> dict[str, Any] | None
         log=notes.append,
         task=task_for(exp),  # the experiment's TASK: its loss, metrics and target checks
         ranks=ranks,
+        stop_requested=stop_requested,
     )
     if ranks is not None and not ranks.is_rank0:
         return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -73,8 +74,12 @@ def train_epoch(
     micro_step: int,
     global_step: int,
     channels_last: bool,
-) -> EpochTraining:
-    """Train `step.net` on one pass over `batches`; the per-step schedule advances after each optimizer step."""
+    interrupted: Callable[[], bool] | None = None,
+) -> EpochTraining | None:
+    """Train `step.net` on one pass over `batches`; the per-step schedule advances after each optimizer step.
+
+    interrupted(), when given, is asked before each micro-batch; True abandons the epoch (None is
+    returned: the caller stops training, and what this epoch changed is never recorded)."""
     step.net.train()
     t_epoch = time.perf_counter()
     data_wait = 0.0  # seconds
@@ -85,6 +90,8 @@ def train_epoch(
 
     t_wait = time.perf_counter()
     for i, (x, y) in enumerate(batches):
+        if interrupted is not None and interrupted():
+            return None
         x, y = to_device(x, y, step.device, channels_last, step.target_dtype)
         data_wait += time.perf_counter() - t_wait
 

@@ -206,8 +206,7 @@ def _step_schedule_at_epoch_end(metrics: dict[str, float], schedule: LRSchedule,
 def _stop_reason(cfg: TrainConfig, state: LoopState, metric: str, stopped_by_caller: bool, note) -> str | None:
     """Why training stops after epoch `state.epoch` (None: it goes on). The caller's word comes first."""
     if stopped_by_caller:
-        note(f"stopped by the caller after epoch {state.epoch}")
-        return "stopped_by_caller"
+        return _stopped_by_caller(state, note)
     if cfg.early_stopping_patience is not None and state.bad_epochs >= cfg.early_stopping_patience:
         note(
             f"early stopping after epoch {state.epoch}: {metric} has not improved by more than "
@@ -215,6 +214,11 @@ def _stop_reason(cfg: TrainConfig, state: LoopState, metric: str, stopped_by_cal
         )
         return "early_stopping"
     return None
+
+
+def _stopped_by_caller(state: LoopState, note) -> str:
+    note(f"stopped by the caller after epoch {state.epoch}")
+    return "stopped_by_caller"
 
 
 def _resume(cfg: TrainConfig, run: _Run, resume_from, ckpt_dir: Path | None, *, metric: str, direction: str, note) -> tuple[LoopState, Path | None]:
@@ -239,14 +243,18 @@ def _first_epoch(cfg: TrainConfig, state: LoopState) -> tuple[str, int]:
 
 
 def _train_and_evaluate(cfg: TrainConfig, run: _Run, watch: LossWatch, state: LoopState, epoch: int, *, data: DataSplits,
-                        device: torch.device, amp: str, metric: str, seed: int, ranks) -> dict[str, float]:
-    """One epoch of training, the evaluation (rank 0 with ranks) and the epoch-end schedule step: the epoch's metrics."""
+                        device: torch.device, amp: str, metric: str, seed: int, ranks, interrupted=None) -> dict[str, float] | None:
+    """One epoch of training, the evaluation (rank 0 with ranks) and the epoch-end schedule step: the epoch's metrics
+    (None: `interrupted()` said so during training, and the epoch was abandoned)."""
     if ranks is not None:
         ranks.begin_epoch(run.train, epoch, seed)
     trained = train_epoch(
         cfg, run.step, run.train, run.schedule, watch,
         epoch=epoch, micro_step=state.micro_step, global_step=state.global_step, channels_last=run.channels_last,
+        interrupted=interrupted,
     )
+    if trained is None:
+        return None
     state.micro_step, state.global_step = trained.micro_step, trained.global_step
     if ranks is not None:
         ranks.reduce_training(trained)  # train_loss over every rank's samples
@@ -258,6 +266,38 @@ def _train_and_evaluate(cfg: TrainConfig, run: _Run, watch: LossWatch, state: Lo
     _step_schedule_at_epoch_end(metrics, run.schedule, run.step.optimizer, metric)
     metrics["epoch_seconds"] = time.perf_counter() - trained.started
     return metrics
+
+
+def _epochs(cfg: TrainConfig, run: _Run, watch: LossWatch, state: LoopState, first_epoch: int, stop_reason: str, best_path, *,
+            data: DataSplits, device: torch.device, amp: str, metric: str, direction: str, seed: int, ranks, ckpt_dir: Path | None,
+            on_epoch, stop_requested, note) -> tuple[str, Path | None, Path | None]:
+    """fit()'s epochs, from `first_epoch`: train, evaluate, checkpoint, the caller. (stop reason, best.pt, last.pt)."""
+    last_path = None
+    interrupted = (lambda: stop_requested(False)) if stop_requested is not None else None
+    with _explain_nondeterministic_ops(cfg.deterministic, device):
+        for epoch in range(first_epoch, cfg.max_epochs + 1):
+            metrics = _train_and_evaluate(cfg, run, watch, state, epoch, data=data, device=device, amp=amp, metric=metric, seed=seed,
+                                          ranks=ranks, interrupted=interrupted)
+            # A pipelined caller's "stop" (to the epoch before) abandons this one: never recorded, never checkpointed.
+            if metrics is None or (stop_requested is not None and stop_requested(True)):
+                return _stopped_by_caller(state, note), best_path, last_path
+            improved = state.record(epoch, metrics, metrics[metric], direction, cfg.early_stopping_min_delta)
+
+            if ckpt_dir is not None and (ranks is None or ranks.is_rank0):
+                last_path, best = write_checkpoints(
+                    state, run.parts, ckpt_dir, improved=improved, cfg=cfg, metric=metric, direction=direction, amp=amp, device=device
+                )
+                best_path = best or best_path
+
+            # With ranks: rank 0 asks the caller; every rank gets its answer, so all stop after the same epoch.
+            stopped_by_caller = _on_rank0(ranks, lambda: on_epoch is not None and bool(on_epoch(epoch, dict(metrics))))
+            reason = _stop_reason(cfg, state, metric, stopped_by_caller, note)
+            if reason is not None:
+                stop_reason = reason
+                break
+    if stop_requested is not None and stop_reason != "stopped_by_caller" and stop_requested(True):  # its answer to the last epoch
+        stop_reason = _stopped_by_caller(state, note)
+    return stop_reason, best_path, last_path
 
 
 def _fit_result(state: LoopState, stop_reason: str, best_path, last_path, resume_from, *, amp: str, device: torch.device) -> FitResult:
@@ -281,7 +321,8 @@ def _fit_result(state: LoopState, stop_reason: str, best_path, last_path, resume
 
 def fit(cfg: TrainConfig, model: nn.Module, data: DataSplits, *, metric: str = "val_acc", direction: str = "maximize", seed: int = 0,
         on_epoch: Callable[[int, dict[str, float]], bool] | None = None, checkpoint_dir: str | Path | None = None,
-        resume_from: str | Path | None = None, log: Callable[[str], None] | None = None, task: Any = None, ranks: Any = None) -> FitResult:
+        resume_from: str | Path | None = None, log: Callable[[str], None] | None = None, task: Any = None, ranks: Any = None,
+        stop_requested: Callable[[bool], bool] | None = None) -> FitResult:
     """Train `model` on `data` as `cfg` says; select the best epoch by `metric` (`direction`).
 
     on_epoch(epoch, metrics) is called after each epoch, once that epoch's checkpoints are written;
@@ -298,11 +339,17 @@ def fit(cfg: TrainConfig, model: nn.Module, data: DataSplits, *, metric: str = "
     when None. It owns the loss, the val_* metrics and the target checks.
     ranks: this process's distributed.Ranks when the trial runs on several devices (DDP); every rank
     calls fit() alike, rank 0 alone evaluates, writes checkpoints and calls on_epoch (distributed.py).
+    stop_requested(wait), single process only: a caller that answers on_epoch later (on_epoch returns
+    False at once, training goes on) says here whether it has asked to stop; fit asks it with
+    wait=False before each micro-batch, and with wait=True (its answer to the epoch last sent) before
+    an epoch's checkpoints are written and after the last epoch. A "stop" abandons the epoch in progress.
     The model is trained in place and left on the training device, in eval mode.
     """
     note = log if log is not None else (lambda message: None)
     task = task if task is not None else Classification()
     _check_arguments(cfg, data, metric, direction, resume_from, task)  # all checked before any work
+    if ranks is not None and stop_requested is not None:
+        raise ValueError("stop_requested is for a single process: with ranks, on_epoch answers at once on rank 0")
     device = resolve_device(cfg.device)
     amp = resolve_amp(cfg.amp, device)
     seed_everything(seed, deterministic=cfg.deterministic)
@@ -310,27 +357,12 @@ def fit(cfg: TrainConfig, model: nn.Module, data: DataSplits, *, metric: str = "
 
     # ---- restore
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    state, best_path, last_path = *_resume(cfg, run, resume_from, ckpt_dir, metric=metric, direction=direction, note=note), None
+    state, best_path = _resume(cfg, run, resume_from, ckpt_dir, metric=metric, direction=direction, note=note)
     stop_reason, first_epoch = _first_epoch(cfg, state)
     watch = LossWatch(device, amp, cfg.inject_nan_at_step)
 
     # ---- per epoch: train, evaluate, checkpoint, the caller
-    with _explain_nondeterministic_ops(cfg.deterministic, device):
-        for epoch in range(first_epoch, cfg.max_epochs + 1):
-            metrics = _train_and_evaluate(cfg, run, watch, state, epoch, data=data, device=device, amp=amp, metric=metric, seed=seed, ranks=ranks)
-            improved = state.record(epoch, metrics, metrics[metric], direction, cfg.early_stopping_min_delta)
-
-            if ckpt_dir is not None and (ranks is None or ranks.is_rank0):
-                last_path, best = write_checkpoints(
-                    state, run.parts, ckpt_dir, improved=improved, cfg=cfg, metric=metric, direction=direction, amp=amp, device=device
-                )
-                best_path = best or best_path
-
-            # With ranks: rank 0 asks the caller; every rank gets its answer, so all stop after the same epoch.
-            stopped_by_caller = _on_rank0(ranks, lambda: on_epoch is not None and bool(on_epoch(epoch, dict(metrics))))
-            reason = _stop_reason(cfg, state, metric, stopped_by_caller, note)
-            if reason is not None:
-                stop_reason = reason
-                break
-
+    stop_reason, best_path, last_path = _epochs(cfg, run, watch, state, first_epoch, stop_reason, best_path, data=data, device=device, amp=amp,
+                                                metric=metric, direction=direction, seed=seed, ranks=ranks, ckpt_dir=ckpt_dir,
+                                                on_epoch=on_epoch, stop_requested=stop_requested, note=note)
     return _fit_result(state, stop_reason, best_path, last_path, resume_from, amp=amp, device=device)
