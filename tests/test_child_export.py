@@ -160,10 +160,16 @@ def _closed(read_end) -> bool:
 WARMED_FORKSERVER = r"""
 import os, sys, time
 import torch
+if os.environ.get("MLFLOW_FIRST"):  # as the command imports it before forking its server (trial_forkserver.start)
+    import mlflow
+    from mlflow.telemetry import get_telemetry_client
+    assert get_telemetry_client() is not None, "telemetry is off already: nothing would be proved"
 import hpolab.study.trial_process  # what the forkserver preloads first (torch, the routine)
 threads_before = len(os.listdir("/proc/self/task"))
 import hpolab.study.export_warm  # noqa: F401  (the warm-up runs on import)
 assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true"
+from mlflow.telemetry import get_telemetry_client
+assert get_telemetry_client() is None, "the forkserver kept a telemetry client"
 pid = os.fork()  # as the forkserver forks a trial
 if pid == 0:
     torch.set_num_threads(2)
@@ -176,17 +182,24 @@ print("child", os.waitstatus_to_exitcode(status), "threads", threads_before, len
 """
 
 
-def test_the_warmed_forkserver_forks_trials_that_compute_in_parallel(tmp_path):
+MLFLOW_TELEMETRY_OFF = ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "PYTEST_CURRENT_TEST", "CI", "GITHUB_ACTIONS")  # (and other CI names)
+
+
+@pytest.mark.parametrize("mlflow_first", [False, True], ids=["mlflow-imported-by-the-warm-up", "mlflow-imported-before-the-fork"])
+def test_the_warmed_forkserver_forks_trials_that_compute_in_parallel(tmp_path, mlflow_first):
     """The warm-up runs torch on one thread and MLflow without telemetry: no thread it would start
     (an OpenMP pool, a telemetry client) exists in the forkserver, so a forked trial computing on two
-    threads does not hang (it did, in the first version of this change)."""
+    threads does not hang (it did, in the first version of this change). Also when MLflow was imported
+    before, with telemetry on (a user's default; the test process's own variables would turn it off)."""
     import subprocess
     import sys
 
     from conftest import ROOT, hpolab_env
 
-    env = {**hpolab_env(), "PYTHONPATH": str(ROOT / "platform")}
-    env.pop("MLFLOW_DISABLE_TELEMETRY", None)
+    env = {k: v for k, v in hpolab_env().items() if k not in MLFLOW_TELEMETRY_OFF}
+    env["PYTHONPATH"] = str(ROOT / "platform")
+    if mlflow_first:
+        env["MLFLOW_FIRST"] = "1"
     out = subprocess.run([sys.executable, "-c", WARMED_FORKSERVER], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     words = out.stdout.split()

@@ -12,6 +12,12 @@ import os
 
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 
+# MLflow may be imported already (the command imports it before forking this server: trial_forkserver.start),
+# with the client its import set up from the user's setting: set it up again, now disabled.
+from mlflow.telemetry import set_telemetry_client  # noqa: E402
+
+set_telemetry_client()
+
 from hpolab.study import child_export  # noqa: E402  (after the setting above)
 
 try:
