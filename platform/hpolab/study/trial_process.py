@@ -107,12 +107,11 @@ def ask_driver(conn):
     """fit()'s on_epoch for a trial on several devices (ranks.py): send the epoch's metrics, wait for
     "continue" or "stop" (every rank must stop after the same epoch, so rank 0 waits)."""
 
+    answers = EpochAnswers(conn)
+
     def on_epoch(epoch: int, metrics: dict[str, float]) -> bool:
-        try:
-            conn.send(("epoch", epoch, metrics))
-            return conn.recv() == "stop"
-        except (EOFError, OSError):  # the driver is gone (its end closed or reset): nobody to train for
-            os._exit(ORPHAN_EXIT_CODE)
+        answers.on_epoch(epoch, metrics)
+        return answers.stop_requested(wait=True)
 
     return on_epoch
 
