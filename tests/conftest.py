@@ -71,14 +71,53 @@ def hpolab_env() -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 600, check: bool = True):
-    """Run the real `hpolab` console script (the one the README tells users to run)."""
+_WARM: list = []  # this process's warm interpreter (tests/warm_cli.py)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_cli():
+    # Started before the first test (its imports overlap the first tests), not by the first run_cli: a
+    # test that compares the processes alive before and after a command would count it as left behind.
+    if os.environ.get("HPOLAB_TEST_FRESH_CLI") != "1":
+        from warm_cli import WarmCli
+
+        _WARM.append(WarmCli(hpolab_env(), ROOT))
+    yield
+    while _WARM:
+        _WARM.pop().stop()
+
+
+def _command_line(args) -> list[str]:
     exe = Path(sys.executable).with_name("hpolab")
-    cmd = [str(exe) if exe.exists() else sys.executable, *([] if exe.exists() else ["-m", "hpolab.cli"]), *args]
-    proc = subprocess.run(cmd, cwd=cwd, env=env or hpolab_env(), capture_output=True, text=True, timeout=timeout)
+    return [str(exe) if exe.exists() else sys.executable, *([] if exe.exists() else ["-m", "hpolab.cli"]), *args]
+
+
+def run_cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 600, check: bool = True):
+    """Run the real `hpolab` console script (the one the README tells users to run) to its end.
+
+    It runs in a fork of a warm interpreter that has imported torch, MLflow and Optuna already
+    (tests/warm_cli.py says what that changes and why it is safe); HPOLAB_TEST_FRESH_CLI=1 starts a
+    new interpreter for every command instead."""
+    cmd = _command_line(args)
+    if os.environ.get("HPOLAB_TEST_FRESH_CLI") == "1":
+        proc = subprocess.run(cmd, cwd=cwd, env=env or hpolab_env(), capture_output=True, text=True, timeout=timeout)
+    else:
+        proc = _WARM[0].run(cmd, cwd=cwd, env=env or hpolab_env(), timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"hpolab {' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
+
+
+def start_cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, **popen):
+    """Start the real `hpolab` console script, as subprocess.Popen([hpolab, *args], **popen) would.
+
+    Through the warm interpreter, as run_cli (the returned object has the pid, stdout, stderr, poll,
+    wait, communicate, send_signal, terminate and kill of a Popen); HPOLAB_TEST_FRESH_CLI=1 gives a
+    subprocess.Popen. Tests that inspect the command's process image (its command line) use Popen."""
+    cmd = _command_line(args)
+    if os.environ.get("HPOLAB_TEST_FRESH_CLI") == "1":
+        return subprocess.Popen(cmd, cwd=cwd, env=env or hpolab_env(), **popen)
+    return _WARM[0].start(cmd, cwd=cwd, env=env or hpolab_env(), **popen)
 
 
 def live_processes() -> dict[int, tuple[int, int, str]]:
