@@ -9,22 +9,20 @@ After each round `hpolab study check` finds the two stores in agreement.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from conftest import ROOT, hpolab_env
+from conftest import ROOT, run_cli, start_cli
 
 
 def _workers(store: Path, n_trials: int, n: int = 4) -> list[str]:
-    exe = str(Path(sys.executable).with_name("hpolab"))
     args = ["studies/digits_cnn.yaml", "name=budget", f"n_trials={n_trials}", "parallel=1", "trainer.max_epochs=1",
             "pruner={type: none}", "sampler={type: random}", "log_models=none"]
-    procs = [subprocess.Popen([exe, "--store", str(store), "worker", *args], cwd=ROOT, env=hpolab_env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(n)]
+    procs = [start_cli("--store", str(store), "worker", *args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True) for _ in range(n)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0] * n, outs
     return outs
@@ -37,6 +35,5 @@ def test_four_workers_never_overshoot_the_budget(store):
         trials = optuna.load_study(study_name="budget", storage=f"sqlite:///{store / 'optuna.db'}").get_trials()
         assert [t.state for t in trials].count(TrialState.COMPLETE) == budget, [t.state for t in trials]
         assert len(trials) == budget
-        check = subprocess.run([str(Path(sys.executable).with_name("hpolab")), "--store", str(store), "study", "check", "budget"],
-                               cwd=ROOT, env=hpolab_env(), capture_output=True, text=True, timeout=300)
+        check = run_cli("--store", str(store), "study", "check", "budget", cwd=ROOT, timeout=300, check=False)
         assert check.returncode == 0, check.stdout + check.stderr  # both stores agree after four workers

@@ -213,20 +213,18 @@ def test_sigterm_while_trials_save_their_models_loses_no_model(tmp_path):
     exits 143; every trial that completed has its model (saved by its own process: no fallback
     note), MLflow loads it, no saved folder is left in the trial folders, and both stores agree."""
     import subprocess
-    import sys
     import time
 
     import mlflow
     import optuna
     from optuna.trial import TrialState
 
-    from conftest import ROOT, hpolab_env, run_cli
+    from conftest import ROOT, run_cli, start_cli
 
     store = tmp_path / "store"
-    exe = str(Path(sys.executable).with_name("hpolab"))
-    driver = subprocess.Popen([exe, "--store", str(store), "study", "run", "studies/digits_cnn.yaml", "name=sigterm-models",
-                               "n_trials=6", "parallel=1", "trainer.max_epochs=3", "pruner={type: none}"],
-                              cwd=ROOT, env=hpolab_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    driver = start_cli("--store", str(store), "study", "run", "studies/digits_cnn.yaml", "name=sigterm-models",
+                       "n_trials=6", "parallel=1", "trainer.max_epochs=3", "pruner={type: none}",
+                       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     seen = ""
     while "trial 1 COMPLETE" not in seen and time.monotonic() < deadline and driver.poll() is None:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import optuna
 import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from conftest import ROOT, hpolab_env
+from conftest import ROOT, hpolab_env, run_cli, start_cli
 from services import HAVE_POSTGRES, NO_POSTGRES, as_postgres, free_port, postgres_cluster, wait_for_http
 
 pytestmark = pytest.mark.skipif(not HAVE_POSTGRES, reason=NO_POSTGRES)
@@ -53,12 +52,11 @@ def mlflow_server(postgres, tmp_path_factory):
 def test_four_workers_share_one_study_on_postgres_and_an_mlflow_server(postgres, mlflow_server, tmp_path):
     storage = f"postgresql+psycopg2://{postgres}/optuna"
     env = {**hpolab_env(), "OPTUNA_STORAGE": storage, "MLFLOW_TRACKING_URI": mlflow_server}
-    exe = str(Path(sys.executable).with_name("hpolab"))
     args = ["studies/digits_cnn.yaml", "n_trials=4", "parallel=1", "trainer.max_epochs=2", "pruner={type: none}"]
     n_workers = 4  # more workers than a 2-core machine has cores: they start (and ask) together
     workers = [
-        subprocess.Popen([exe, "--store", str(tmp_path / f"local{i}"), "worker", *args], cwd=ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        start_cli("--store", str(tmp_path / f"local{i}"), "worker", *args, cwd=ROOT, env=env,
+                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for i in range(n_workers)
     ]
     outs = [w.communicate(timeout=600)[0] for w in workers]
@@ -99,16 +97,15 @@ def test_four_workers_through_the_grpc_storage_proxy(postgres, mlflow_server, tm
 
     database = f"postgresql+psycopg2://{postgres}/optuna"
     port = free_port()
-    exe = str(Path(sys.executable).with_name("hpolab"))
-    proxy = subprocess.Popen([exe, "--storage", database, "storage-proxy", "--port", str(port)], cwd=tmp_path,
-                             env=hpolab_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proxy = start_cli("--storage", database, "storage-proxy", "--port", str(port), cwd=tmp_path,
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert "storage proxy" in proxy.stdout.readline()
         env = {**hpolab_env(), "OPTUNA_STORAGE": f"grpc://127.0.0.1:{port}", "MLFLOW_TRACKING_URI": mlflow_server}
         args = ["studies/digits_cnn.yaml", "name=via-proxy", "n_trials=5", "parallel=1", "trainer.max_epochs=1",
                 "pruner={type: none}", "sampler={type: random}", "log_models=none"]
-        workers = [subprocess.Popen([exe, "--store", str(tmp_path / f"w{i}"), "worker", *args], cwd=ROOT, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(4)]
+        workers = [start_cli("--store", str(tmp_path / f"w{i}"), "worker", *args, cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(4)]
         outs = [w.communicate(timeout=600)[0] for w in workers]
         assert [w.returncode for w in workers] == [0] * 4, outs
     finally:
@@ -129,7 +126,6 @@ def test_four_workers_through_the_grpc_storage_proxy(postgres, mlflow_server, tm
 
 def _study_check_is_clean(name: str, storage: str, tracking_uri: str) -> None:
     """After the workers: both stores tell the same story (`hpolab study check`, exit 0)."""
-    exe = str(Path(sys.executable).with_name("hpolab"))
     env = {**hpolab_env(), "OPTUNA_STORAGE": storage, "MLFLOW_TRACKING_URI": tracking_uri}
-    check = subprocess.run([exe, "study", "check", name], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    check = run_cli("study", "check", name, cwd=ROOT, env=env, timeout=300, check=False)
     assert check.returncode == 0, check.stdout + check.stderr

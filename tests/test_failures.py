@@ -8,14 +8,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
 
-from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, open_study, run_cli, trial_run
+from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, open_study, run_cli, start_cli, trial_run
 
 PROJECT = FAULT_PROJECT
 SPEC = FAULT_SPEC
@@ -88,10 +87,9 @@ def test_cuda_oom_is_retried_with_half_the_micro_batch(store):
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_acc")] == [1, 2, 3]
 
 
-def _start_driver(store: Path, *args: str, env: dict) -> subprocess.Popen:
-    exe = Path(sys.executable).with_name("hpolab")
-    return subprocess.Popen([str(exe), "--store", str(store), "study", "run", SPEC, *args], cwd=PROJECT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _start_driver(store: Path, *args: str, env: dict):
+    return start_cli("--store", str(store), "study", "run", SPEC, *args, cwd=PROJECT, env=env,
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _wait_for_checkpoints(store: Path, n: int, timeout: float = 120) -> None:

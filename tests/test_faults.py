@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
 
-from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, open_study, run_cli, trial_run
+from conftest import FAULT_PROJECT, FAULT_SPEC, open_study, run_cli, start_cli, trial_run
 
 PROJECT = FAULT_PROJECT
 SPEC = FAULT_SPEC
@@ -34,10 +33,9 @@ def _steps(client, run_id: str, metric: str = "val_acc") -> list[int]:
     return sorted(m.step for m in client.get_metric_history(run_id, metric))
 
 
-def _start(store: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    exe = Path(sys.executable).with_name("hpolab")
-    return subprocess.Popen([str(exe), "--store", str(store), "study", "run", SPEC, *args], cwd=PROJECT,
-                            env=env or hpolab_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _start(store: Path, *args: str, env: dict | None = None):
+    return start_cli("--store", str(store), "study", "run", SPEC, *args, cwd=PROJECT, env=env,
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _wait_for_checkpoints(store: Path, n: int, timeout: float = 120) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, open_study, run_cli
+from conftest import FAULT_PROJECT, FAULT_SPEC, open_study, run_cli, start_cli
 
 pytestmark = pytest.mark.slow
 
@@ -36,10 +35,9 @@ class Driver:
     """`hpolab study run` in its own process group (as a shell starts a job), output collected."""
 
     def __init__(self, store: Path, *args: str, command: str = "study"):
-        exe = Path(sys.executable).with_name("hpolab")
-        cmd = [str(exe), "--store", str(store), *(["study", "run"] if command == "study" else ["worker"]), FAULT_SPEC, *args]
-        self.proc = subprocess.Popen(cmd, cwd=FAULT_PROJECT, env=hpolab_env(), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        cmd = ["--store", str(store), *(["study", "run"] if command == "study" else ["worker"]), FAULT_SPEC, *args]
+        self.proc = start_cli(*cmd, cwd=FAULT_PROJECT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
         self.reader.start()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,11 +18,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, run_cli, trial_run
+from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, run_cli, start_cli, trial_run
 from services import free_port
 
 pytestmark = pytest.mark.slow
-EXE = str(Path(sys.executable).with_name("hpolab"))
 ARGS = ["n_trials=2", "parallel=1", "trainer.max_epochs=8", "model.sleep=0.03", "log_models=none"]
 HANG_LIMIT = 300  # seconds: far past B's own work (about a minute); reached only if B waits for A forever
 
@@ -46,15 +44,15 @@ def _wait_for_running_checkpoint(store: Path, database: str, timeout: float = 18
 def test_a_worker_dead_on_another_host_is_reaped_through_the_proxy(store, tmp_path):
     database = f"sqlite:///{store / 'optuna.db'}"
     port = free_port()
-    proxy = subprocess.Popen([EXE, "--storage", database, "storage-proxy", "--port", str(port)], cwd=tmp_path,
-                             env=hpolab_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proxy = start_cli("--storage", database, "storage-proxy", "--port", str(port), cwd=tmp_path,
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert "storage proxy" in proxy.stdout.readline()
         grpc = f"grpc://127.0.0.1:{port}"
         env = {**hpolab_env(), "OPTUNA_STORAGE": grpc, "HPOLAB_HEARTBEAT_INTERVAL": "1", "HPOLAB_GRACE_PERIOD": "4"}
-        cmd = [EXE, "--store", str(store), "worker", FAULT_SPEC, *ARGS]
-        a = subprocess.Popen(cmd, cwd=FAULT_PROJECT, env={**env, "HPOLAB_TEST_HOSTNAME": "elsewhere.example"},
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        cmd = ["--store", str(store), "worker", FAULT_SPEC, *ARGS]
+        a = start_cli(*cmd, cwd=FAULT_PROJECT, env={**env, "HPOLAB_TEST_HOSTNAME": "elsewhere.example"},
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             dead = _wait_for_running_checkpoint(store, database)
         finally:
@@ -64,7 +62,7 @@ def test_a_worker_dead_on_another_host_is_reaped_through_the_proxy(store, tmp_pa
         assert trial.state == TrialState.RUNNING and trial.user_attrs["hpolab.owner"]["host"] == "elsewhere.example"
         assert "hpolab.heartbeat" in trial.system_attrs  # A beat through the proxy
 
-        b = subprocess.Popen(cmd, cwd=FAULT_PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        b = start_cli(*cmd, cwd=FAULT_PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             out = b.communicate(timeout=HANG_LIMIT)[0]
         except subprocess.TimeoutExpired:

@@ -11,8 +11,6 @@ back finishes the study.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +20,7 @@ import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, run_cli, trial_run
+from conftest import FAULT_PROJECT, FAULT_SPEC, run_cli, start_cli, trial_run
 from services import HAVE_POSTGRES, NO_POSTGRES, as_postgres, postgres_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not HAVE_POSTGRES, reason=NO_POSTGRES)]
@@ -32,7 +30,7 @@ N_TRIALS = 3
 ARGS = [f"n_trials={N_TRIALS}", "trainer.max_epochs=3", "model.sleep=0.15"]
 
 
-def _wait_until(what: str, ok, driver: subprocess.Popen, logs: tuple[Path, Path], timeout: float = 300) -> None:
+def _wait_until(what: str, ok, driver, logs: tuple[Path, Path], timeout: float = 300) -> None:
     """Poll `ok()` until true; fail at once if the driver exits first (generous ceiling otherwise)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -74,11 +72,10 @@ def _run_through_an_outage(store: Path, tmp_path: Path, args: list[str], restart
         url = f"postgresql+psycopg2://postgres@127.0.0.1:{port}/optuna"
         pg_ctl = str(bin_dir / "pg_ctl")
         out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
-        exe = Path(sys.executable).with_name("hpolab")
         with open(out, "w") as fo, open(err, "w") as fe:
             # An explicit env without MLFLOW_TRACKING_URI / OPTUNA_STORAGE: --store and --storage decide.
-            driver = subprocess.Popen([str(exe), "--store", str(store), "--storage", url, "study", "run", FAULT_SPEC, *args],
-                                      cwd=FAULT_PROJECT, env=hpolab_env(), stdout=fo, stderr=fe, text=True)
+            driver = start_cli("--store", str(store), "--storage", url, "study", "run", FAULT_SPEC, *args,
+                               cwd=FAULT_PROJECT, stdout=fo, stderr=fe, text=True)
             down = False
             try:
                 _wait_until("a trial was RUNNING with an epoch reported", lambda: _a_trial_mid_run(url), driver, (out, err))

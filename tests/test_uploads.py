@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from conftest import hpolab_env, run_cli
+from conftest import run_cli, start_cli
 
 PROJECT = Path(__file__).parent / "fault_project"
 SPEC = "studies/faulty.yaml"
@@ -89,9 +88,8 @@ def test_a_retry_on_another_worker_resumes_from_the_uploaded_checkpoint(tmp_path
         d.mkdir()
     for name in ("mlflow.db", "optuna.db"):
         shutil.copy(migrated_store / name, shared / name)
-    exe = Path(sys.executable).with_name("hpolab")
-    worker1 = subprocess.Popen([str(exe), *_global(shared, w1), "study", "run", SPEC, *ARGS], cwd=PROJECT,
-                               env=hpolab_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    worker1 = start_cli(*_global(shared, w1), "study", "run", SPEC, *ARGS, cwd=PROJECT,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         dead_run = _uploaded_run(shared)
         family = _descendants(worker1.pid)  # its forkserver and trial process
