@@ -22,7 +22,7 @@ from mlflow import MlflowClient
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
-from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, open_study, run_cli, trial_run
+from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, open_study, run_cli, start_cli, trial_run
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -258,13 +258,12 @@ def test_a_reaper_never_overwrites_the_close_of_an_owner_that_was_alive(store):
 # ---------------------------------------------------------------- the real CLI
 
 
-def _start(store: Path, *args: str, spec: str = FAULT_SPEC, env: dict | None = None) -> subprocess.Popen:
-    exe = Path(sys.executable).with_name("hpolab")
-    return subprocess.Popen([str(exe), "--store", str(store), "study", "run", spec, *args], cwd=FAULT_PROJECT,
-                            env=env or hpolab_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _start(store: Path, *args: str, spec: str = FAULT_SPEC, env: dict | None = None):
+    return start_cli("--store", str(store), "study", "run", spec, *args, cwd=FAULT_PROJECT, env=env,
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait_for(path: Path, driver: subprocess.Popen, timeout: float = 300) -> None:
+def _wait_for(path: Path, driver, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists():
@@ -295,6 +294,11 @@ def test_a_trial_reaped_while_its_owner_runs_it_ends_fail_in_both_stores(store):
     from hpolab.study.owners import OWNER_ATTR
     from hpolab.study.retry import RetryCopy
 
+    # Opened before the driver starts: between trial 0's first checkpoint and the reap below, only the
+    # reap itself runs (trial 0 must still be training when it is reaped, on a loaded machine too).
+    storage = open_storage(f"sqlite:///{store / 'optuna.db'}")
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    client.search_experiments()
     env = {**hpolab_env(), "HPOLAB_HEARTBEAT_INTERVAL": "1"}
     driver = _start(store, "n_trials=2", "parallel=1", "trainer.max_epochs=12", "model.sleep=0.03", env=env)
     _wait_for(store / "trials" / "faulty" / "trial-0" / "last.pt", driver)
@@ -302,9 +306,7 @@ def test_a_trial_reaped_while_its_owner_runs_it_ends_fail_in_both_stores(store):
     # Another worker's reaper believes trial 0's owner dead (as when the owner's heartbeat writes
     # failed for the grace period; here its owner record names a pid that is gone): FAIL, a retry
     # copy, its run closed FAILED. The owner is alive and still training it.
-    storage = open_storage(f"sqlite:///{store / 'optuna.db'}")
     study = optuna.load_study(study_name="faulty", storage=storage)
-    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
     t0 = study.trials[0]
     storage.set_trial_user_attr(t0._trial_id, OWNER_ATTR, {**t0.user_attrs[OWNER_ATTR], "pid": 4194304 + 7, "start_time": "0"})
 
