@@ -5,7 +5,12 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
+
 from conftest import ROOT, hpolab_env, run_cli
+
+pytestmark = pytest.mark.skipif(os.environ.get("HPOLAB_TEST_FRESH_CLI") == "1",
+                                reason="HPOLAB_TEST_FRESH_CLI=1: every command starts a new interpreter, none to compare")
 
 
 def both(monkeypatch, *args, **kwargs):

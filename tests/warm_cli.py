@@ -43,7 +43,9 @@ from pathlib import Path
 # not fork its forkserver, and commands that use no proxy never import it.
 WARM = ["hpolab.cli", "hpolab.study.driver", "hpolab.study.trial_process", "hpolab.study.child_export",
         "hpolab.registry.promote", "hpolab.registry.predict", "hpolab.analysis.compare", "hpolab.analysis.check",
-        "hpolab.analysis.report", "hpolab.train.lr_range_test"]
+        "hpolab.analysis.report", "hpolab.train.lr_range_test",
+        # imported lazily by MLflow once a study's runs are logged (its tracing's metrics export)
+        "mlflow.tracing.export.utils", "mlflow.tracing.processor.otel", "mlflow.utils.search_logged_model_utils"]
 READY = b"ready\n"
 
 
@@ -54,10 +56,38 @@ def _warm_up() -> list[str]:
 
     for name in WARM:
         importlib.import_module(name)
+    _open_stores_once()
     assert "grpc" not in sys.modules, "warming up imported gRPC: the commands could no longer fork their forkserver"
     for name in [n for n in sys.modules if n == "hpolab" or n.startswith("hpolab.")]:
         del sys.modules[name]
     return [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+
+
+def _open_stores_once() -> None:
+    """Open an Optuna and an MLflow store in a throwaway folder, log a run, close them: what a command's
+    first use of a store imports lazily (SQLAlchemy's ORM and SQLite dialect, alembic, MLflow's SQL
+    store) is then imported here too. Nothing opened stays open: every engine is disposed, and the
+    server holds no descriptor or thread it did not hold before (checked)."""
+    import gc
+    import logging
+
+    import optuna
+    import sqlalchemy
+    from mlflow import MlflowClient
+
+    fds, threads = sorted(os.listdir("/proc/self/fd")), threading.active_count()
+    logging.disable(logging.INFO)  # MLflow's "creating initial database tables" (restored below)
+    with tempfile.TemporaryDirectory() as folder:
+        optuna.storages.RDBStorage(f"sqlite:///{folder}/optuna.db").engine.dispose()
+        client = MlflowClient(tracking_uri=f"sqlite:///{folder}/mlflow.db")
+        run = client.create_run(client.create_experiment("warm", artifact_location=f"{folder}/artifacts"))
+        client.log_metric(run.info.run_id, "m", 1.0, step=1)
+        client.set_terminated(run.info.run_id)
+        del client, run
+        for engine in [o for o in gc.get_objects() if type(o) is sqlalchemy.engine.Engine]:
+            engine.dispose()
+    logging.disable(logging.NOTSET)
+    assert sorted(os.listdir("/proc/self/fd")) == fds and threading.active_count() == threads, "the store warm-up left something open"
 
 
 def serve(path: str) -> None:
