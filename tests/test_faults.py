@@ -135,14 +135,15 @@ def test_oom_retry_is_a_new_attempt_that_continues(store):
 def test_timeout_retry_resumes_from_the_checkpoint(store):
     # ~10 forward calls per epoch: call 15 hangs in epoch 2 of the first attempt; the retry resumes
     # after epoch 1 in a fresh process and needs only 10 calls for epoch 2. The timeout is far above
-    # what an epoch takes even on a loaded machine: the hang never ends, so only the wait grows.
-    run_cli("--store", str(store), "study", "run", SPEC, "n_trials=1", "trial_timeout=30", "trainer.max_epochs=2",
+    # what an epoch takes even on a loaded machine (under a second here; the trial's process is a fork
+    # of the command's forkserver, with nothing left to import): the hang never ends, so only the wait grows.
+    run_cli("--store", str(store), "study", "run", SPEC, "n_trials=1", "trial_timeout=15", "trainer.max_epochs=2",
             "model.fault=hang", "model.fault_after=15", "log_models=none", cwd=PROJECT)
     client, study = _open(store)
     first, retry = study.get_trials()
     assert first.state == TrialState.FAIL and retry.state == TrialState.COMPLETE
     r0, r1 = _run(first, client), _run(retry, client)
-    assert r0.data.tags["hpolab.fail_kind"] == "timeout" and "trial_timeout (30 s)" in r0.data.tags["hpolab.fail_reason"]
+    assert r0.data.tags["hpolab.fail_kind"] == "timeout" and "trial_timeout (15 s)" in r0.data.tags["hpolab.fail_reason"]
     assert r1.data.tags["hpolab.retry_of_run"] == r0.info.run_id and "hpolab.resumed_from" in r1.data.tags
     assert _steps(client, r1.info.run_id) == [1, 2]
     _check_clean(store)
