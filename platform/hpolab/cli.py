@@ -180,7 +180,7 @@ def cmd_study_run(args) -> int:
         spec = load_spec(args.spec, overrides)
     except BaseException:
         if early:
-            trial_forkserver.stop_now()
+            trial_forkserver.stop_before_exit()
         raise
     from hpolab.study.runner import started_runner
 

@@ -195,6 +195,17 @@ def stop_now() -> None:
     _started = None
 
 
+def stop_before_exit() -> None:
+    """stop_now, for a command about to exit on a failed check: multiprocessing's resource tracker,
+    which the forkserver's start started, is stopped too and waited for. It would end on its own
+    once this process exits (its pipe closes), but after it: for a moment the command would leave a
+    process behind. (Not in stop_now: a driver that starts another forkserver keeps its tracker.)"""
+    from multiprocessing import resource_tracker
+
+    stop_now()
+    resource_tracker._resource_tracker._stop()  # no public stop; closes its pipe and waits for it
+
+
 def start_early(spec_path: str, overrides: list[str]) -> bool:
     """Start the forkserver for the spec file before the spec is checked, when it cannot be a fork of
     this process (can_fork_server) and a quick read finds its experiment as a file in a project's
