@@ -105,3 +105,27 @@ def test_trials_run_from_a_fork_of_the_command_or_from_a_new_interpreter(store, 
     else:
         assert "from multiprocessing.forkserver import main" in server_cmdline
     assert "COMPLETE" in out.read_text()
+
+
+def test_a_forkserver_other_code_started_first_is_replaced_by_one_with_the_trials_preload():
+    """A driver run in a process that used a forkserver context before (a notebook, a test): multiprocessing
+    keeps one forkserver per process and would give the trials that one, without torch and the experiment
+    preloaded, so that every trial imported them itself (seconds each: test_driver_fds took 34 s instead
+    of 8 after test_child_export's forkserver, in one pytest process)."""
+    import multiprocessing as mp
+    from multiprocessing import forkserver
+
+    from hpolab.study import trial_forkserver
+
+    first = mp.get_context("forkserver").Process(target=time.sleep, args=(0,))
+    first.start()
+    first.join(120)
+    foreign = forkserver._forkserver._forkserver_pid
+    assert foreign is not None and "hpolab.study.trial_process" not in Path(f"/proc/{foreign}/cmdline").read_text()
+    try:
+        trial_forkserver.start("experiments.digits_cnn", export_models=False)
+        ours = forkserver._forkserver._forkserver_pid
+        assert ours != foreign and foreign not in live_processes()
+        assert "hpolab.study.trial_process" in Path(f"/proc/{ours}/cmdline").read_text()  # its preload, passed by -c
+    finally:
+        trial_forkserver.stop_now()

@@ -58,7 +58,8 @@ def preload(export_models: bool) -> list[str]:
 
 def start(experiment_module: str, export_models: bool):
     """The forkserver context, its server running (a no-op when it already runs with that preload;
-    one started with another preload is stopped first). Returns the multiprocessing context.
+    one started with another preload, or not by this module, is stopped first). Returns the
+    multiprocessing context.
 
     It starts with Ctrl-C and SIGTERM ignored (an ignored signal stays ignored across exec): a signal
     to the whole process group (a terminal, `docker stop`, Slurm's scancel signals every process of
@@ -69,7 +70,10 @@ def start(experiment_module: str, export_models: bool):
     from multiprocessing import forkserver
 
     global _started
-    if _started is not None and _started != (experiment_module, export_models):
+    if _started != (experiment_module, export_models) and forkserver._forkserver._forkserver_pid is not None:
+        # One with another preload, or one this module did not start (this process's own code used a
+        # forkserver context first: a notebook, a test): multiprocessing keeps one per process and would
+        # reuse it, and every trial would import torch and the experiment itself (seconds each).
         stop_now()
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(preload(export_models))
