@@ -75,6 +75,23 @@ _WARM: list = []  # this process's warm interpreter (tests/warm_cli.py)
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _autograd_without_device_threads():
+    """One backward pass in this pytest process before any test. Autograd decides once per process, at
+    its first backward pass, whether to start its device threads, and starts them when a device type
+    other than the CPU is registered with a device: after torch.export has run here, one is (torch 2.14,
+    no GPU). With those threads started, PyTorch refuses autograd in every fork of this process
+    ("Unable to handle autograd's threading in combination with fork-based multiprocessing"), and
+    test_ddp and test_lr_range_outputs fork it for their ranks and children (as the product forks its
+    trials from a forkserver that never trains): whether a test that exported a model ran first in the
+    same process would decide whether they pass."""
+    import torch
+
+    x = torch.zeros(1, requires_grad=True)
+    (x * 2).sum().backward()
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _warm_cli():
     # Started before the first test (its imports overlap the first tests), not by the first run_cli: a
     # test that compares the processes alive before and after a command would count it as left behind.
