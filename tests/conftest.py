@@ -268,6 +268,23 @@ END_TO_END_ONLY = {
 }
 
 
+# The modules that take longest (tens of seconds each, measured with --durations), run first: the two
+# xdist workers then end on short modules, not one waiting for the other's long one (longest first is
+# how a fixed set of jobs is best shared). scripts/test passes --no-loadscope-reorder so that xdist
+# keeps this order instead of sending the modules with the most tests first. A stale entry costs time only.
+LONGEST_FIRST = ["test_pyfunc_serving.py", "test_launch_slurm.py", "test_distributed.py", "test_failures.py",
+                 "test_ui_browser.py", "test_storage_outage.py", "test_faults.py", "test_child_export.py",
+                 "test_code_travels.py", "test_compose.py", "test_lr_step_faults.py", "test_trial_state.py",
+                 "test_retention.py", "test_promote.py", "test_chaos.py", "test_store_errors.py",
+                 "test_pareto_study.py", "test_proxy_heartbeat.py", "test_study_controls.py",
+                 "test_trial_forkserver.py", "test_budget.py", "test_tasks.py", "test_study_commands.py"]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
 def pytest_deselected(items):
     _DESELECTED.update(str(item.path) for item in items)
 
