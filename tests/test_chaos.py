@@ -13,7 +13,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from conftest import hpolab_env, run_cli
+from conftest import hpolab_env, run_cli, start_cli
 
 PROJECT = Path(__file__).parent / "fault_project"
 N_TRIALS = 10
@@ -52,21 +51,17 @@ def _trial_pids(pid_dir: Path) -> list[int]:
 class TrialKiller(threading.Thread):
     """SIGKILLs a random live trial process every 1-3 s (seeded), at most `limit` times."""
 
-    def __init__(self, pid_dir: Path, rng: random.Random, limit: int):
+    def __init__(self, pid_dir: Path, rng: random.Random, limit: int, drivers: list[int]):
         super().__init__(daemon=True)
-        self.pid_dir, self.rng, self.limit = pid_dir, rng, limit
+        self.pid_dir, self.rng, self.limit, self.drivers = pid_dir, rng, limit, drivers
         self.killed: list[int] = []
         self.stop = threading.Event()
 
     def _is_our_trial(self, pid: int) -> bool:
-        """Alive, and really one of this test's trial processes: pids get recycled (pid_max can be
-        32768), and a recycled one may be a driver of this test or anybody's process."""
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            return False
-        return (_alive(pid) and _ppid(pid) != os.getpid()
-                and f"HPOLAB_TEST_PID_DIR={self.pid_dir}".encode() in environ.split(b"\0"))
+        """Alive, and really a trial process of this test's current driver (its forkserver's child):
+        pids get recycled (pid_max can be 32768), and a recycled one may be anybody's process."""
+        forkserver = _ppid(pid)
+        return bool(self.drivers) and _alive(pid) and forkserver is not None and _ppid(forkserver) == self.drivers[-1]
 
     def run(self) -> None:
         while not self.stop.wait(self.rng.uniform(1.0, 3.0)) and len(self.killed) < self.limit:
@@ -77,13 +72,12 @@ class TrialKiller(threading.Thread):
                 self.killed.append(pid)
 
 
-def _start(store: Path, env: dict) -> subprocess.Popen:
-    exe = Path(sys.executable).with_name("hpolab")
-    return subprocess.Popen([str(exe), "--store", str(store), "study", "run", "studies/faulty.yaml", *ARGS],
-                            cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _start(store: Path, env: dict):
+    return start_cli("--store", str(store), "study", "run", "studies/faulty.yaml", *ARGS, cwd=PROJECT, env=env,
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _kill_driver_while_trials_run(driver: subprocess.Popen, pid_dir: Path, rng: random.Random, deadline: float) -> bool:
+def _kill_driver_while_trials_run(driver, pid_dir: Path, rng: random.Random, deadline: float) -> bool:
     """SIGKILL the driver a random 0.2-2.5 s after one of its trials is running; False if it ended first."""
     known = set(_trial_pids(pid_dir))
     while time.monotonic() < deadline and driver.poll() is None:
@@ -105,9 +99,9 @@ def test_chaos_random_sigkills_of_trials_and_driver(store, tmp_path):
     pid_dir.mkdir()
     env = {**hpolab_env(), "HPOLAB_TEST_PID_DIR": str(pid_dir), "HPOLAB_HEARTBEAT_INTERVAL": "1", "HPOLAB_GRACE_PERIOD": "4"}
     deadline = time.monotonic() + 170
-    killer = TrialKiller(pid_dir, random.Random(rng.random()), limit=5)
-    killer.start()
     drivers_killed, driver_pids = 0, []
+    killer = TrialKiller(pid_dir, random.Random(rng.random()), limit=5, drivers=driver_pids)
+    killer.start()
     while True:
         driver = _start(store, env)
         driver_pids.append(driver.pid)
