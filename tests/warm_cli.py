@@ -186,13 +186,9 @@ def _command(msg: dict, fds: list[int], base_path: list[str]) -> None:
     except BaseException:  # noqa: BLE001 -- what the interpreter does with an uncaught exception
         sys.excepthook(*sys.exc_info())
         code = 1
-    threading._shutdown()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    from hpolab.console import finish
+
+    finish()  # what the interpreter would do at its exit (console.run does the same after main())
     if code == -signal.SIGINT:  # how Python reports an uncaught KeyboardInterrupt
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)

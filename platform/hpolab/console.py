@@ -13,18 +13,23 @@ def run() -> None:
 
     Freeing a heap that holds torch, MLflow and scikit-learn takes seconds of CPU (about 2 s after a
     study on a 2-core machine, measured with strace: no system calls, only frees) and does nothing a
-    user needs. Everything a normal exit does that matters is done here first, in its order: shut
-    down thread pools and join the threads that are not daemons (joining them alone hangs on an idle
-    pool), run the atexit handlers (MLflow's and logging's flushes, multiprocessing's clean-up),
-    flush stdout and stderr."""
+    user needs. Everything a normal exit does that matters is done here first (finish: MLflow's and
+    logging's flushes, multiprocessing's clean-up among the atexit handlers)."""
     from hpolab.cli import main
 
     code = main()
-    threading._shutdown()  # what the interpreter does first: stops thread pools, joins non-daemon threads
+    finish()
+    os._exit(code if isinstance(code, int) else 0)
+
+
+def finish() -> None:
+    """What an interpreter's exit does before it tears itself down, in its order: shut down thread
+    pools and join the threads that are not daemons (threading._shutdown: joining them alone hangs on
+    an idle pool), run the atexit handlers, flush stdout and stderr."""
+    threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # a reader that left (`| head`), a closed stream
             pass
-    os._exit(code if isinstance(code, int) else 0)
