@@ -25,7 +25,7 @@ import yaml
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from conftest import ROOT, hpolab_env
+from conftest import ROOT, hpolab_env, start_cli
 from services import HAVE_POSTGRES, NO_POSTGRES, as_postgres, free_port, postgres_cluster, wait_for_http
 
 COMPOSE = ROOT / "docker-compose.yml"
@@ -146,9 +146,8 @@ def _run_workers(worker: dict, hosts: dict[str, str], tmp_path: Path) -> None:
         assert (ROOT / src).is_dir() and dst.startswith("/app/"), v  # the Dockerfile's WORKDIR is /app
     env = {k: _native([v], hosts, {})[0] for k, v in worker["environment"].items()}
     procs = [
-        subprocess.Popen([str(Path(sys.executable).with_name("hpolab")), *cmd[1:]], cwd=ROOT,
-                         env={**hpolab_env(), **env, "HPOLAB_STORE": str(tmp_path / f"worker{i}")},
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        start_cli(*cmd[1:], cwd=ROOT, env={**hpolab_env(), **env, "HPOLAB_STORE": str(tmp_path / f"worker{i}")},
+                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for i in range(2)
     ]
     outs = [p.communicate(timeout=600)[0] for p in procs]
