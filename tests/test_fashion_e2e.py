@@ -7,7 +7,6 @@ import csv
 import io
 
 import mlflow
-import numpy as np
 import optuna
 import pytest
 from PIL import Image

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from conftest import FAULT_PROJECT, FAULT_SPEC, open_study, run_cli, start_cli

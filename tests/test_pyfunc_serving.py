@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import run_cli
 from services import free_port, wait_for_http
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,6 @@ terminal, MLflow, or a command line (`hpolab ui`'s server gets the URI through i
 from __future__ import annotations
 
 import importlib.util
-import os
 import signal
 import socket
 import subprocess

@@ -71,7 +71,7 @@ def test_clean_study_real_cli_and_json(template):
     t0 = time.monotonic()
     out = run_cli("--store", str(template), "study", "check", STUDY)
     assert out.stdout.strip().endswith("Optuna and MLflow agree") and len(out.stdout.strip().splitlines()) == 1, out.stdout
-    out = run_cli("--store", str(template), "study", "check", "studies/digits_cnn.yaml", f"--json", check=False)
+    out = run_cli("--store", str(template), "study", "check", "studies/digits_cnn.yaml", "--json", check=False)
     assert out.returncode == 2  # the spec's name is digits-cnn, not in this store
     out = run_cli("--store", str(template), "study", "check", STUDY, "--json")
     assert json.loads(out.stdout) == []

@@ -13,7 +13,7 @@ from optuna.trial import TrialState, create_trial
 from conftest import ROOT, hpolab_env, run_cli
 from hpolab.stores.optuna_sql import read_studies
 from hpolab.stores.paths import resolve_stores
-from hpolab.stores.studies import _rows_from_optuna, _rows_from_sql, list_studies
+from hpolab.stores.studies import _rows_from_optuna, _rows_from_sql
 from hpolab.study.ranking import front
 
 DIST = {"x": FloatDistribution(0, 1)}
