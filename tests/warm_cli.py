@@ -12,7 +12,9 @@ output, and its exit code (from the server, its parent).
 
 What differs from a new interpreter: the libraries above are already imported, under the server's
 environment (the tests' own; MLflow's telemetry is off here and set up again in the child from the
-command's environment, as MLflow's import does); the process's parent is the server, not pytest; and
+command's environment, as MLflow's import does); a tiny model was already exported once (torch.export,
+ONNX, TorchScript: their lazy imports are done) and what the warm-up built is frozen out of the garbage
+collector's sight; the process's parent is the server, not pytest; and
 its /proc/PID/cmdline and /proc/PID/environ are the server's (os.environ is the command's). Tests that
 look at those start the console script with subprocess.Popen (test_chaos, test_trial_forkserver, the
 `ui` tests). HPOLAB_TEST_FRESH_CLI=1 makes run_cli and start_cli start a new interpreter for every
@@ -45,21 +47,31 @@ WARM = ["hpolab.cli", "hpolab.study.driver", "hpolab.study.trial_process", "hpol
         "hpolab.registry.promote", "hpolab.registry.predict", "hpolab.analysis.compare", "hpolab.analysis.check",
         "hpolab.analysis.report", "hpolab.train.lr_range_test",
         # imported lazily by MLflow once a study's runs are logged (its tracing's metrics export)
-        "mlflow.tracing.export.utils", "mlflow.tracing.processor.otel", "mlflow.utils.search_logged_model_utils"]
+        "mlflow.tracing.export.utils", "mlflow.tracing.processor.otel", "mlflow.utils.search_logged_model_utils",
+        # imported by `report`'s figures when they are drawn
+        "plotly.graph_objects", "optuna.visualization"]
 READY = b"ready\n"
 
 
 # ---- the server (python tests/warm_cli.py SOCKET)
 
 def _warm_up() -> list[str]:
+    import gc
     import importlib
 
     for name in WARM:
         importlib.import_module(name)
     _open_stores_once()
+    _export_once()
     assert "grpc" not in sys.modules, "warming up imported gRPC: the commands could no longer fork their forkserver"
     for name in [n for n in sys.modules if n == "hpolab" or n.startswith("hpolab.")]:
         del sys.modules[name]
+    assert threading.active_count() == 1, "warming up left a thread running: the server could not fork safely"
+    # What the warm-up built stays for the server's life: out of the garbage collector's sight, a
+    # command's collections do not walk it (each walked the whole heap: a `predict` took about 1 s of
+    # CPU instead of 0.4) and do not write to its pages, which the fork shares (gc.freeze's documented use).
+    gc.collect()
+    gc.freeze()
     return [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
 
 
@@ -88,6 +100,39 @@ def _open_stores_once() -> None:
             engine.dispose()
     logging.disable(logging.NOTSET)
     assert sorted(os.listdir("/proc/self/fd")) == fds and threading.active_count() == threads, "the store warm-up left something open"
+
+
+def _export_once() -> None:
+    """A throwaway save and load of a tiny model (torch.export, MLflow's pytorch flavour, its requirement
+    check) and its ONNX and TorchScript exports: what promote and predict import lazily on their first
+    call (torch.export's and ONNX's modules, sympy, networkx) is then imported here too.
+
+    One backward pass first: autograd decides at its first backward pass whether to start its device
+    threads, and starts them once torch.export has registered a device type (tests/conftest.py's
+    _autograd_without_device_threads says more). Decided here before the export, no command forked from
+    this server finds autograd refusing to run in a fork. On one thread, as child_export.warm: no OpenMP
+    pool may be running in a process that forks."""
+    import io
+    import warnings
+
+    import torch
+
+    from hpolab.study import child_export
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecations of the TorchScript exporters: promote's own output says them
+            x = torch.zeros(1, requires_grad=True)
+            (x * 2).sum().backward()
+            child_export.warm()
+            model = torch.nn.Sequential(torch.nn.Linear(2, 2)).eval()
+            example = torch.zeros(1, 2)
+            torch.onnx.export(model, (example,), io.BytesIO(), dynamo=False)
+            torch.jit.save(torch.jit.trace(model, (example,), check_trace=False), io.BytesIO())
+    finally:
+        torch.set_num_threads(threads)
 
 
 def serve(path: str) -> None:
