@@ -5,7 +5,8 @@ the class, its label and one probability per class; for multi-label the 0/1 labe
 threshold and the probabilities; for regression the values in the target's units. Also for a user's
 project outside the repo, with its own preprocessing and class names.
 
-One tiny study (1 trial, 1-2 epochs) and one promotion per task type, shared by the module's tests.
+One tiny study (1 trial, 2 epochs) and one promotion per task type, shared by the module's tests; the
+three champions load in one isolated process.
 """
 
 from __future__ import annotations
@@ -39,15 +40,24 @@ CASES = {
 }
 ROWS = 40  # raw test inputs sent over HTTP
 
-# Loads the champion the way a user elsewhere would: no project, no hpolab (imports of either fail).
+# Loads champions the way a user elsewhere would: no project, no hpolab (imports of either fail). Each
+# job: the store's tracking URI, the model URI, the inputs, where to write the table. Several jobs share
+# one process (importing MLflow and torch once); `hpolab_pyfunc`, the module each model carries in its
+# code/ folder, is dropped before each load, so each model loads its own copy as a fresh process would.
 ISOLATED_LOAD = """
-import sys
+import json, sys
 sys.modules["hpolab"] = None
 sys.modules["experiments"] = None
 import mlflow, numpy as np
-x = np.load(sys.argv[1])
-model = mlflow.pyfunc.load_model(sys.argv[2])
-model.predict(x).to_pickle(sys.argv[3])
+code_files = []
+for tracking_uri, model_uri, inputs, out in json.loads(sys.argv[1]):
+    sys.modules.pop("hpolab_pyfunc", None)
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_registry_uri(tracking_uri)
+    model = mlflow.pyfunc.load_model(model_uri)
+    code_files.append(sys.modules["hpolab_pyfunc"].__file__)
+    assert code_files[-1] not in code_files[:-1], f"{model_uri} loaded another model's code: {code_files}"
+    model.predict(np.load(inputs)).to_pickle(out)
 assert not any(m == "hpolab" or m.startswith(("hpolab.", "experiments")) for m in sys.modules if sys.modules[m] is not None)
 """
 
@@ -65,22 +75,33 @@ def _new_store(tmp_path_factory, migrated_store, name: str) -> Path:
     return store
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
-def champion(request, tmp_path_factory, migrated_store):
-    """(task, store, registered name, raw test inputs, targets, version tags) after study + promote."""
+@pytest.fixture(scope="module")
+def champions(tmp_path_factory, migrated_store) -> dict[str, tuple]:
+    """task -> (store, registered name, raw test inputs, targets, version tags), after one study and one
+    promote per task type."""
     import importlib
 
     from mlflow import MlflowClient
 
-    task = request.param
-    spec, name, module, extra = CASES[task]
-    store = _new_store(tmp_path_factory, migrated_store, task)
-    run_cli("--store", str(store), "study", "run", spec, *TINY, *extra)
-    run_cli("--store", str(store), "promote", name)
-    exp = importlib.import_module(f"experiments.{module}")
-    x, y = exp.raw_test(exp.DATA_DEFAULTS, 0)
-    tags = MlflowClient(tracking_uri=_uri(store)).get_model_version_by_alias(name, "champion").tags
-    return task, store, name, x, y, tags
+    built = {}
+    for task, (spec, name, module, extra) in sorted(CASES.items()):
+        store = _new_store(tmp_path_factory, migrated_store, task)
+        run_cli("--store", str(store), "study", "run", spec, *TINY, *extra)
+        run_cli("--store", str(store), "promote", name)
+        exp = importlib.import_module(f"experiments.{module}")
+        x, y = exp.raw_test(exp.DATA_DEFAULTS, 0)
+        tags = MlflowClient(tracking_uri=_uri(store)).get_model_version_by_alias(name, "champion").tags
+        built[task] = store, name, x, y, tags
+    return built
+
+
+@pytest.fixture(scope="module")
+def isolated_tables(champions, tmp_path_factory) -> dict[str, pd.DataFrame]:
+    """task -> what its champion's pyfunc predicts for every raw test input, loaded by name in a fresh
+    isolated interpreter in an empty folder (one process for the three models)."""
+    folder = tmp_path_factory.mktemp("isolated")
+    tables = _isolated_pyfunc([(store, name, x) for store, name, x, _, _ in champions.values()], folder)
+    return dict(zip(champions, tables))
 
 
 def _predict(store: Path, name: str, x: np.ndarray, folder: Path) -> pd.DataFrame:
@@ -90,16 +111,20 @@ def _predict(store: Path, name: str, x: np.ndarray, folder: Path) -> pd.DataFram
     return pd.read_csv(folder / "p.csv", keep_default_na=False)
 
 
-def _isolated_pyfunc(store: Path, name: str, x: np.ndarray, folder: Path) -> pd.DataFrame:
+def _isolated_pyfunc(models: list[tuple[Path, str, np.ndarray]], folder: Path) -> list[pd.DataFrame]:
+    """For each (store, registered name, inputs): the champion's table from ISOLATED_LOAD, run by
+    `python -I` in an empty folder with no PYTHONPATH and no MLflow settings in its environment."""
     empty = folder / "empty"
     empty.mkdir()
-    np.save(folder / "in.npy", x)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", str(folder)),
-           "MLFLOW_TRACKING_URI": _uri(store)}
-    proc = subprocess.run([sys.executable, "-I", "-c", ISOLATED_LOAD, str(folder / "in.npy"), f"models:/{name}@champion",
-                           str(folder / "out.pkl")], cwd=empty, env=env, capture_output=True, text=True, timeout=600)
+    jobs = []
+    for i, (store, name, x) in enumerate(models):
+        np.save(folder / f"in{i}.npy", x)
+        jobs.append([_uri(store), f"models:/{name}@champion", str(folder / f"in{i}.npy"), str(folder / f"out{i}.pkl")])
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", str(folder))}
+    proc = subprocess.run([sys.executable, "-I", "-c", ISOLATED_LOAD, json.dumps(jobs)], cwd=empty, env=env,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return pd.read_pickle(folder / "out.pkl")
+    return [pd.read_pickle(out) for *_, out in jobs]
 
 
 def _same(served: pd.DataFrame, predicted: pd.DataFrame) -> None:
@@ -115,14 +140,15 @@ def _same(served: pd.DataFrame, predicted: pd.DataFrame) -> None:
             assert predicted[col].astype(str).tolist() == served[col].astype(str).tolist(), col
 
 
-def test_pyfunc_in_an_empty_folder_equals_hpolab_predict(champion, tmp_path):
+@pytest.mark.parametrize("task", sorted(CASES))
+def test_pyfunc_in_an_empty_folder_equals_hpolab_predict(task, champions, isolated_tables, tmp_path):
     """Every raw test input: the isolated pyfunc's table equals predict's, says what its signature says,
     and (classification) reproduces the test accuracy promote recorded."""
     from mlflow.models import Model
 
-    task, store, name, x, y, tags = champion
+    store, name, x, y, tags = champions[task]
     predicted = _predict(store, name, x, tmp_path)
-    served = _isolated_pyfunc(store, name, x, tmp_path)
+    served = isolated_tables[task]
     _same(served, predicted)
     signature = Model.load(_model_dir(store, name)).signature
     assert [c.name for c in signature.outputs.inputs] == list(served.columns)
@@ -158,9 +184,8 @@ def _model_dir(store: Path, name: str) -> str:
     return c.get_logged_model(mv.source.removeprefix("models:/")).artifact_location.removeprefix("file://")
 
 
-@pytest.mark.parametrize("champion", ["classification"], indirect=True)
-def test_mlflow_models_serve_answers_with_labels_and_probabilities(champion, tmp_path):
-    task, store, name, x, y, tags = champion
+def test_mlflow_models_serve_answers_with_labels_and_probabilities(champions, tmp_path):
+    store, name, x, y, tags = champions["classification"]
     predicted = _predict(store, name, x[:ROWS], tmp_path)
     empty = tmp_path / "serve"
     empty.mkdir()
@@ -287,7 +312,7 @@ def test_a_user_project_outside_the_repo_travels_too(tmp_path, store):
     folder = tmp_path / "io"
     folder.mkdir()
     predicted = _predict(store, "iris-user", x, folder)
-    served = _isolated_pyfunc(store, "iris-user", x, folder)
+    (served,) = _isolated_pyfunc([(store, "iris-user", x)], folder)
     _same(served, predicted)
     assert list(served.columns) == ["class", "label", "prob_setosa", "prob_versicolor", "prob_virginica"]
     from mlflow import MlflowClient
