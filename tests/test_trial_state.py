@@ -310,8 +310,14 @@ def test_a_trial_reaped_while_its_owner_runs_it_ends_fail_in_both_stores(store):
     t0 = study.trials[0]
     storage.set_trial_user_attr(t0._trial_id, OWNER_ATTR, {**t0.user_attrs[OWNER_ATTR], "pid": 4194304 + 7, "start_time": "0"})
 
-    def close_run(run_id, state, tags):  # as the driver's Tracker.close_run_if_open
-        tr.close_if_running(client, run_id, {"hpolab.state": state.name, **tags}, "FAILED")
+    def close_run(run_id, state, tags):  # as the driver's Tracker.close_run_if_open (tr.close_if_running)...
+        assert client.get_run(run_id).info.status == "RUNNING"
+        # ...on a loaded machine: a pause between its check and its write, long enough for the owner to
+        # notice the reap (its next heartbeat) and close the run. The owner waits for this close and
+        # then writes its reason over it; were it not to wait, this write would bury its reason.
+        time.sleep(3)
+        tr.set_tags(client, run_id, {"hpolab.state": state.name, **tags})
+        client.set_terminated(run_id, status="FAILED")
 
     notes: list[str] = []
     reap_dead_trials(study, storage, {}, RetryCopy(1), close_run, notes.append)

@@ -107,11 +107,23 @@ def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
 def close_if_running(client: MlflowClient, run_id: str, tags: dict[str, str], status: str) -> bool:
     """Tag and end a run unless it has ended already; whether it was closed here. A reaper closes a
     dead-looking driver's run this way: an owner that was alive after all has closed it itself,
-    with the better reason (it knows it still ran), and that reason stays."""
+    with the better reason (it knows it still ran), and that reason stays. (Check and write are two
+    calls: an owner closing in between would be overwritten; the owner waits for this close first,
+    wait_until_closed.) The tags are written before the status: once the run has ended, both are in."""
     if client.get_run(run_id).info.status != "RUNNING":
         return False
     set_tags(client, run_id, tags)
     client.set_terminated(run_id, status=status)
+    return True
+
+
+def wait_until_closed(client: MlflowClient, run_id: str, timeout: float, poll: float = 0.2) -> bool:
+    """Whether the run has left RUNNING within `timeout` seconds (read every `poll` seconds)."""
+    deadline = time.monotonic() + timeout
+    while client.get_run(run_id).info.status == "RUNNING":
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
     return True
 
 

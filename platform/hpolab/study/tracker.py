@@ -32,6 +32,7 @@ from hpolab.study.runner import Running
 from hpolab.study.uploads import Uploader, stage_checkpoints, upload_due
 
 MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
+REAPER_CLOSE_WAIT = 30.0  # seconds a reaped trial's owner waits for the reaper's close of its run
 
 
 class TrialTracker:
@@ -171,6 +172,12 @@ class TrialTracker:
                 tags.update(tidy_finished(self.client, r.run_id, r.trial_dir))
             except Exception as e:  # its files stay; the result stands
                 self.note(f"trial {r.number}: deleting its last.pt: {type(e).__name__}: {e}")
+        if tags.get("hpolab.fail_kind") == "reaped":
+            # Another worker reaped this trial while it ran here and closes its run too (heartbeat.py
+            # reap_trial), with a worse reason ("its driver is gone"). Its close checks then writes:
+            # ours, written after its check, would be overwritten. Once its close is in, ours goes
+            # over it and stays; a reaper that never closes it costs this wait and no more.
+            self.mlflow_guard(tr.wait_until_closed, self.client, r.run_id, REAPER_CLOSE_WAIT)
         self.close_run(r.run_id, state, tags)
 
     def _log_model(self, r: Running, info: dict[str, Any], child: tuple | None) -> dict[str, str]:
