@@ -238,7 +238,8 @@ def test_retention_never_touches_the_files_of_a_running_run(store):
 
 def test_a_reaper_never_overwrites_the_close_of_an_owner_that_was_alive(store):
     # The reaper fails the trial in Optuna, queues its retry, then closes the run; an owner that was
-    # alive sees the reap in between and closes the run itself, saying it still ran: that stays.
+    # alive closes the run itself, saying it still ran (after the reaper's close, or past its wait for
+    # it: TrialTracker's REAPER_CLOSE_WAIT). A run its owner closed first keeps the owner's reason.
     from hpolab.stores import mlflow_runs as tr
 
     client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
