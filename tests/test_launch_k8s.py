@@ -88,3 +88,27 @@ def test_bad_arguments_are_one_clear_error(capsys, monkeypatch, args, says):
     code = main(["launch", "k8s", "studies/digits_cnn.yaml", *args])
     err = capsys.readouterr().err
     assert code == 2 and says in err and "Traceback" not in err
+
+
+def test_studies_whose_names_slug_alike_get_their_own_job_and_selector(tmp_path, monkeypatch, capsys):
+    """`a_b`, `a.b` and `a-b` are three studies: three Jobs, each selected by a label no other study has."""
+    monkeypatch.chdir(ROOT)
+    long = "x" * 90 + "_" + "y" * 9
+    jobs, said = {}, {}
+    for name in ("a_b", "a.b", "a-b", long, long[:-1] + "z"):
+        out = tmp_path / name
+        code = main(["launch", "k8s", "studies/digits_cnn.yaml", f"name={name}", "--workers", "2", "--image", "hpolab:dev",
+                     "--out", str(out)])
+        assert code == 0, capsys.readouterr().err
+        said[name] = capsys.readouterr().out
+        jobs[name] = next(yaml.safe_load_all((out / "job.yaml").read_text()))
+    names = {n: j["metadata"]["name"] for n, j in jobs.items()}
+    assert len(set(names.values())) == len(names), names
+    selected = {n: j["spec"]["template"]["metadata"]["labels"]["hpolab.dev/study"] for n, j in jobs.items()}
+    assert len(set(selected.values())) == len(selected), selected
+    for name, job in jobs.items():
+        kv.validate(job, K8S_VERSION, strict=True)
+        assert job["metadata"]["labels"]["hpolab.dev/study"] == selected[name]
+        # Indexed Job pods are named and hostnamed `<job>-<index>`: the Job's name leaves room for that.
+        assert len(names[name]) <= 52 and len(selected[name]) <= 63
+        assert f"-l hpolab.dev/study={selected[name]}" in said[name] and f"job/{names[name]}" in said[name]

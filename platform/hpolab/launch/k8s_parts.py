@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +27,13 @@ class K8sOptions:
 
 
 def job_name(study: str) -> str:
-    name = re.sub(r"[^a-z0-9-]+", "-", f"hpolab-{study}".lower()).strip("-")[:52].rstrip("-")
-    return name or "hpolab-worker"
+    """`hpolab-<slug>-<6 hex of sha256(study)>`: the slug is lossy (`a_b`, `a.b`, `A-b` all read `a-b`),
+    the hash of the exact name keeps two studies' Jobs and selectors apart. At most 52 characters: an
+    Indexed Job's pods are named and hostnamed `<job>-<index>` (a 63-character DNS label), and the name
+    is also the `hpolab.dev/study` label value (at most 63)."""
+    digest = hashlib.sha256(study.encode()).hexdigest()[:6]
+    slug = re.sub(r"[^a-z0-9-]+", "-", f"hpolab-{study}".lower()).strip("-")[:45].rstrip("-")
+    return f"{slug}-{digest}"
 
 
 def labels(component: str, study: str | None = None) -> dict[str, str]:
