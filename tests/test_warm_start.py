@@ -5,6 +5,7 @@ re-runs one) is enqueued once, and the next best configuration takes the other s
 from __future__ import annotations
 
 import optuna
+import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
@@ -34,3 +35,55 @@ def test_a_configuration_that_finished_twice_is_enqueued_once(tmp_path):
     assert [t.system_attrs["fixed_params"]["trainer.lr"] for t in waiting] == [1e-3, 2e-3]
     assert "2 best configurations enqueued (trials 0, 2)" in summary
     assert warm_start.apply(study, storage, spec, source, None) is None  # once per study
+
+
+# ---- through the real CLI: a tiny study with a constraint (params: 1,210 with 16 hidden units, 2,410 with 32)
+
+WARM_BASE = ["n_trials=2", "parallel=1", "trainer.max_epochs=1", "log_models=none", "sampler={type: grid}"]
+BOUND = "constraints=[{metric: params, max: 2000}]"
+
+
+def _warm_store(store):
+    from conftest import FAULT_PROJECT, FAULT_SPEC, run_cli
+
+    run_cli("--store", str(store), "study", "run", FAULT_SPEC, *WARM_BASE, BOUND, cwd=FAULT_PROJECT)
+    return f"sqlite:///{store / 'optuna.db'}"
+
+
+def test_imported_trials_keep_their_named_constraints(store):
+    """The driver records each constraint under its own name (`trial.set_constraint`: system attr
+    `constraints:<name>`); the samplers read them back as `trial.constraints`. An imported infeasible
+    trial must stay infeasible in the new study, or the sampler steers towards it."""
+    from conftest import FAULT_PROJECT, FAULT_SPEC, run_cli
+    from optuna.study._constrained_optimization import _get_feasible_trials
+
+    storage = _warm_store(store)
+    source = optuna.load_study(study_name="faulty", storage=storage)
+    assert sorted(t.params["model.hidden"] for t in source.get_trials()) == [16, 32]
+    out = run_cli("--store", str(store), "study", "run", FAULT_SPEC, "name=faulty-warm", "n_trials=1", "parallel=1",
+                  "trainer.max_epochs=1", "log_models=none", "sampler={type: random}", BOUND,
+                  "warm_start={from: faulty, top_k: 0, import_trials: true}", cwd=FAULT_PROJECT)
+    assert "2 finished trials imported" in out.stdout, out.stdout
+    warm = optuna.load_study(study_name="faulty-warm", storage=storage)
+    imported = {t.system_attrs["hpolab.imported_from"]: t for t in warm.get_trials() if t.system_attrs.get("hpolab.imported_from")}
+    assert len(imported) == 2
+    for t in source.get_trials():
+        copy = imported[f"faulty trial {t.number}"]
+        assert copy.constraints == t.constraints == {"params <= 2000": pytest.approx(t.user_attrs["hpolab.objectives"]["params"] - 2000)}
+    # what every Optuna sampler reads: the 32-unit trial is infeasible here too
+    feasible = {t.params["model.hidden"] for t in _get_feasible_trials(list(imported.values()))}
+    assert feasible == {16}
+
+
+def test_a_warm_start_across_different_constraints_is_refused(store):
+    from conftest import FAULT_PROJECT, FAULT_SPEC, run_cli
+
+    storage = _warm_store(store)
+    for other in ("constraints=[{metric: params, max: 3000}]", "constraints=[]"):
+        bad = run_cli("--store", str(store), "study", "run", FAULT_SPEC, "name=faulty-warm", "n_trials=1", "log_models=none",
+                      "sampler={type: random}", other, "warm_start={from: faulty, top_k: 0, import_trials: true}",
+                      cwd=FAULT_PROJECT, check=False)
+        lines = bad.stderr.strip().splitlines()
+        assert bad.returncode == 2 and len(lines) == 1 and "Traceback" not in bad.stderr, bad.stderr
+        assert "'faulty'" in lines[0] and "'faulty-warm'" in lines[0] and "params <= 2000" in lines[0], lines[0]
+        assert "faulty-warm" not in [s.study_name for s in optuna.get_all_study_summaries(storage)]

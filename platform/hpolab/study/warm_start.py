@@ -10,7 +10,10 @@
   `add_trial`) so the sampler starts informed. They are marked (system attr `hpolab.imported_from`;
   the parent run's `hpolab.warm_start` tag), count against no budget, are never ranked, promoted or
   retained (ranking.py, budget.py), and have no MLflow run here (their runs stay in their study).
-  Their values only mean the same thing if the objectives are the same: that is checked.
+  Their values only mean the same thing if the objectives are the same: that is checked. Their
+  constraints (Optuna's `constraints:<name>` system attrs, one per constraint, as the driver sets them)
+  come along, so an infeasible trial stays infeasible to the sampler; that too needs the same
+  constraints in both studies, which is checked.
 
 It happens once per study (study user attr `hpolab.warm_start`), under the budget lock so two
 workers starting together do not both do it. A missing source study, or one sharing no parameter
@@ -24,6 +27,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState, create_trial
 
+from hpolab.config.objectives import Constraint
 from hpolab.config.spec import study_name_from
 from hpolab.errors import UserError
 from hpolab.stores.budget_lock import budget_lock
@@ -49,6 +53,23 @@ def _objectives_of(study: optuna.Study) -> list[str]:
     return list(study.metric_names or ([recorded] if recorded else []))
 
 
+def _constraints_of(study: optuna.Study) -> set[str]:
+    """The constraint names of a study: its recorded spec's, and any its finished trials carry."""
+    recorded = (study.user_attrs.get("hpolab.spec") or {}).get("constraints") or []
+    names = {Constraint(**c).describe() for c in recorded}
+    return names | {k for t in ranking.ranked(study.get_trials(deepcopy=False), ranking.directions_of(study)) for k in t.constraints}
+
+
+def _check_constraints(source: optuna.Study, spec) -> None:
+    theirs, mine = _constraints_of(source), {c.describe() for c in spec.constraints}
+    if theirs != mine:
+        differ = sorted(theirs ^ mine)
+        raise UserError(f"warm_start.import_trials: study {source.study_name!r} has constraints {', '.join(sorted(theirs)) or '(none)'}; "
+                        f"study {spec.name!r} has {', '.join(sorted(mine)) or '(none)'} (differing: {', '.join(differ)}): imported "
+                        "trials would be feasible or not by other bounds. Give both the same constraints, or use top_k alone "
+                        "(its configurations are re-run)")
+
+
 def check_source(storage, spec) -> optuna.Study | None:
     """The study to warm-start from (None: no warm start); UserError when it cannot be."""
     ws = spec.warm_start
@@ -72,6 +93,7 @@ def check_source(storage, spec) -> optuna.Study | None:
             raise UserError(f"warm_start.import_trials: study {name!r} optimised {', '.join(theirs) or 'unknown objectives'} "
                             f"({', '.join(ranking.directions_of(source))}); this one {', '.join(mine)}: their values would not "
                             "mean the same here. Use top_k alone (its configurations are re-run)")
+        _check_constraints(source, spec)
     return source
 
 
@@ -99,6 +121,12 @@ def distinct_best(trials, directions, space: dict[str, Any], k: int) -> list[tup
     return best
 
 
+def _constraint_attrs(t) -> dict[str, Any]:
+    """A trial's constraints as Optuna stores them: its old list (`constraints`) and its named ones
+    (`constraints:<name>`, what `trial.set_constraint` writes and the driver uses)."""
+    return {k: v for k, v in t.system_attrs.items() if k == "constraints" or k.startswith("constraints:")}
+
+
 def apply(study: optuna.Study, storage, spec, source: optuna.Study, lr: tuple[float, float] | None) -> str | None:
     """Enqueue / import once; a one-line summary (None when it was done before)."""
     with budget_lock(storage, spec.name):
@@ -117,8 +145,7 @@ def apply(study: optuna.Study, storage, spec, source: optuna.Study, lr: tuple[fl
                 study.add_trial(create_trial(
                     state=TrialState.COMPLETE, values=t.values, params=params, distributions={k: space[k] for k in params},
                     user_attrs={k: v for k, v in t.user_attrs.items() if k == "hpolab.objectives"},
-                    system_attrs={IMPORTED: f"{source.study_name} trial {t.number}",
-                                  **({"constraints": t.system_attrs["constraints"]} if "constraints" in t.system_attrs else {})}))
+                    system_attrs={IMPORTED: f"{source.study_name} trial {t.number}", **_constraint_attrs(t)}))
                 imported += 1
         summary = (f"warm start from study {source.study_name}: {len(best)} best configurations enqueued "
                    f"(trials {', '.join(str(t.number) for t, _ in best) or 'none'})"
