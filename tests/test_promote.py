@@ -347,3 +347,50 @@ def test_predict_prints_csv_and_rejects_what_the_model_cannot_take(promoted, tmp
     (tmp_path / "imgs").mkdir()
     with pytest.raises(UserError, match="not uint8 images"):
         predict_cmd(args(tmp_path / "imgs"), stores)
+
+
+# ----------------------------------------------------------------------------- promote runs are no trial runs
+
+
+def _run_state(store: Path) -> dict:
+    """Every run of the store: (status, lifecycle stage, tags)."""
+    c = _client(store)
+    from mlflow.entities import ViewType
+
+    return {r.info.run_id: (r.info.status, r.info.lifecycle_stage, sorted(r.data.tags.items()))
+            for e in c.search_experiments() for r in c.search_runs([e.experiment_id], run_view_type=ViewType.ALL)}
+
+
+@pytest.mark.slow
+def test_study_check_after_promote_is_clean_and_repair_changes_nothing(promoted, tmp_path):
+    store = _copy(promoted[0], tmp_path / "store")
+    checked = run_cli("--store", str(store), "study", "check", "digits-cnn", check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "2 trial runs" in checked.stdout  # the promote run is not counted as one
+    before = _run_state(store)
+    repaired = run_cli("--store", str(store), "study", "check", "digits-cnn", "--repair", check=False)
+    assert repaired.returncode == 0 and "repaired" not in repaired.stdout, repaired.stdout + repaired.stderr
+    assert _run_state(store) == before
+
+
+@pytest.mark.slow
+def test_a_study_run_leaves_an_open_promote_run_alone(studied, tmp_path):
+    """A promote run still being written (RUNNING, named after a trial whose driver is gone) while a
+    driver opens and closes the study: the driver's repair of orphan trial runs must not touch it."""
+    from types import SimpleNamespace
+
+    from hpolab.registry.writer import _create_promote_run
+
+    store = _copy(studied, tmp_path / "store")
+    c = _client(store)
+    best = _best_trial(store)
+    study = optuna.load_study(study_name="digits-cnn", storage=f"sqlite:///{store / 'optuna.db'}")
+    info = SimpleNamespace(experiment_id=c.get_experiment_by_name("digits-cnn").experiment_id,
+                           parent_run_id=study.user_attrs["mlflow_parent_run_id"], name="digits-cnn")
+    run_id = _create_promote_run(c, "digits-cnn", info, SimpleNamespace(trial_number=best.number, run_id=best.user_attrs["mlflow_run_id"]))
+    before = c.get_run(run_id)
+    # the budget is spent: the driver opens the study (repairing), runs nothing and closes it (repairing again)
+    run_cli("--store", str(store), "study", "run", "studies/digits_cnn.yaml", *DIGITS)
+    after = c.get_run(run_id)
+    assert after.info.lifecycle_stage == "active" and after.info.status == "RUNNING"
+    assert after.data.tags == before.data.tags

@@ -27,6 +27,7 @@ import json
 from hpolab.analysis.check_read import Study, read_study
 from hpolab.analysis.consistency import Problem, orphan_runs, parent_problems, running_problems, trial_problems
 from hpolab.stores.paths import Stores
+from hpolab.stores.run_roles import is_trial_run
 
 
 def find_problems(s: Study) -> list[Problem]:
@@ -84,7 +85,7 @@ def check_study(name: str, stores: Stores, repair: bool = False, as_json: bool =
     for p, what in done:
         print(f"repaired: {'study' if p.trial is None else f'trial {p.trial}'}: {what}")
     if not remaining:
-        runs = sum(1 for r in s.runs.values() if "optuna.trial_number" in r.data.tags)
+        runs = sum(1 for r in s.runs.values() if is_trial_run(r.data.tags))
         print(f"study {name}: {len(s.trials)} trials, {runs} trial runs: Optuna and MLflow agree")
         return 0
     _print_table(remaining, name)

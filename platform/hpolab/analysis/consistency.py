@@ -19,6 +19,7 @@ from hpolab.stores.artifacts import local_artifact_dir
 from hpolab.study.budget import IMPORTED, RELEASED, trial_counts
 from hpolab.study.heartbeat import why_dead
 from hpolab.stores.optuna_storage import GRACE_PERIOD
+from hpolab.stores.run_roles import is_trial_run
 from hpolab.study.owners import describe, heartbeat_age, owner_gone, owner_of, this_host
 from hpolab.study.retry import RetryCopy
 
@@ -248,7 +249,7 @@ def orphan_runs(s: Study) -> list[Problem]:
     for run in s.runs.values():
         tags, run_id = run.data.tags, run.info.run_id
         n = tags.get("optuna.trial_number")
-        if n is None or run_id in linked or run.info.lifecycle_stage == "deleted" or tags.get("hpolab.orphan"):
+        if n is None or not is_trial_run(tags) or run_id in linked or run.info.lifecycle_stage == "deleted" or tags.get("hpolab.orphan"):
             continue
         number = int(n) if n.isdigit() and int(n) < len(s.trials) else None
         if number is not None and number in s.live and run.info.status == "RUNNING":

@@ -18,6 +18,7 @@ from hpolab.registry.champion import TAG_TRIAL_RUN
 from hpolab.registry.gate_objectives import TAG_OBJECTIVE
 from hpolab.registry.evaluation import EXAMPLE_ROWS, Evaluation, Exports, PromotionFailed
 from hpolab.registry.selection import Challenger, StudyInfo
+from hpolab.stores.run_roles import PROMOTE, ROLE
 
 SERVING_MODEL_NAME = "serving_model"  # the LoggedModel's name in the promote run
 EXPORT_DIR = "export"  # artifact folder of the promote run: model.onnx, model.torchscript.pt
@@ -86,7 +87,7 @@ def _create_promote_run(client, model_name: str, info: StudyInfo, ch: Challenger
         tags={
             MLFLOW_PARENT_RUN_ID: info.parent_run_id,
             MLFLOW_RUN_NAME: run_name,
-            "hpolab.role": "promote",
+            ROLE: PROMOTE,  # not a trial run, though it names the trial it promotes (run_roles.py)
             "optuna.study": info.name,
             "optuna.trial_number": str(ch.trial_number),
             TAG_TRIAL_RUN: ch.run_id,

@@ -17,6 +17,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from hpolab.stores.paths import Stores, redact
+from hpolab.stores.run_roles import ROLE, TRIAL
 
 PARAM_BATCH = 100  # MLflow's log_batch limit for params
 MAX_PARAM_LEN = 6000
@@ -145,6 +146,7 @@ def start_child_run(
             MLFLOW_RUN_NAME: f"trial-{trial_number}",
             "optuna.study": study,
             "optuna.trial_number": str(trial_number),
+            ROLE: TRIAL,  # what tells it from a promote run, which names a trial number too (run_roles.py)
             "hpolab.state": "RUNNING",
             **tags,
         },

@@ -15,6 +15,7 @@ from typing import Callable
 import optuna
 from optuna.trial import TrialState
 
+from hpolab.stores.run_roles import is_trial_run
 from hpolab.study.owners import owner_gone, owner_of
 
 
@@ -24,6 +25,8 @@ def close_orphan_runs(client, experiment_id: str, study: optuna.Study, close_run
     trials = study.get_trials(deepcopy=False)
     fixed = 0
     for run in runs:
+        if not is_trial_run(run.data.tags):
+            continue  # a promote run (it names the trial it promotes) is no trial's run: never touched here
         number = run.data.tags.get("optuna.trial_number")
         if number is None or not number.isdigit() or int(number) >= len(trials):
             continue
