@@ -31,18 +31,53 @@ class Stores:
         return f"optuna: {redact(self.optuna_url)}\nmlflow: {redact(self.tracking_uri)}"
 
 
-# scheme://user:PASSWORD@host  and  ?password=PASSWORD / &pass=... / &token=... in query strings
-_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):(?P<secret>[^/?#\s]*)@")
+# A URL in any text: its scheme, then everything up to whitespace (a URL holds none; a password holding
+# one is percent-encoded).
+_URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>\S*)")
+# user:PASSWORD@ as SQLAlchemy's make_url reads it: the user has no ":" or "/", the password runs to the
+# first "@", so it may hold "/", "?", "#" and ":" unencoded (an "@" must be written %40).
+_SQLALCHEMY_USERINFO = re.compile(r"[^:/@]*:[^@]*@")
+# Web schemes whose userinfo is a secret even without a ":" (https://TOKEN@host).
+_WEB_SCHEMES = ("http", "https", "grpc", "grpcs", "ws", "wss", "databricks")
+# ?password=PASSWORD / &pass=... / &token=... in query strings
 _QUERY_SECRET = re.compile(r"(?P<head>[?&;](?:password|passwd|pass|pwd|secret|token|access_token|api_key|apikey)=)(?P<secret>[^&;#\s]*)", re.I)
 
 
-def redact(text: str) -> str:
-    """A URL (or any text holding URLs) safe to print or log: passwords become ***.
+def _userinfo_end(rest: str) -> int | None:
+    """Where the userinfo of `rest` (a URL after `scheme://`) ends (the index of its "@"), read the way
+    both parsers that may get the URL read it, taking the later end so neither leaves a piece in view:
+    urllib (http) takes the netloc up to the first "/", "?" or "#" and its userinfo up to the netloc's
+    last "@"; SQLAlchemy reads user:password up to the first "@" (_SQLALCHEMY_USERINFO)."""
+    netloc = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    ends = [netloc.rindex("@")] if "@" in netloc else []
+    m = _SQLALCHEMY_USERINFO.match(rest)
+    if m:
+        ends.append(m.end() - 1)
+    return max(ends) if ends else None
 
-    `postgresql://hpolab:s3cret@db:5432/optuna` -> `postgresql://hpolab:***@db:5432/optuna`;
+
+def _redact_url(m: re.Match) -> str:
+    scheme, rest = m["scheme"], m["rest"]
+    end = _userinfo_end(rest)
+    if end is not None:
+        user, colon, _ = rest[:end].partition(":")
+        if colon:  # user:password -> user:***
+            rest = f"{user}:***{rest[end:]}"
+        elif scheme.lower().split("+")[0] in _WEB_SCHEMES:  # a token alone is the credential
+            rest = f"***{rest[end:]}"
+        # else a database user without a password: nothing secret
+    return f"{scheme}://{rest}"
+
+
+def redact(text: str) -> str:
+    """A URL (or any text holding URLs, such as an error message) safe to print or log: the password,
+    or a web URL's whole userinfo, becomes ***.
+
+    `postgresql://hpolab:s3/cr+t=@db:5432/optuna` -> `postgresql://hpolab:***@db:5432/optuna`;
+    `https://TOKEN@mlflow.example.com` -> `https://***@mlflow.example.com`;
     `...?user=hpolab&password=s3cret` -> `...?user=hpolab&password=***`.
     """
-    text = _USERINFO.sub(lambda m: f"{m['head']}:***@", str(text))
+    text = _URL.sub(_redact_url, str(text))
     return _QUERY_SECRET.sub(lambda m: f"{m['head']}***", text)
 
 

@@ -1,0 +1,90 @@
+"""Passwords and tokens in store URLs never reach stdout, stderr, files hpolab writes or MLflow records.
+
+Real users' URLs: base64-style passwords (`+`, `=`, `/`), passwords holding `?`, `#`, `:` (SQLAlchemy
+reads a password up to the first `@`, so these may stand unencoded) or a percent-encoded `@`, a token
+alone as an https URI's userinfo, user:password in an https URI, and `?password=` in a query string.
+Each goes through the commands that print or keep a URL: `study run` and `study status` against a
+store that does not answer (a closed loopback port), and `launch slurm --dry-run`. The slow test runs
+a study that reaches a PostgreSQL whose user has such a password, submits it to a real Slurm, and
+greps every output, file and MLflow record.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import urllib.parse
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from conftest import FAULT_PROJECT, FAULT_SPEC, ROOT, hpolab_env, run_cli
+from hpolab.stores.paths import redact
+from services import free_port
+
+SPEC = str(ROOT / "studies" / "digits_cnn.yaml")
+
+
+def _shapes(port: int) -> list[tuple[str, str, list[str]]]:
+    """(flag, URL, secrets that must not show): each secret as written and as the parser decodes it."""
+    db = f"127.0.0.1:{port}/optuna"
+    return [
+        ("--storage", f"postgresql+psycopg2://hpolab:Sl4sh/pw7@{db}", ["Sl4sh/pw7"]),
+        ("--storage", f"postgresql+psycopg2://hpolab:Qm?Hs#Co:lon@{db}", ["Qm?Hs#Co:lon", "Hs#Co"]),
+        ("--storage", f"postgresql+psycopg2://hpolab:At%40Sign%2Fenc@{db}", ["At%40Sign", "At@Sign", "Sign/enc"]),
+        ("--storage", f"postgresql+psycopg2://hpolab:c2VjcmV0+Yi/4==@{db}", ["c2VjcmV0", "Yi/4=="]),
+        ("--storage", f"postgresql+psycopg2://{db}?user=hpolab&password=QuerySecret9", ["QuerySecret9"]),
+        ("--tracking-uri", f"https://TokenOnly0123abc@127.0.0.1:{port}", ["TokenOnly0123abc"]),
+        ("--tracking-uri", f"https://alice:PassWord42@127.0.0.1:{port}", ["PassWord42"]),
+    ]
+
+
+def _password_of(url: str) -> str | None:
+    """The secret as the library that opens the URL reads it (SQLAlchemy, or urllib for http)."""
+    if url.startswith("http"):
+        parts = urllib.parse.urlsplit(url)
+        return parts.password or parts.username
+    u = make_url(url)
+    return u.password or u.query.get("password")
+
+
+def _assert_hidden(text: str, secrets: list[str], where: str) -> None:
+    for s in secrets:
+        assert s not in text, f"{s!r} shows in {where}:\n{text}"
+
+
+@pytest.mark.parametrize("flag, url, secrets", _shapes(5432))
+def test_redact_hides_what_the_parsers_read_as_the_secret(flag, url, secrets):
+    secret = _password_of(url)
+    assert secret, url  # the parser does see a secret in this URL
+    for text in (url, f"cannot reach the store '{url}' (connection refused)", f"url={url}\nnext line"):
+        shown = redact(text)
+        _assert_hidden(shown, [secret, urllib.parse.quote(secret, safe=""), *secrets], "redact()")
+        assert "127.0.0.1:5432" in shown and "***" in shown  # the host stays, to debug with
+
+
+def test_urls_without_a_secret_are_left_as_they_are():
+    for url in ("sqlite:////tmp/a:b@c/optuna.db", "http://127.0.0.1:5000/x", "postgresql+psycopg2://hpolab@db/optuna",
+                "grpc://proxy:13000", "file:///tmp/mlruns"):
+        assert redact(url) == url
+
+
+def test_no_command_shows_a_secret(tmp_path):
+    """Through the real CLI: `study run` and `study status` against a store that does not answer,
+    and the script of `launch slurm --dry-run`."""
+    port = free_port()  # bound and released: nothing listens there
+    for flag, url, secrets in _shapes(port):
+        secrets = [*secrets, _password_of(url)]
+        runs = [("study", "run", SPEC, "n_trials=1"), ("study", "status", "digits-cnn"),
+                ("launch", "slurm", SPEC, "--workers", "2", "--single-node", "--dry-run")]
+        for args in runs:
+            out = run_cli("--store", str(tmp_path / "st"), flag, url, *args, cwd=tmp_path, check=False)
+            _assert_hidden(out.stdout + out.stderr, secrets, f"hpolab {flag} {url} {' '.join(args)}")
+            assert "Traceback" not in out.stderr
+            if args[0] == "launch":
+                assert out.returncode == 0, out.stderr
+                subprocess.run(["bash", "-n"], input=out.stdout, text=True, check=True)
+            else:
+                assert out.returncode in (1, 2) and "***" in out.stderr, out.stderr
+    _assert_hidden("".join(p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()),
+                   [s for _, _, ss in _shapes(port) for s in ss], "the files written")
