@@ -148,6 +148,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with `key=value` overrides on either side of the command's options
+    (`study run SPEC --store DIR n_trials=3`). argparse fills `spec overrides*` from the first run of
+    positionals only and calls the rest unrecognized; its parse_intermixed_args refuses subcommands.
+    So: parse what it knows, then give the leftovers to a command that takes overrides, in order."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and not any(a.startswith("-") for a in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def _stores(args, optuna: bool = True, tracking: bool = True):
     """The stores of the command line/environment, checked before use (one line, within seconds, if
     a URL is malformed, a driver is missing or a server does not answer). optuna/tracking: which of
@@ -331,7 +345,7 @@ def _resolve_study_names(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     handler = {
         ("study", "run"): cmd_study_run,
         ("study", "status"): cmd_study_status,
