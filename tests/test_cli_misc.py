@@ -25,3 +25,15 @@ def test_status_without_a_store_says_how_to_fix(tmp_path):
     assert out.returncode == 2
     assert "run a study first" in out.stderr
     assert not (tmp_path / "empty").exists()  # asking does not create a store
+
+
+def test_study_run_prints_no_optuna_info_lines(store):
+    """Optuna logs `A new study created in RDB with name: ...` at INFO to stderr; the study's own first
+    line is what a user should see first. (Optuna's warnings still show: its level is WARNING.)"""
+    from conftest import FAULT_PROJECT, FAULT_SPEC
+
+    out = run_cli("--store", str(store), "study", "run", FAULT_SPEC, "n_trials=1", "trainer.max_epochs=1", "log_models=none",
+                  cwd=FAULT_PROJECT)
+    both = out.stdout + out.stderr
+    assert "A new study created" not in both and "[I " not in both, both
+    assert "study faulty" in out.stdout.splitlines()[0], out.stdout

@@ -28,6 +28,10 @@ def engine_kwargs(url: str) -> dict:
 def make_storage(url: str, max_retries: int = 1) -> optuna.storages.BaseStorage:
     import random
 
+    # Optuna's INFO lines ("A new study created in RDB with name: ...") would come before the study's
+    # own first line; its warnings (WARNING and up) are still printed.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
     from hpolab.stores.grpc_proxy import grpc_storage, is_grpc_url
 
     if is_grpc_url(url):
