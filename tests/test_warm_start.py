@@ -50,6 +50,7 @@ def _warm_store(store):
     return f"sqlite:///{store / 'optuna.db'}"
 
 
+@pytest.mark.slow
 def test_imported_trials_keep_their_named_constraints(store):
     """The driver records each constraint under its own name (`trial.set_constraint`: system attr
     `constraints:<name>`); the samplers read them back as `trial.constraints`. An imported infeasible
@@ -75,6 +76,7 @@ def test_imported_trials_keep_their_named_constraints(store):
     assert feasible == {16}
 
 
+@pytest.mark.slow
 def test_a_warm_start_across_different_constraints_is_refused(store):
     from conftest import FAULT_PROJECT, FAULT_SPEC, run_cli
 
