@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 
 from conftest import FAULT_PROJECT, FAULT_SPEC, ROOT, hpolab_env, run_cli
 from hpolab.stores.paths import redact
-from services import free_port
+from services import HAVE_POSTGRES, NO_POSTGRES, free_port, postgres_cluster
 
 SPEC = str(ROOT / "studies" / "digits_cnn.yaml")
 
@@ -88,3 +88,45 @@ def test_no_command_shows_a_secret(tmp_path):
                 assert out.returncode in (1, 2) and "***" in out.stderr, out.stderr
     _assert_hidden("".join(p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()),
                    [s for _, _, ss in _shapes(port) for s in ss], "the files written")
+
+
+# One PostgreSQL password of every awkward shape: base64's "/", "+" and "=", and "?", "#", ":" unencoded,
+# "@" percent-encoded (SQLAlchemy reads the password up to the first raw "@").
+PG_PASSWORD = "c2Vj/Qm?Hs#:+x==@1"
+PG_IN_URL = PG_PASSWORD.replace("@", "%40")
+PG_SECRETS = [PG_PASSWORD, PG_IN_URL, "c2Vj/Qm", "Hs#:+x=="]
+
+
+def _everything_written(*folders) -> str:
+    """Every file under `folders`, databases included, as text (bytes that are not UTF-8 replaced)."""
+    return "\n".join(p.read_bytes().decode("utf-8", "replace") for d in folders for p in d.rglob("*") if p.is_file())
+
+
+def _mlflow_records(store) -> str:
+    """Every param and tag of every run in the store's MLflow DB."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert runs
+    return "\n".join(f"{k}={v}" for r in runs for k, v in (*r.data.params.items(), *r.data.tags.items()))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_POSTGRES, reason=NO_POSTGRES)
+def test_a_study_on_a_database_with_such_a_password_shows_and_keeps_none_of_it(store, tmp_path):
+    with postgres_cluster(user="hpolab", password=PG_PASSWORD) as (_, port, _data):
+        url = f"postgresql+psycopg2://hpolab:{PG_IN_URL}@127.0.0.1:{port}/postgres"
+        env = {**hpolab_env(), "OPTUNA_STORAGE": url}
+        outs = [run_cli("--store", str(store), "study", "run", FAULT_SPEC, "name=secret-pg", "n_trials=1",
+                        "trainer.max_epochs=1", cwd=FAULT_PROJECT, env=env, timeout=300),
+                run_cli("--store", str(store), "study", "status", "secret-pg", cwd=FAULT_PROJECT, env=env),
+                run_cli("--store", str(store), "study", "list", cwd=FAULT_PROJECT, env=env)]
+        assert "secret-pg" in outs[-1].stdout  # it did reach the database
+        wrong = url.replace(PG_IN_URL, PG_IN_URL + "x")
+        outs.append(run_cli("--store", str(store), "--storage", wrong, "study", "status", "secret-pg",
+                            cwd=FAULT_PROJECT, check=False))
+        assert outs[-1].returncode == 2 and "password authentication failed" in outs[-1].stderr
+    _assert_hidden("\n".join(o.stdout + o.stderr for o in outs), PG_SECRETS, "the commands' output")
+    _assert_hidden(_everything_written(store, tmp_path), PG_SECRETS, "the files written")
+    _assert_hidden(_mlflow_records(store), PG_SECRETS, "MLflow params and tags")
