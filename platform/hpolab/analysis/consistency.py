@@ -12,15 +12,16 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.analysis.check_read import Study, set_tags
 from hpolab.stores.artifacts import local_artifact_dir
 from hpolab.study.budget import IMPORTED, RELEASED, trial_counts
-from hpolab.study.heartbeat import why_dead
+from hpolab.study.heartbeat import REAPED, why_dead
 from hpolab.stores.optuna_storage import GRACE_PERIOD
 from hpolab.stores.run_roles import is_trial_run
-from hpolab.study.owners import describe, heartbeat_age, owner_gone, owner_of, this_host
+from hpolab.study.owners import describe, heartbeat_age, owner_gone, owner_of, owner_record, this_host
 from hpolab.study.retry import RetryCopy
 
 MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
@@ -82,7 +83,12 @@ def running_problems(s: Study) -> list[Problem]:
 
 
 def _reap(s: Study, t: FrozenTrial, kind: str, reason: str) -> str:
-    if not s.storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+    me = owner_record(t.number)
+    try:  # the reaped mark first, as a driver's reaper sets it: an owner still alive learns who failed its trial
+        s.storage.set_trial_system_attr(t._trial_id, REAPED, f"hpolab study check --repair on {me['host']} pid {me['pid']}: {reason}")
+        if not s.storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+            return "it had already finished"
+    except UpdateFinishedTrialError:
         return "it had already finished"
     copy = RetryCopy(UNLIMITED)(s.study, s.storage.get_trial(t._trial_id), kind=kind)
     run_id = t.user_attrs.get("mlflow_run_id")

@@ -1,9 +1,9 @@
 """Retry copies: a failed attempt comes back as a new WAITING trial with the same params.
 
 Like Optuna's RetryHeartbeatStaleTrialCallback (same `failed_trial` / `retry_history` system
-attrs, so its helpers read ours), with three differences: the copy does not inherit the dead
-attempt's `mlflow_run_id` or owner record; it may carry trainer overrides for the next attempt
-(`hpolab.trainer_overrides`, e.g. the halved micro-batch after a CUDA OOM); and the caller learns
+attrs, so its helpers read ours), with three differences: the copy carries only the attrs listed in
+CARRIED_SYSTEM_ATTRS / CARRIED_USER_ATTRS (not the dead attempt's run, owner or reaped mark); it may
+carry trainer overrides for the next attempt (`hpolab.trainer_overrides`, e.g. the halved micro-batch after a CUDA OOM); and the caller learns
 the new trial's number (None when max_retries is spent). The next driver to ask() picks the copy up
 and resumes it from the latest checkpoint of its chain (retry_source): the dead attempt's last.pt
 in this worker's trial folder, or else the one it uploaded to its MLflow run's checkpoints/ (any
@@ -25,10 +25,22 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.stores.artifacts import CHECKPOINTS, fetch_checkpoint
 from hpolab.stores.paths import Stores
-from hpolab.study.owners import OWNER_ATTR
 
-NOT_INHERITED = ("mlflow_run_id", OWNER_ATTR)
 OVERRIDES = "hpolab.trainer_overrides"
+# What a copy carries of its attempt, and why; nothing else. The rest describes that attempt alone and
+# would mislead about the copy: its owner record, MLflow run, worker seed and objective values; its
+# reaped mark (a later tell error would take the copy for reaped and drop its model; a later reaper would
+# be misnamed), its proxy heartbeat, its constraint values; a sampler's notes on how it sampled (the
+# sampler writes its own when the copy is asked). The chain (failed_trial, retry_history, kinds) is rebuilt.
+CARRIED_SYSTEM_ATTRS = {
+    "fixed_params": "an enqueued configuration stays one: enqueue's duplicate check and the spec guard read it off queued trials",
+    "grid_id": "GridSampler: the copy is the same grid point (Optuna's own retry callback carries it); without it the sampler picks another",
+    "search_space": "GridSampler: the grid that grid_id indexes",
+    OVERRIDES: "trainer overrides of earlier attempts (the halved micro-batch after an OOM) still apply; this retry's are merged in",
+}
+CARRIED_USER_ATTRS = {
+    "hpolab.warm_start_from": "where the configuration came from (a warm start's enqueued trial)",
+}
 KINDS = "hpolab.retry_kinds"  # system attr: why each attempt of retry_history ended, in the same order
 # Why an attempt ended that is not the trial's fault: its retry is free (never counts against max_retries).
 FREE_KINDS = frozenset({"interrupted", "driver", "stale", "owner_gone", "reaped"})
@@ -57,13 +69,13 @@ class RetryCopy:
         kinds = chain_kinds(trial, kind)
         if retries_used(kinds) > self.max_retries:
             return None
-        system_attrs = {**trial.system_attrs, "failed_trial": history[0], "retry_history": history, KINDS: kinds,
-                        "hpolab.retry_kind": kind}
+        system_attrs = {k: v for k, v in trial.system_attrs.items() if k in CARRIED_SYSTEM_ATTRS}
+        system_attrs.update({"failed_trial": history[0], "retry_history": history, KINDS: kinds, "hpolab.retry_kind": kind})
         if overrides:
             system_attrs[OVERRIDES] = {**trial.system_attrs.get(OVERRIDES, {}), **overrides}
         study.add_trial(optuna.create_trial(
             state=TrialState.WAITING, params=trial.params, distributions=trial.distributions,
-            user_attrs={k: v for k, v in trial.user_attrs.items() if k not in NOT_INHERITED},
+            user_attrs={k: v for k, v in trial.user_attrs.items() if k in CARRIED_USER_ATTRS},
             system_attrs=system_attrs))
         for t in reversed(study.get_trials(deepcopy=False)):
             if t.system_attrs.get("retry_history") == history:
