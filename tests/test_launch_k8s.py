@@ -4,6 +4,9 @@ No cluster runs here: what is checked is the manifests' shape, not a scheduler r
 
 from __future__ import annotations
 
+import shlex
+import urllib.parse
+
 import pytest
 import yaml
 
@@ -32,7 +35,7 @@ def test_every_manifest_validates_strictly(tmp_path, monkeypatch, capsys):
             kv.validate(doc, K8S_VERSION, strict=True)  # raises ValidationError on any unknown or wrong field
             kinds.append(doc["kind"])
     assert sorted(kinds) == sorted(["Job", "NetworkPolicy", "NetworkPolicy", "ConfigMap", "StatefulSet", "Service",
-                                    "PersistentVolumeClaim", "Deployment", "Service"])
+                                    "PersistentVolumeClaim", "PersistentVolumeClaim", "ConfigMap", "Deployment", "Service"])
     assert "kubectl" in capsys.readouterr().out
 
 
@@ -72,8 +75,11 @@ def test_indexed_job_of_workers_with_gpus_and_credentials_from_a_secret(tmp_path
 
 def test_store_servers_take_passwords_from_the_secret(tmp_path, monkeypatch, capsys):
     docs = _write(tmp_path, monkeypatch, capsys, "--workers", "1", "--image", "hpolab:dev", "--with-stores")["stores.yaml"]
-    text = yaml.safe_dump_all(docs)
-    assert "password" not in text.lower().replace("postgres_password", "")  # only the Secret key's name
+    for doc in docs:
+        for c in doc["spec"]["template"]["spec"]["containers"] if doc["kind"] in ("Deployment", "StatefulSet") else []:
+            for e in c["env"]:  # a password, a URL with one, a key: only ever a reference to the Secret
+                if any(w in e["name"] for w in ("PASSWORD", "SECRET", "STORE_URI", "USERNAME")):
+                    assert "value" not in e and e["valueFrom"]["secretKeyRef"]["name"] == "hpolab-stores", e
     mlflow = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert "--backend-store-uri" not in mlflow["command"]  # read from the environment: not visible in `ps`
     assert mlflow["env"][0]["valueFrom"]["secretKeyRef"]["key"] == "MLFLOW_BACKEND_STORE_URI"
@@ -112,3 +118,56 @@ def test_studies_whose_names_slug_alike_get_their_own_job_and_selector(tmp_path,
         # Indexed Job pods are named and hostnamed `<job>-<index>`: the Job's name leaves room for that.
         assert len(names[name]) <= 52 and len(selected[name]) <= 63
         assert f"-l hpolab.dev/study={selected[name]}" in said[name] and f"job/{names[name]}" in said[name]
+
+
+def test_the_mlflow_server_runs_compose_login_with_generated_credentials_that_are_never_printed(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "k8s"
+    argv = ["launch", "k8s", "studies/digits_cnn.yaml", "--workers", "2", "--image", "hpolab:dev", "--with-stores", "--out", str(out)]
+    assert main(argv) == 0
+    said = capsys.readouterr()
+    stores_env = dict(line.split("=", 1) for line in (out / "stores.env").read_text().splitlines() if line and line[0] != "#")
+    # Generated for the Secret (`kubectl create secret generic --from-env-file`), readable by its owner only, kept out of git.
+    assert f"--from-env-file={out / 'stores.env'}" in said.out
+    assert (out / "stores.env").stat().st_mode & 0o077 == 0 and "stores.env" in (out / ".gitignore").read_text().split()
+    secret_values = [v for k, v in stores_env.items() if k.endswith(("PASSWORD", "SECRET_KEY", "OPTUNA_STORAGE", "STORE_URI"))]
+    assert len(secret_values) == 5 and all(len(v) >= 32 for v in secret_values)
+    manifests = "".join(p.read_text() for p in out.glob("*.yaml"))
+    for value in secret_values:
+        assert value not in said.out + said.err + manifests
+    docs = list(yaml.safe_load_all((out / "stores.yaml").read_text()))
+    for doc in docs:
+        kv.validate(doc, K8S_VERSION, strict=True)
+
+    # The MLflow Deployment runs docker-compose.yml's server command (tests/test_compose.py runs it: 401 without a login).
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["mlflow"]
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    server = pod["containers"][0]
+    assert server["command"] == shlex.split(compose["command"])
+    env = {e["name"]: e for e in server["env"]}
+    assert set(env) == set(compose["environment"])
+    for name, key in [("MLFLOW_BACKEND_STORE_URI", "MLFLOW_BACKEND_STORE_URI"), ("MLFLOW_AUTH_ADMIN_USERNAME", "MLFLOW_TRACKING_USERNAME"),
+                      ("MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_TRACKING_PASSWORD"),
+                      ("MLFLOW_FLASK_SERVER_SECRET_KEY", "MLFLOW_FLASK_SERVER_SECRET_KEY")]:
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "hpolab-stores", "key": key} and key in stores_env
+    # Its login config is compose's file, mounted where compose mounts it; its users' database on a volume of its own.
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and "basic_auth.ini" in d["data"])
+    assert config["data"]["basic_auth.ini"] == (ROOT / "scripts" / "mlflow-basic-auth.ini").read_text()
+    mounts = {m["mountPath"]: m["name"] for m in server["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts["/etc/mlflow"]]["configMap"]["name"] == config["metadata"]["name"]
+    assert env["MLFLOW_AUTH_CONFIG_PATH"]["value"] == "/etc/mlflow/basic_auth.ini"
+    assert "persistentVolumeClaim" in volumes[mounts["/mlflow-auth"]] and mounts["/mlflow-auth"] != mounts["/artifacts"]
+    netloc = urllib.parse.urlsplit(stores_env["MLFLOW_TRACKING_URI"]).netloc
+    assert netloc in env["MLFLOW_SERVER_ALLOWED_HOSTS"]["value"].split(",")  # the workers' Host header is admitted
+
+    # The workers log in with the same Secret's keys (required here: the server has no anonymous access).
+    job = next(yaml.safe_load_all((out / "job.yaml").read_text()))
+    worker_env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        assert worker_env[key]["valueFrom"]["secretKeyRef"] == {"name": "hpolab-stores", "key": key}
+
+    # Launching again keeps the passwords the stores were created with.
+    before = (out / "stores.env").read_text()
+    assert main(argv) == 0
+    assert (out / "stores.env").read_text() == before and "kept" in capsys.readouterr().out

@@ -6,8 +6,9 @@
                         through the downward API (recorded as env.k8s_* tags on every trial run)
     networkpolicy.yaml  the stores (pods labelled app.kubernetes.io/component: postgres | mlflow) admit
                         only the workers (PostgreSQL also the MLflow server) on their one port
-    stores.yaml         with --with-stores: a PostgreSQL StatefulSet and an MLflow server Deployment with
-                        their Services and volumes, for a cluster that has none (passwords from the Secret)
+    stores.yaml         with --with-stores: a PostgreSQL StatefulSet and an MLflow server Deployment (with
+                        its basic-auth login) with their Services and volumes, for a cluster that has none
+                        (passwords from the Secret, whose values it generates into stores.env: k8s_secret.py)
 
 Kubernetes stops a pod with SIGTERM to PID 1 (the worker: the image's command is `hpolab` itself), so
 an evicted or deleted worker stops gracefully like Ctrl-C; terminationGracePeriodSeconds gives a
@@ -40,8 +41,9 @@ def check_options(o: K8sOptions) -> None:
 
 
 def _worker_env(o: K8sOptions) -> list[dict[str, Any]]:
+    # The credentials are optional for a server without a login; --with-stores' server has one.
     return [*[secret_env(o.secret, k) for k in STORE_KEYS],
-            *[secret_env(o.secret, k, optional=True) for k in OPTIONAL_KEYS],
+            *[secret_env(o.secret, k, optional=not o.with_stores) for k in OPTIONAL_KEYS],
             {"name": "HPOLAB_K8S_POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "HPOLAB_K8S_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
             {"name": "PYTHONUNBUFFERED", "value": "1"}]
@@ -115,12 +117,24 @@ def write_manifests(out: Path, study: str, command: WorkerCommand, o: K8sOptions
     return paths
 
 
+def _secret_step(out: Path, o: K8sOptions) -> list[str]:
+    create = f"kubectl -n {o.namespace} create secret generic {o.secret} --from-env-file="
+    if not o.with_stores:
+        return [f"1. the stores' URLs go in Secret {o.secret} (keys {', '.join(STORE_KEYS)}; MLFLOW_TRACKING_USERNAME/PASSWORD",
+                "   if the MLflow server has a login), from a file, not a command line:",
+                f"   {create}stores.env"]
+    from hpolab.launch.k8s_secret import write_stores_env
+
+    path, new = write_stores_env(out)
+    said = "wrote it with generated passwords" if new else "kept it: the stores were created with its passwords"
+    return [f"1. the Secret {o.secret}: {path} ({said}; mode 600, ignored by git; keep it private):",
+            f"   {create}{path}"]
+
+
 def next_steps(paths: list[Path], study: str, o: K8sOptions) -> str:
-    keys = ", ".join([*STORE_KEYS, *(("POSTGRES_PASSWORD", "MLFLOW_BACKEND_STORE_URI") if o.with_stores else ())])
     return "\n".join([
         f"wrote {', '.join(str(p) for p in paths)}",
-        f"1. the stores' URLs go in Secret {o.secret} (keys {keys}; optional MLFLOW_TRACKING_USERNAME/PASSWORD),",
-        f"   from a file, not a command line: kubectl -n {o.namespace} create secret generic {o.secret} --from-env-file=stores.env",
+        *_secret_step(paths[0].parent, o),
         f"2. kubectl create namespace {o.namespace}  (once), then: kubectl apply -f {paths[0].parent}",
         f"3. follow: kubectl -n {o.namespace} get pods -l hpolab.dev/study={job_name(study)}; "
         f"kubectl -n {o.namespace} logs -f job/{job_name(study)}; hpolab study status {study} (with the same stores)",

@@ -43,8 +43,9 @@ def labels(component: str, study: str | None = None) -> dict[str, str]:
     return out
 
 
-def secret_env(secret: str, key: str, optional: bool = False) -> dict[str, Any]:
+def secret_env(secret: str, key: str, optional: bool = False, name: str | None = None) -> dict[str, Any]:
+    """Env var `name` (default: the key's own name) from the Secret's `key`."""
     ref: dict[str, Any] = {"name": secret, "key": key}
     if optional:
         ref["optional"] = True
-    return {"name": key, "valueFrom": {"secretKeyRef": ref}}
+    return {"name": name or key, "valueFrom": {"secretKeyRef": ref}}
