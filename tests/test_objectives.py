@@ -213,3 +213,37 @@ def test_several_objectives_stop_when_trials_no_longer_join_the_front():
     assert streak == 0 and [t.number for t in on_front] == [1, 6]
     assert front_streak(trials, dirs, start=4)[0] == 2  # the ones before a raised budget shape the front only
     assert load_spec(PARETO, ["stop_after_no_improvement=6"]).stop_after_no_improvement.trials == 6
+
+
+def test_a_feasible_trial_dominated_only_by_an_infeasible_one_is_ranked_on_the_front():
+    # minimize both: X (infeasible) dominates F; H dominates G. The feasible front is F and H.
+    x, f, h, g = (_trial(0, [5.0, 0.0], constraints=[1.0]), _trial(1, [6.0, 1.0], constraints=[0.0]),
+                  _trial(2, [0.0, 10.0], constraints=[0.0]), _trial(3, [1.0, 11.0], constraints=[0.0]))
+    dirs = ["minimize", "minimize"]
+    assert [t.number for t in ranking.front([x, f, h, g], dirs)] == [1, 2]
+    assert ranking.top_k([x, f, h, g], 2, dirs) == [2, 1]  # the front (ties: the better first objective)
+    assert ranking.top_k([x, f, h, g], 4, dirs) == [2, 1, 3, 0]  # then the dominated, then the infeasible
+    assert ranking.top_k([g, h, f, x], 1, dirs) == [2]  # `enough` counts feasible trials only
+
+
+def test_one_objective_with_constraints_ranks_infeasible_trials_by_violation():
+    trials = [_trial(0, [0.1], constraints=[2.0]), _trial(1, [0.2], constraints=[1.0]),
+              _trial(2, [0.5], constraints=[0.0]), _trial(3, [0.3], constraints=[-1.0])]
+    assert ranking.top_k(trials, 4, "minimize") == [3, 2, 1, 0]  # feasible by value, then the smaller violation
+    assert ranking.best(trials, "minimize").number == 3
+    assert ranking.best(trials[:2], "minimize") is None  # no feasible trial: no best
+
+
+def test_the_knee_of_a_front_with_an_infinite_value_does_not_warn():
+    import math
+    import warnings
+
+    trials = [_trial(0, [math.inf, 1.0]), _trial(1, [1.0, 2.0]), _trial(2, [2.0, 0.5]), _trial(3, [0.5, math.inf])]
+    dirs = ["maximize", "minimize"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        on_front = ranking.front(trials, dirs)
+        assert [t.number for t in on_front] == [0, 2]
+        assert ranking.knee(on_front, dirs).number == 0  # an infinite accuracy at the cost of 0.5 ms more
+        assert ranking.front_marks(trials, dirs) == {0: "knee", 2: "yes"}
+        assert ranking.knee([trials[1], trials[3]], dirs).number == 1  # an infinite latency is the worst

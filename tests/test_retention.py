@@ -263,3 +263,25 @@ def test_retention_leaves_a_pending_retry_resumable_on_another_worker(store, tmp
     src = retry_source(study, w2, "keep", 3)
     assert src.tags["hpolab.resume_source"] == "artifact" and src.tags["hpolab.resumed_from"] == f"runs:/{runs[2]}/checkpoints/last.pt"
     assert torch.load(src.resume_from, weights_only=True)["epoch"] == 1
+
+
+@pytest.mark.slow
+def test_retention_keeps_the_files_of_a_front_trial_an_infeasible_one_dominates(store):
+    """Minimize val_a and val_b, val_c <= 0 (tests/fault_project/studies/fixed_point.yaml): trial 0
+    (infeasible) dominates trial 1; trial 2 dominates trial 3. The feasible front is trials 1 and 2:
+    top_k 2 keeps their models and best.pt (what `promote --pick` on either of them reads)."""
+    from conftest import FAULT_PROJECT
+
+    out = run_cli("--store", str(store), "study", "run", "studies/fixed_point.yaml", "log_models={top_k: 2}",
+                  "keep_checkpoints={top_k: 2}", cwd=FAULT_PROJECT, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    study = optuna.load_study(study_name="fixed-point", storage=f"sqlite:///{store / 'optuna.db'}")
+    assert [t.params["model.point"] for t in study.get_trials()] == ["x", "f", "h", "g"]
+    runs = {t.number: client.get_run(t.user_attrs["mlflow_run_id"]) for t in study.get_trials()}
+    live = {m.source_run_id for m in client.search_logged_models([runs[0].info.experiment_id])}
+    assert live == {runs[1].info.run_id, runs[2].info.run_id}
+    for n in (1, 2):
+        assert [a.path for a in client.list_artifacts(runs[n].info.run_id, "checkpoints")] == ["checkpoints/best.pt"]
+    for n in (0, 3):
+        assert client.list_artifacts(runs[n].info.run_id, "checkpoints") == []

@@ -1,14 +1,20 @@
 """Which trials are best: one place for one objective and for several.
 
-One objective: COMPLETE trials by value (the direction's way), ties to the earlier trial.
-Several: by Pareto rank (non-dominated sorting: the front is rank 0, the front of the rest rank 1,
-...), ties by the first objective, then the trial number. Either way, a trial that violates a
-constraint (Optuna's `trial.constraints`, > 0) ranks after every feasible one, and only feasible
-trials make the front -- as Optuna's own `best_trial`/`best_trials` do.
+Feasible trials first, ranked among themselves -- one objective: COMPLETE trials by value (the
+direction's way); several: by Pareto rank over the feasible trials only (non-dominated sorting: the
+front is rank 0, the front of the rest rank 1, ...), ties by the first objective, then the trial
+number. A trial that violates a constraint (Optuna's `trial.constraints`, > 0) ranks after every
+feasible one, by its total violation (then as above): an infeasible trial never pushes a feasible one
+off the front, and only feasible trials are "best" -- as Optuna's own `best_trial`/`best_trials` do.
 
 The "best" single trial of several objectives is the front's knee: the trial closest to the ideal
 point (every objective at its best on the front) once each objective is scaled to the front's
 range. `promote --pick` states another rule (registry/pick.py).
+
+Whether a new value improves on the best so far (the progress line, stop_after_no_improvement) is
+asked here too (`improves`). This module imports no Optuna (only numpy): `study list` and `study
+status` rank the rows they read with plain SQL through it. A trial is anything with `number`,
+`state` (a TrialState or its name), `values`, `system_attrs` and `constraints`.
 """
 
 from __future__ import annotations
@@ -16,10 +22,8 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import numpy as np
-from optuna.study import StudyDirection
-from optuna.trial import FrozenTrial, TrialState
 
-from hpolab.study.budget import IMPORTED
+from hpolab.stores.optuna_sql import IMPORTED
 
 
 def directions_of(study) -> list[str]:
@@ -28,22 +32,32 @@ def directions_of(study) -> list[str]:
 
 
 def _names(directions: str | Sequence) -> list[str]:
+    """Directions as names; Optuna's StudyDirection enum too (by its name: no Optuna import here)."""
     if isinstance(directions, str):
         return [directions]
-    return [d.name.lower() if isinstance(d, StudyDirection) else str(d) for d in directions]
+    return [str(getattr(d, "name", d)).lower() for d in directions]
 
 
-def feasible(t: FrozenTrial) -> bool:
+def _state(t) -> str:
+    return str(getattr(t.state, "name", t.state))
+
+
+def feasible(t) -> bool:
     return all(v <= 0 for v in (t.constraints or {}).values())
 
 
-def _complete(trials: Iterable[FrozenTrial], n: int) -> list[FrozenTrial]:
+def violation(t) -> float:
+    """How far a trial is from feasible: the sum of its positive constraint values (0: feasible)."""
+    return float(sum(v for v in (t.constraints or {}).values() if v > 0))
+
+
+def _complete(trials: Iterable, n: int) -> list:
     """This study's own COMPLETE trials (not those a warm start imported: history for the sampler only)."""
-    return [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None and len(t.values) == n
+    return [t for t in trials if _state(t) == "COMPLETE" and t.values is not None and len(t.values) == n
             and not t.system_attrs.get(IMPORTED)]
 
 
-def losses(trials: Sequence[FrozenTrial], directions: str | Sequence) -> np.ndarray:
+def losses(trials: Sequence, directions: str | Sequence) -> np.ndarray:
     """Objective values as losses (maximised ones negated): lower is better in every column."""
     signs = np.array([-1.0 if d == "maximize" else 1.0 for d in _names(directions)])
     return np.array([t.values for t in trials], dtype=float).reshape(len(trials), len(signs)) * signs
@@ -70,24 +84,31 @@ def pareto_ranks(loss: np.ndarray, enough: int | None = None) -> np.ndarray:
     return ranks
 
 
-def ranked(trials: Iterable[FrozenTrial], directions: str | Sequence, enough: int | None = None) -> list[FrozenTrial]:
+def ranked(trials: Iterable, directions: str | Sequence, enough: int | None = None) -> list:
     """COMPLETE trials, best first (module docstring); `enough`: only the first that many need be exact."""
     names = _names(directions)
     done = _complete(trials, len(names))
-    if not done:
-        return []
-    loss = losses(done, names)
-    rank = pareto_ranks(loss, enough) if len(names) > 1 else np.zeros(len(done))
-    order = sorted(range(len(done)), key=lambda i: (not feasible(done[i]), rank[i], loss[i, 0], done[i].number))
-    return [done[i] for i in order]
+    ok = [t for t in done if feasible(t)]
+    out = []
+    if ok:  # the feasible ones, ranked among themselves only (an infeasible trial dominates nobody)
+        loss = losses(ok, names)
+        rank = pareto_ranks(loss, enough) if len(names) > 1 else np.zeros(len(ok))
+        out = [ok[i] for i in sorted(range(len(ok)), key=lambda i: (rank[i], loss[i, 0], ok[i].number))]
+    if enough is not None and len(out) >= enough:
+        return out
+    bad = [t for t in done if not feasible(t)]
+    if bad:  # then the infeasible ones, the nearest to feasible first
+        loss = losses(bad, names)
+        out += [bad[i] for i in sorted(range(len(bad)), key=lambda i: (violation(bad[i]), loss[i, 0], bad[i].number))]
+    return out
 
 
-def top_k(trials: Iterable[FrozenTrial], k: int, directions: str | Sequence) -> list[int]:
+def top_k(trials: Iterable, k: int, directions: str | Sequence) -> list[int]:
     """Numbers of the k best COMPLETE trials."""
     return [t.number for t in ranked(trials, directions, enough=k)[:k]]
 
 
-def front(trials: Iterable[FrozenTrial], directions: str | Sequence) -> list[FrozenTrial]:
+def front(trials: Iterable, directions: str | Sequence) -> list:
     """The feasible COMPLETE trials no other feasible one dominates (by trial number)."""
     names = _names(directions)
     done = [t for t in _complete(trials, len(names)) if feasible(t)]
@@ -107,7 +128,7 @@ def front(trials: Iterable[FrozenTrial], directions: str | Sequence) -> list[Fro
     return sorted((done[i] for i in kept), key=lambda t: t.number)
 
 
-def front_marks(trials: Sequence[FrozenTrial], directions: str | Sequence) -> dict[int, str]:
+def front_marks(trials: Sequence, directions: str | Sequence) -> dict[int, str]:
     """Trial number -> "knee" or "yes" for the trials on the feasible front (the tables' `front` column)."""
     on_front = front(trials, directions)
     k = knee(on_front, directions)
@@ -121,20 +142,36 @@ def primary_direction(study, metric: str) -> str:
     return directions[names.index(metric)] if metric in names else directions[0]
 
 
-def knee(on_front: Sequence[FrozenTrial], directions: str | Sequence) -> FrozenTrial | None:
+def _scaled(loss: np.ndarray) -> np.ndarray:
+    """Each column of losses to [0, 1] over its range (0: the best). An infinite value has no range
+    to scale by: an infinitely good one (-inf loss) is 0 and every finite value of its column 1 (as
+    far as the range goes); an infinitely bad one is 1, the finite ones scaled among themselves."""
+    out = np.ones_like(loss)
+    for j in range(loss.shape[1]):
+        col = loss[:, j]
+        if np.isneginf(col).any():
+            out[:, j] = np.where(np.isneginf(col), 0.0, 1.0)
+            continue
+        finite = col[np.isfinite(col)]
+        if finite.size:
+            low, span = finite.min(), np.ptp(finite)
+            out[np.isfinite(col), j] = (finite - low) / (span if span > 0 else 1.0)
+    return out
+
+
+def knee(on_front: Sequence, directions: str | Sequence):
     """The front's trial nearest the ideal point, each objective scaled to the front's range."""
     if not on_front:
         return None
     loss = losses(on_front, directions)
-    low, span = loss.min(0), np.ptp(loss, 0)
-    scaled = (loss - low) / np.where(span > 0, span, 1.0)
+    scaled = _scaled(loss)
     distance = np.sqrt((scaled ** 2).sum(1)).round(12)
     # ties (a two-trial front is one): the better first objective, then the earlier trial -- whatever the order given
     i = min(range(len(on_front)), key=lambda i: (distance[i], loss[i, 0], on_front[i].number))
     return on_front[i]
 
 
-def best(trials: Iterable[FrozenTrial], directions: str | Sequence) -> FrozenTrial | None:
+def best(trials: Iterable, directions: str | Sequence):
     """The best feasible COMPLETE trial: by value for one objective, the knee for several."""
     names = _names(directions)
     if len(names) > 1:
@@ -143,7 +180,7 @@ def best(trials: Iterable[FrozenTrial], directions: str | Sequence) -> FrozenTri
     return top[0] if top and feasible(top[0]) else None
 
 
-def hypervolume(on_front: Sequence[FrozenTrial], directions: str | Sequence, reference: np.ndarray) -> float:
+def hypervolume(on_front: Sequence, directions: str | Sequence, reference: np.ndarray) -> float:
     """The objective-space volume the front dominates up to `reference` (losses, as losses() gives)."""
     from optuna._hypervolume import compute_hypervolume
 
@@ -154,7 +191,7 @@ def hypervolume(on_front: Sequence[FrozenTrial], directions: str | Sequence, ref
     return float(compute_hypervolume(inside, reference)) if len(inside) else 0.0
 
 
-def hypervolume_history(trials: Sequence[FrozenTrial], directions: str | Sequence) -> list[tuple[int, float]]:
+def hypervolume_history(trials: Sequence, directions: str | Sequence) -> list[tuple[int, float]]:
     """(trial number, hypervolume of the feasible front so far) after each COMPLETE trial; the
     reference point is the worst value of each objective over all of them, pushed 10% out."""
     names = _names(directions)
