@@ -7,8 +7,10 @@ study (or another worker) reuses it instead of re-running it, and the search-spa
 
 Once per study: the test runs under the study's budget lock (stores/budget_lock.py), and the study
 is read again once the lock is held, so of several workers started together one runs the test and
-the others wait for it and read its result. A second Ctrl-C/SIGTERM kills the test; nothing is
-recorded and the next run starts it again (the driver exits 130/143 like any interrupted run).
+the others wait for it and read its result. Where no lock can be taken (the gRPC storage proxy) the
+workers queue with claim trials instead (lr_claim.py): the first live claim runs the test, the others
+wait for its result and take over when its holder is gone. A second Ctrl-C/SIGTERM kills the test;
+nothing is recorded and the next run starts it again (the driver exits 130/143 like any interrupted run).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from hpolab.errors import StudyError
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.budget_lock import budget_lock
 from hpolab.stores.paths import Stores
+from hpolab.study.lr_claim import LRTestClaim
 from hpolab.study.runner import TrialRunner, spawn_with_lifeline
 
 
@@ -38,12 +41,13 @@ LR_TEST_LOCK_TIMEOUT = float(os.environ.get("HPOLAB_LR_TEST_LOCK_TIMEOUT", "3600
 
 
 def _run_child(spec: StudySpec, out_dir: Path, runner: TrialRunner, project_dir: Path,
-               note: Callable[[str], None], aborting: Callable[[], bool]) -> tuple[str, dict[str, Any]] | None:
+               note: Callable[[str], None], aborting: Callable[[], bool],
+               tick: Callable[[], None] = lambda: None) -> tuple[str, dict[str, Any]] | None:
     """Run the test in a child process; its one message, ("done" | "fail", info), or None when a
-    second Ctrl-C/SIGTERM stopped it."""
+    second Ctrl-C/SIGTERM stopped it. `tick` is called about every second while it runs (a claim's beat)."""
     from hpolab.study import lr_range as lr_find  # lazily: it pulls in torch; only a study with the test needs it
 
-    job = lr_find.make_job(spec, out_dir, project_dir=project_dir, threads=os.cpu_count() or 1,
+    job = lr_find.make_job(spec, out_dir, project_dir=project_dir, threads=runner.cpus(),
                            cuda_device=runner.devices_for(runner.least_used_gpu([])))
     note("running the LR range test before the first trial ...")
     try:
@@ -55,6 +59,7 @@ def _run_child(spec: StudySpec, out_dir: Path, runner: TrialRunner, project_dir:
         raise StudyError(f"could not start the LR range test process: {type(e).__name__}: {e}") from None
     msg = None
     while msg is None:
+        tick()
         try:
             if conn.poll(1.0):
                 msg = conn.recv()
@@ -80,21 +85,47 @@ def ensure_lr_range_test(spec: StudySpec, study: optuna.Study, stores: Stores, r
     the study, so a resumed study (or another worker) reuses it instead of re-running it."""
     if not spec.lr_range_test.enabled or study.user_attrs.get("lr_range_test"):
         return
+    args = (spec, study, stores, runner, project_dir, client, experiment_id, parent_run_id, note, aborting)
     storage = getattr(study._storage, "_backend", study._storage)  # the RDBStorage under Optuna's cache: it has the engine
-    with budget_lock(storage, spec.name, timeout=LR_TEST_LOCK_TIMEOUT):
-        if study.user_attrs.get("lr_range_test"):  # another worker ran it while we waited for the lock
-            note("using the LR range test another worker ran for this study")
+    with budget_lock(storage, spec.name, timeout=LR_TEST_LOCK_TIMEOUT) as locked:
+        if locked:
+            if study.user_attrs.get("lr_range_test"):  # another worker ran it while we waited for the lock
+                note("using the LR range test another worker ran for this study")
+                return
+            _run_and_record(*args)
             return
-        _run_and_record(spec, study, stores, runner, project_dir, client, experiment_id, parent_run_id, note, aborting)
+    _run_by_claim(study, note, aborting, args)  # no lock through this storage (the gRPC proxy): queue with a claim trial
+
+
+def _run_by_claim(study: optuna.Study, note: Callable[[str], None], aborting: Callable[[], bool], args: tuple) -> None:
+    """Take a claim ticket (lr_claim.py); run the test (`_run_and_record(*args)`) when it is first,
+    else use the result the worker ahead recorded. The ticket is ended however this returns, so the
+    next one goes on."""
+    recorded = lambda: bool(study.user_attrs.get("lr_range_test"))  # noqa: E731
+    claim = LRTestClaim(study)
+    number = claim.take()
+    ended = "interrupted"
+    try:
+        if not claim.wait_for_turn(recorded, LR_TEST_LOCK_TIMEOUT, aborting):
+            if recorded():
+                note("using the LR range test another worker ran for this study")
+                ended = "used another worker's result"
+            return
+        note(f"this worker runs the study's LR range test (claim trial {number})")
+        ended = "failed"
+        _run_and_record(*args, tick=claim.beat)
+        ended = "recorded" if recorded() else "stopped without a result"
+    finally:
+        claim.end(ended)
 
 
 def _run_and_record(spec: StudySpec, study: optuna.Study, stores: Stores, runner: TrialRunner, project_dir: Path,
                     client, experiment_id: str, parent_run_id: str,
-                    note: Callable[[str], None], aborting: Callable[[], bool]) -> None:
+                    note: Callable[[str], None], aborting: Callable[[], bool], tick: Callable[[], None] = lambda: None) -> None:
     from hpolab.study import lr_range as lr_find  # lazily: it pulls in torch; only a study with the test needs it
 
     out_dir = lr_find.default_out_dir(stores, spec)
-    msg = _run_child(spec, out_dir, runner, project_dir, note, aborting)
+    msg = _run_child(spec, out_dir, runner, project_dir, note, aborting, tick)
     if msg is None:
         note("LR range test stopped; it runs again on the next run")
         return
@@ -102,6 +133,9 @@ def _run_and_record(spec: StudySpec, study: optuna.Study, stores: Stores, runner
     if kind == "fail":
         raise StudyError(f"the LR range test failed: {info['reason']}")
     result = lr_find.LRRangeResult.from_dict(info["result"])
+    if study.user_attrs.get("lr_range_test"):  # a claim taken over from this stalled worker: the first result stands
+        note("another worker recorded the study's LR range test meanwhile; using its result")
+        return
     run_id = lr_find.log_to_mlflow(client, experiment_id, parent_run_id, result, out_dir, {"optuna.study": spec.name})
     note(info["summary"])
     attr = lr_find.study_user_attr(result, run_id)
