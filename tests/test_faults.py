@@ -180,3 +180,21 @@ def test_reproduce_of_a_pruned_trial_matches(store):
     out = run_cli("--store", str(store), "reproduce", t.user_attrs["mlflow_run_id"], cwd=PROJECT)
     assert "reproduced: identical" in out.stdout, out.stdout
     _check_clean(store)
+
+
+@pytest.mark.slow
+def test_interrupts_past_max_interrupts_are_not_retried(store):
+    """max_interrupts=0: a SIGTERMed trial ends FAIL without a retry copy, its run says why, and
+    `study check` does not ask for the retry the bound refused."""
+    args = ["n_trials=1", "parallel=1", "trainer.max_epochs=8", "model.sleep=0.03", "log_models=none", "max_interrupts=0"]
+    driver = _start(store, *args)
+    _wait_for_checkpoints(store, 1)
+    driver.send_signal(signal.SIGTERM)
+    out, _ = driver.communicate(timeout=60)
+    assert driver.returncode == 143, out
+    assert "not retried (max_interrupts=0 reached" in out
+    client, study = _open(store)
+    (t,) = study.get_trials()
+    assert t.state == TrialState.FAIL
+    assert "not retried (max_interrupts=0 reached" in _run(t, client).data.tags["hpolab.fail_reason"]
+    _check_clean(store)

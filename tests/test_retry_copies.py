@@ -86,3 +86,31 @@ def test_a_repair_that_reaps_the_copy_is_named_as_its_reaper(store):
     assert f"repaired: trial {t.number}: marked FAIL" in out.stdout, out.stdout + out.stderr
     reason = lost_reason(study._storage, SimpleNamespace(trial=SimpleNamespace(_trial_id=t._trial_id)))
     assert "hpolab study check --repair" in reason and f"pid {os.getpid()}:" not in reason, reason
+
+
+# ---------------------------------------------------------------- interrupts are retried, up to max_interrupts
+
+
+def _interrupt_and_retry(study: optuna.Study, retry: RetryCopy, kind: str) -> int | None:
+    """Run the next trial (a WAITING copy first, as the driver's ask() does), end it for `kind`."""
+    from optuna.distributions import FloatDistribution
+
+    t = study.ask({"x": FloatDistribution(0, 1)})
+    study.tell(t, state=TrialState.FAIL)
+    return retry(study, study.trials[t.number], kind=kind)
+
+
+def test_interrupt_retries_are_bounded_by_max_interrupts():
+    """A configuration that keeps losing its driver (say it takes the machine down) is not retried
+    forever: its interrupts have their own bound, apart from max_retries, and the refusal says which."""
+    from hpolab.config.spec import StudySpec
+
+    assert StudySpec.model_fields["max_interrupts"].default == 10
+    study = optuna.create_study()
+    retry = RetryCopy(1, max_interrupts=3)
+    for kind in ("interrupted", "stale", "oom", "driver"):  # 3 interrupts (and 1 own failure, of max_retries=1)
+        assert _interrupt_and_retry(study, retry, kind) is not None, kind
+    assert _interrupt_and_retry(study, retry, "owner_gone") is None  # the 4th interrupt of the chain
+    assert retry.refusal("owner_gone") == "not retried (max_interrupts=3 reached: interrupted or its driver lost that many times)"
+    assert retry.refusal("oom") == "not retried (max_retries=1 reached)"
+    assert len(study.trials) == 5 and study.trials[-1].system_attrs["retry_history"] == [0, 1, 2, 3]

@@ -22,7 +22,7 @@ from hpolab.study.heartbeat import REAPED, why_dead
 from hpolab.stores.optuna_storage import GRACE_PERIOD
 from hpolab.stores.run_roles import is_trial_run
 from hpolab.study.owners import describe, heartbeat_age, owner_gone, owner_of, owner_record, this_host
-from hpolab.study.retry import RetryCopy
+from hpolab.study.retry import MAX_INTERRUPTS, RetryCopy, chain_kinds, interrupts_used
 
 MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
 # Attempts that did not fail by their own doing: they are queued to resume (a retry copy).
@@ -41,7 +41,15 @@ class Problem:
         return {"trial": self.trial, "what": self.what, "fix": self.fix, "repairable": self.repair is not None}
 
 
-UNLIMITED = 10**9  # a repair's retry copy: interrupts never use up max_retries
+UNLIMITED = 10**9  # a repair's retry copy: interrupts never use up max_retries (max_interrupts bounds them)
+
+
+def _retry(s: Study) -> RetryCopy:
+    """The retry copies a repair queues: bounded by the study's max_interrupts (its parent run's param;
+    the default for a study recorded before there was one)."""
+    parent = s.runs.get(s.parent_id) if s.parent_id else None
+    value = parent.data.params.get("max_interrupts", "") if parent is not None else ""
+    return RetryCopy(UNLIMITED, int(value) if value.isdigit() else MAX_INTERRUPTS)
 
 
 def _tags_fix(s: Study, run_id: str, tags: dict[str, str], what: str) -> Callable[[], str]:
@@ -90,13 +98,16 @@ def _reap(s: Study, t: FrozenTrial, kind: str, reason: str) -> str:
             return "it had already finished"
     except UpdateFinishedTrialError:
         return "it had already finished"
-    copy = RetryCopy(UNLIMITED)(s.study, s.storage.get_trial(t._trial_id), kind=kind)
+    retry = _retry(s)
+    copy = retry(s.study, s.storage.get_trial(t._trial_id), kind=kind)
+    retried = f"retried as trial {copy}" if copy is not None else retry.refusal(kind)
     run_id = t.user_attrs.get("mlflow_run_id")
     if run_id in s.runs:
-        set_tags(s, run_id, {"hpolab.state": "FAIL", "hpolab.fail_kind": kind, "hpolab.retried_as_trial": str(copy),
-                                       "hpolab.fail_reason": f"{reason}; retried as trial {copy} {BY_CHECK}"})
+        set_tags(s, run_id, {"hpolab.state": "FAIL", "hpolab.fail_kind": kind, "hpolab.fail_reason": f"{reason}; {retried} {BY_CHECK}",
+                             **({"hpolab.retried_as_trial": str(copy)} if copy is not None else {})})
         s.client.set_terminated(run_id, status="FAILED")
-    return f"marked FAIL, queued to resume as trial {copy}" + (f", closed run {run_id} FAILED" if run_id in s.runs else "")
+    done = f"queued to resume as trial {copy}" if copy is not None else retry.refusal(kind)
+    return f"marked FAIL, {done}" + (f", closed run {run_id} FAILED" if run_id in s.runs else "")
 
 
 # ---------------------------------------------------------------- one trial and its run
@@ -157,7 +168,8 @@ def _state_problems(s: Study, t: FrozenTrial, run) -> list[Problem]:
         out.append(Problem(t.number, f"FAIL, but its run {run_id} has no hpolab.fail_reason", "set hpolab.fail_reason (unknown)",
                            _tags_fix(s, run_id, {"hpolab.fail_reason": f"unknown {BY_CHECK}"}, "set hpolab.fail_reason")))
     kind = tags.get("hpolab.fail_kind") or t.system_attrs.get("hpolab.fail_kind")
-    if t.state == TrialState.FAIL and kind in INTERRUPT_KINDS and t.number not in _retried(s):
+    if (t.state == TrialState.FAIL and kind in INTERRUPT_KINDS and t.number not in _retried(s)
+            and interrupts_used(chain_kinds(t, kind)) <= _retry(s).max_interrupts):  # (past it: not retried on purpose)
         out.append(Problem(t.number, f"interrupted ({kind}) but not queued to resume",
                            "queue a retry copy that resumes it from its last checkpoint (the next `study run` runs it)",
                            lambda: _requeue(s, t, kind, run_id)))
@@ -165,7 +177,9 @@ def _state_problems(s: Study, t: FrozenTrial, run) -> list[Problem]:
 
 
 def _requeue(s: Study, t: FrozenTrial, kind: str, run_id: str) -> str:
-    copy = RetryCopy(UNLIMITED)(s.study, t, kind=kind)
+    copy = _retry(s)(s.study, t, kind=kind)
+    if copy is None:
+        return _retry(s).refusal(kind)
     set_tags(s, run_id, {"hpolab.retried_as_trial": str(copy)})
     return f"queued to resume as trial {copy}"
 

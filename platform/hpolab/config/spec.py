@@ -135,7 +135,8 @@ class StudySpec(_Frozen):
     timeout: float | None = Field(default=None, gt=0)  # seconds for this driver's session
     trial_timeout: float | None = Field(default=None, gt=0)  # seconds per trial, then FAIL
     parallel: int = Field(default=1, ge=1)
-    max_retries: int = Field(default=1, ge=0)  # retries of a trial whose driver died, interrupted, OOM or timed out
+    max_retries: int = Field(default=1, ge=0)  # retries after a trial's own failure (OOM, trial_timeout)
+    max_interrupts: int = Field(default=10, ge=0)  # retries after interrupts, dead drivers, reaps (per configuration)
     max_failures: int | None = Field(default=5, ge=1)  # stop after this many failed trials in a row (null: never)
     seed: int = 0
     sampler: Named = Named(type="tpe")

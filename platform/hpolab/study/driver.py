@@ -111,7 +111,7 @@ class Driver:
         self.signals = StopSignals(self.progress.note)  # first Ctrl-C/SIGTERM: graceful; second: now
         self.draining = False  # study timeout or failure limit: start nothing new; running trials finish
         self.streak = FailureStreak(spec.max_failures)
-        self.retry = RetryCopy(spec.max_retries)
+        self.retry = RetryCopy(spec.max_retries, spec.max_interrupts)
         self.parent_run_id: str | None = None
         self.env_tags: dict[str, str] = {}
         self.runner = runner or runner_for(spec, self.project_dir)  # (the CLI starts its forkserver early)

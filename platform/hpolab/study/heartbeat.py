@@ -190,7 +190,7 @@ def reap_trial(study: optuna.Study, storage, t, why: tuple[str, str], retry: Ret
     except optuna.exceptions.UpdateFinishedTrialError:
         return  # another driver reaped (or its owner finished) it first
     copy = guard(retry, study, guard(storage.get_trial, t._trial_id), kind=kind)
-    reason += f"; retried as trial {copy}" if copy is not None else f"; not retried (max_retries={retry.max_retries} reached)"
+    reason += f"; retried as trial {copy}" if copy is not None else f"; {retry.refusal(kind)}"
     run_id = t.user_attrs.get("mlflow_run_id")
     if run_id:
         try:

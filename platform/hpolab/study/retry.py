@@ -4,7 +4,7 @@ Like Optuna's RetryHeartbeatStaleTrialCallback (same `failed_trial` / `retry_his
 attrs, so its helpers read ours), with three differences: the copy carries only the attrs listed in
 CARRIED_SYSTEM_ATTRS / CARRIED_USER_ATTRS (not the dead attempt's run, owner or reaped mark); it may
 carry trainer overrides for the next attempt (`hpolab.trainer_overrides`, e.g. the halved micro-batch after a CUDA OOM); and the caller learns
-the new trial's number (None when max_retries is spent). The next driver to ask() picks the copy up
+the new trial's number (None when max_retries or max_interrupts is spent). The next driver to ask() picks the copy up
 and resumes it from the latest checkpoint of its chain (retry_source): the dead attempt's last.pt
 in this worker's trial folder, or else the one it uploaded to its MLflow run's checkpoints/ (any
 worker: the attempt may have run on another machine).
@@ -12,7 +12,8 @@ worker: the attempt may have run on another machine).
 What consumes `max_retries`: only failures of the trial itself (a CUDA OOM, a trial_timeout). An
 interrupt (Ctrl-C, SIGTERM), a dead driver (its owner gone, or its heartbeats stale) and a trial
 reaped while its owner still ran it never do: the chain records why each attempt ended
-(`hpolab.retry_kinds`, parallel to `retry_history`) so the count can tell them apart.
+(`hpolab.retry_kinds`, parallel to `retry_history`) so the count can tell them apart. Those count
+against `max_interrupts` instead (default 10 per chain).
 """
 
 from __future__ import annotations
@@ -59,15 +60,34 @@ def retries_used(kinds: list[str | None]) -> int:
     return sum(1 for k in kinds if k not in FREE_KINDS)
 
 
+def interrupts_used(kinds: list[str | None]) -> int:
+    """How many attempts of a chain count against max_interrupts: those that ended for a FREE_KINDS reason."""
+    return sum(1 for k in kinds if k in FREE_KINDS)
+
+
+MAX_INTERRUPTS = 10  # the spec's default max_interrupts (config/spec.py), for callers without a spec
+
+
 class RetryCopy:
-    def __init__(self, max_retries: int):
+    """Queues the retry copy of a failed attempt, or refuses (None) once the chain has used up
+    `max_retries` (the trial's own failures) or `max_interrupts` (interrupts, dead drivers, reaps:
+    free of max_retries, but a configuration that keeps taking its driver down is not retried forever)."""
+
+    def __init__(self, max_retries: int, max_interrupts: int = MAX_INTERRUPTS):
         self.max_retries = max_retries
+        self.max_interrupts = max_interrupts
+
+    def refusal(self, kind: str) -> str:
+        """Why an attempt that ended for `kind` got no retry copy (the end of its fail reason)."""
+        if kind in FREE_KINDS:  # an interrupt adds nothing to max_retries: it was max_interrupts
+            return f"not retried (max_interrupts={self.max_interrupts} reached: interrupted or its driver lost that many times)"
+        return f"not retried (max_retries={self.max_retries} reached)"
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial, kind: str = "stale",
                  overrides: dict[str, Any] | None = None) -> int | None:
         history = [*trial.system_attrs.get("retry_history", []), trial.number]
         kinds = chain_kinds(trial, kind)
-        if retries_used(kinds) > self.max_retries:
+        if retries_used(kinds) > self.max_retries or interrupts_used(kinds) > self.max_interrupts:
             return None
         system_attrs = {k: v for k, v in trial.system_attrs.items() if k in CARRIED_SYSTEM_ATTRS}
         system_attrs.update({"failed_trial": history[0], "retry_history": history, KINDS: kinds, "hpolab.retry_kind": kind})

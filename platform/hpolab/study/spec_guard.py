@@ -12,7 +12,7 @@ Re-running with a different definition is refused (exit 2, nothing written) with
       unless `--allow-spec-change`; for the search space only when every value the study has
       already sampled still lies inside the new distribution (and Optuna can store it: same kind,
       same log scale, same categorical choices). Accepted changes are recorded as `spec-<n>.yaml`.
-Run controls never count (nor trainer placement knobs: PLACEMENT below): name, n_trials, timeout, trial_timeout, parallel, max_retries, enqueue,
+Run controls never count (nor trainer placement knobs: PLACEMENT below): name, n_trials, timeout, trial_timeout, parallel, max_retries, max_interrupts, enqueue,
 stop_after_no_improvement,
 log_models, keep_checkpoints, checkpoint_upload_every, storage_outage_grace.
 """
