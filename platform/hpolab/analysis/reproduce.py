@@ -2,7 +2,8 @@
 
 The run's `config.yaml` artifact is the complete resolved config (seed included), `env.*` tags
 say what it ran on and `hpolab.torch_threads` how many CPU threads it used (the order of float
-reductions depends on it). The retrained per-epoch metrics are compared with the run's history:
+reductions depends on it; replayed up to the CPUs available now, said when fewer). The retrained
+per-epoch metrics are compared with the run's history:
 same seed + same environment (+ `trainer.deterministic` on a GPU) => identical numbers. Nothing is
 written to the stores. Exit 0 when every compared value matches within --tolerance, 1 otherwise.
 """
@@ -92,7 +93,7 @@ def _retrain(config: dict, tags: dict[str, str], exp, epochs: int, console):
     if tags.get("hpolab.trainer_overrides"):
         console.print(f"  [yellow]note[/]: this attempt ran with {tags['hpolab.trainer_overrides']} (after a CUDA OOM); "
                       "epochs it carried over from an earlier attempt were trained without it")
-    torch.set_num_threads(int(tags.get("hpolab.torch_threads", "1")))
+    torch.set_num_threads(_threads(int(tags.get("hpolab.torch_threads", "1")), console))
     seed_everything(config["seed"], bool(trainer.get("deterministic", False)))  # as the trial process did
     data = exp.load_data(config["data"], config["seed"])
     model = exp.build_model(config["model"], data.input_shape, data.num_classes)
@@ -100,6 +101,20 @@ def _retrain(config: dict, tags: dict[str, str], exp, epochs: int, console):
         return fit(trainer_config(trainer), model, data, metric=config["metric"], direction=config["direction"],
                    seed=config["seed"], checkpoint_dir=ckpt, task=task_for(exp),
                    on_epoch=lambda epoch, _metrics: epoch >= epochs)
+
+
+def _threads(recorded: int, console) -> int:
+    """The run's thread count, but no more than the CPUs this process may use now (affinity mask,
+    cgroup quota): more threads than CPUs only contend. Said, since a different count can change
+    the float reduction order and so the last digits."""
+    from hpolab.train.cpus import available_cpus
+
+    cpus = available_cpus()
+    if recorded <= cpus:
+        return recorded
+    console.print(f"  [yellow]note[/]: the run ran with {recorded} CPU threads; {cpus} CPU{'s are' if cpus != 1 else ' is'} "
+                  f"available here: reproducing with {cpus} thread{'s' if cpus != 1 else ''} (the last digits may differ)")
+    return cpus
 
 
 def _compare_table(title: str, compared: tuple[str, ...], history: dict[str, dict[int, float]], result):

@@ -47,7 +47,7 @@ def _run_child(spec: StudySpec, out_dir: Path, runner: TrialRunner, project_dir:
     second Ctrl-C/SIGTERM stopped it. `tick` is called about every second while it runs (a claim's beat)."""
     from hpolab.study import lr_range as lr_find  # lazily: it pulls in torch; only a study with the test needs it
 
-    job = lr_find.make_job(spec, out_dir, project_dir=project_dir, threads=os.cpu_count() or 1,
+    job = lr_find.make_job(spec, out_dir, project_dir=project_dir, threads=runner.cpus(),
                            cuda_device=runner.devices_for(runner.least_used_gpu([])))
     note("running the LR range test before the first trial ...")
     try:

@@ -19,6 +19,7 @@ import optuna
 
 from hpolab.study import trial_forkserver
 from hpolab.study.gpus import physical_devices, trial_indices
+from hpolab.train.cpus import available_cpus
 
 
 @dataclass
@@ -136,8 +137,14 @@ class TrialRunner:
         a no-op when `study run` started it early for this spec (trial_forkserver.py)."""
         self._ctx = trial_forkserver.start(self.experiment_module, self.export_models)
 
+    def cpus(self) -> int:
+        """The CPUs this driver may use: its affinity mask capped by its cgroup's quota (train/cpus.py),
+        not the machine's cores (a Slurm task bound to 4 of 64, a container with a 4-CPU quota)."""
+        return available_cpus()
+
     def threads_per_trial(self) -> int:
-        return max(1, (os.cpu_count() or 1) // self.parallel)
+        """Torch threads of each trial: the driver's CPUs shared by the `parallel` trials."""
+        return max(1, self.cpus() // self.parallel)
 
     def gpu_count(self) -> int:
         if self._n_gpus is None:
