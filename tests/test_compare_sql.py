@@ -111,12 +111,14 @@ def test_it_falls_back_when_it_cannot_read_the_file(store):
     assert mlflow_sql.read_runs(store / "missing.db", "sq", None) is None and not (store / "missing.db").exists()
 
 
-def test_compare_imports_no_mlflow(store):
+@pytest.mark.parametrize("query", ["", "?timeout=30"])  # SQLAlchemy's connection options: the same file
+def test_compare_imports_no_mlflow(store, query):
     _store(store, "sq", ["maximize"])
-    code = ("import sys, runpy; sys.argv = ['hpolab', '--store', sys.argv[1], 'compare', 'sq', '--top', '2', '--format', 'csv']\n"
+    urls = [f"--storage=sqlite:///{store / 'optuna.db'}{query}", f"--tracking-uri=sqlite:///{store / 'mlflow.db'}{query}"]
+    code = ("import sys, runpy; sys.argv = ['hpolab', '--store', sys.argv[1], *sys.argv[2:], 'compare', 'sq', '--top', '2', '--format', 'csv']\n"
             "try:\n    runpy.run_module('hpolab.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
             "print('MLFLOW' if 'mlflow' in sys.modules else 'NO-MLFLOW')")
-    out = subprocess.run([sys.executable, "-c", code, str(store)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code, str(store), *urls], capture_output=True, text=True,
                          env=hpolab_env(), cwd=ROOT, check=True).stdout
     assert "0.95" in out and "inf" in out  # the two best: trial 2 (inf) and trial 1
     assert out.strip().endswith("NO-MLFLOW")

@@ -167,3 +167,16 @@ def test_the_rows_shown_of_a_large_study_are_its_own_feasible_best():
     shown = {r.number for r in shown_rows(rows, "maximize", 50)}
     assert _best_row(rows, "maximize") == (70, 0.89)
     assert shown == set(range(51, 71))  # the 20 best own, feasible trials (the 10 latest are among them)
+
+
+def test_a_sqlite_url_with_a_query_names_the_same_file(tmp_path):
+    """`--storage 'sqlite:///PATH?timeout=30'` (SQLAlchemy's query: connection options) is the file PATH:
+    `study list` and `study status` show what they show for `sqlite:///PATH`, and create no file."""
+    _, db = _store(tmp_path)
+    store = str(tmp_path / "store")
+    before = sorted(p.name for p in db.parent.iterdir())
+    for args in (("study", "list"), ("study", "status", "one-max")):
+        plain = run_cli("--store", store, "--storage", f"sqlite:///{db}", *args).stdout
+        queried = run_cli("--store", store, "--storage", f"sqlite:///{db}?timeout=30", *args).stdout
+        assert "one-max" in plain and queried.replace("?timeout=30", "").split() == plain.split()  # (a centred title)
+    assert sorted(p.name for p in db.parent.iterdir()) == before

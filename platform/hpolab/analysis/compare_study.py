@@ -10,14 +10,13 @@ from __future__ import annotations
 import datetime as dt
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
 
 from hpolab.study.objective_values import VALUES_ATTR
 from hpolab.study.ranking import primary_direction
-from hpolab.stores.paths import Stores
+from hpolab.stores.paths import Stores, sqlite_file
 
 # Metrics that are better when larger; anything else sorts ascending (losses, seconds, ...).
 HIGHER_IS_BETTER = ("acc", "f1", "auc", "precision", "recall", "score", "samples_per_second", "r2", "iou", "map")
@@ -243,7 +242,8 @@ def tracking_client(stores: Stores):
     from hpolab.stores.mlflow_runs import client_for
 
     uri = stores.tracking_uri
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+    db = sqlite_file(uri)
+    if db is not None and not db.exists():
         return None
     return client_for(stores)
 

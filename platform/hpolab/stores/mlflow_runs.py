@@ -9,14 +9,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any, Iterable
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
-from hpolab.stores.paths import Stores, redact
+from hpolab.stores.paths import Stores, redact, sqlite_file
 from hpolab.stores.run_roles import ROLE, TRIAL
 
 PARAM_BATCH = 100  # MLflow's log_batch limit for params
@@ -47,10 +46,8 @@ def _create_local_db(stores: Stores) -> None:
     (stores/db_templates.py): migrating a new DB costs seconds.
     """
     uri = stores.tracking_uri
-    if not (uri.startswith("sqlite:///") and stores.artifact_location):
-        return
-    db = Path(uri[len("sqlite:///"):])
-    if db.exists() or not db.parent.is_dir():  # a missing store folder stays an error of the caller's
+    db = sqlite_file(uri)
+    if db is None or not stores.artifact_location or db.exists() or not db.parent.is_dir():  # a missing store folder stays an error of the caller's
         return
     import mlflow
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 
 from hpolab.errors import StudyError, UserError
-from hpolab.stores.paths import Stores, redact
+from hpolab.stores.paths import Stores, redact, sqlite_file
 from hpolab.stores.preflight import OPTUNA_FIX, one_line, check_database, connect_args_for
 
 HEARTBEAT_INTERVAL = int(os.environ.get("HPOLAB_HEARTBEAT_INTERVAL", "10"))  # seconds between heartbeats
@@ -65,10 +64,8 @@ def make_storage(url: str, max_retries: int = 1) -> optuna.storages.BaseStorage:
 
 def _seed_sqlite(url: str) -> None:
     """A new embedded optuna.db starts as a copy of a migrated empty one (stores/db_templates.py)."""
-    if not url.startswith("sqlite:///"):
-        return
-    db = Path(url[len("sqlite:///"):])
-    if db.exists() or not db.parent.is_dir():
+    db = sqlite_file(url)
+    if db is None or db.exists() or not db.parent.is_dir():
         return
     from hpolab.stores.db_templates import seed_database
 
@@ -78,8 +75,9 @@ def _seed_sqlite(url: str) -> None:
 
 def load_study(name: str, stores: Stores) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if stores.optuna_url.startswith("sqlite:///") and not (stores.root / "optuna.db").exists() and "optuna.db" in stores.optuna_url:
-        raise UserError(f"no Optuna storage at {stores.root / 'optuna.db'}; run a study first, or pass --store DIR / --storage URL")
+    db = sqlite_file(stores.optuna_url)
+    if db is not None and not db.exists():  # reading must not create an embedded DB
+        raise UserError(f"no Optuna storage at {db}; run a study first, or pass --store DIR / --storage URL")
     storage = open_storage(stores.optuna_url)
     names = [s.study_name for s in storage.get_all_studies()]  # names only (summaries would read every trial)
     if name not in names:

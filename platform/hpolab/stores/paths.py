@@ -88,15 +88,30 @@ def resolve_stores(store: str | None = None, storage: str | None = None, trackin
     return Stores(root=root, optuna_url=optuna_url, tracking_uri=uri, artifact_location=artifact_root(uri))
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a `sqlite:///PATH[?QUERY]` URL, read as SQLAlchemy reads it: the path up
+    to "?", percent-decoded. The query (`?timeout=30`, `?check_same_thread=false`) tunes SQLAlchemy's
+    connections and names no other file, so it is dropped here; whoever opens the file for itself (the
+    plain-SQL readers, read-only) ignores it. None for any other URL, for `:memory:`, and for sqlite's
+    URI form (`sqlite:///file:PATH?mode=ro&uri=true`, whose "path" is itself a URI): those are opened
+    only through SQLAlchemy."""
+    if not url.startswith("sqlite:///"):
+        return None
+    from urllib.parse import parse_qs, unquote
+
+    path, _, query = url[len("sqlite:///"):].partition("?")
+    if path in ("", ":memory:") or parse_qs(query).get("uri", [""])[-1].lower() in ("true", "1"):
+        return None
+    return Path(unquote(path))
+
+
 def artifact_root(tracking_uri: str) -> str | None:
     """Artifacts of experiments we create on a SQLite tracking DB live in `artifacts/` beside that DB
     (the store's by default). Workers that share the DB (`--tracking-uri sqlite:///shared/mlflow.db`)
     but each keep their own `--store` then share the artifacts too: a retry on one worker can fetch the
     checkpoint another uploaded. None: a tracking server decides (its --artifacts-destination)."""
-    if not tracking_uri.startswith("sqlite:///"):
-        return None
-    db = Path(tracking_uri[len("sqlite:///"):]).resolve()
-    return (db.parent / "artifacts").as_uri()
+    db = sqlite_file(tracking_uri)
+    return (db.resolve().parent / "artifacts").as_uri() if db is not None else None
 
 
 def ensure_local(stores: Stores) -> None:

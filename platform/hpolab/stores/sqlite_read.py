@@ -8,10 +8,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+from hpolab.stores.paths import sqlite_file
+
 
 def sqlite_path(url: str) -> Path | None:
-    """The database file of a `sqlite:///PATH` URL; None for any other URL."""
-    return Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
+    """The database file of a `sqlite:///PATH[?QUERY]` URL (its query ignored); None for any other URL."""
+    return sqlite_file(url)
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from hpolab.errors import UserError
-from hpolab.stores.paths import Stores, redact
+from hpolab.stores.paths import Stores, redact, sqlite_file
 
 if TYPE_CHECKING:
     import optuna
@@ -50,7 +50,8 @@ def _storage_or_none(stores: Stores) -> optuna.storages.BaseStorage | None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = stores.optuna_url
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
+    db = sqlite_file(url)
+    if db is not None and not db.is_file():
         return None
     from hpolab.stores.optuna_storage import open_storage
 

@@ -18,11 +18,12 @@ def find_study_run(client, stores, spec) -> tuple[str, str | None]:
     there (and does not create an Optuna DB that does not exist yet).
     """
     from hpolab.stores import mlflow_runs as tr
+    from hpolab.stores.paths import sqlite_file
 
     experiment_id = tr.get_or_create_experiment(client, spec.name, stores)
     parent = None
-    url = stores.optuna_url
-    if not (url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file()):
+    url, db = stores.optuna_url, sqlite_file(stores.optuna_url)
+    if db is None or db.is_file():  # an embedded DB that does not exist holds no study (and is not created)
         import optuna
 
         try:
