@@ -1,8 +1,8 @@
 """Heartbeats of the running trials, and the reaper of trials whose driver stopped beating.
 
 Optuna's heartbeat marks a RUNNING trial as alive; a trial without one for GRACE_PERIOD seconds is
-stale (its driver was killed or its machine lost). A trial whose owner (owners.py) ran on this host
-and is gone is dead at once, without waiting for the grace period. The reaper fails dead trials,
+stale (its driver was killed or its machine lost). A trial whose owner (owners.py) ran on this host,
+in this PID namespace, and is gone is dead at once, without waiting for the grace period. The reaper fails dead trials,
 queues a WAITING retry copy (retry.py), and closes their MLflow runs so none stays RUNNING forever.
 
 A reaped trial is marked (system attr `hpolab.reaped`: who reaped it and why). Its owner may still be

@@ -1,11 +1,18 @@
 """Who runs a trial: the driver process that owns it, recorded on the Optuna trial.
 
-Each RUNNING trial carries the user attr `hpolab.owner` = {host, boot_id, pid, start_time, trial}:
+Each RUNNING trial carries the user attr `hpolab.owner` = {host, boot_id, pid_ns, pid, start_time, trial}:
 the driver's host name, the kernel's boot id, its pid and the process start time (field 22 of
 /proc/<pid>/stat, so a recycled pid is not mistaken for the owner). A driver on the same host can
 then tell at once that an owner is gone, instead of waiting for its heartbeats to go stale.
 `trial` is the trial number the record was written for: a retry copy that inherited its dead
 original's attrs is not mistaken for owned.
+
+`pid_ns` is the driver's PID namespace (the link /proc/self/ns/pid, e.g. "pid:[4026531836]"; None
+where there is none to read). Containers that share the host's name but not its PIDs (Kubernetes
+`hostNetwork`, `docker run --network host`) each number their processes from 1: a pid is only checked
+inside its own namespace; an owner in another one (or in an unknown one) is judged by its heartbeats,
+like an owner on another host. A record without `pid_ns` (written before it was recorded) is checked
+by pid, as it was then.
 """
 
 from __future__ import annotations
@@ -31,6 +38,14 @@ def _boot_id() -> str:
         return ""
 
 
+def _pid_namespace() -> str | None:
+    """This process's PID namespace, e.g. "pid:[4026531836]" (None where /proc/self/ns is absent)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
 def process_start_time(pid: int) -> str | None:
     """The start time of process `pid` (clock ticks since boot), or None if it is gone or a zombie."""
     try:
@@ -46,7 +61,7 @@ def process_start_time(pid: int) -> str | None:
 def owner_record(trial_number: int) -> dict[str, Any]:
     """This driver, as the owner of trial `trial_number`."""
     pid = os.getpid()
-    return {"host": this_host(), "boot_id": _boot_id(), "pid": pid,
+    return {"host": this_host(), "boot_id": _boot_id(), "pid_ns": _pid_namespace(), "pid": pid,
             "start_time": process_start_time(pid), "trial": trial_number}
 
 
@@ -59,12 +74,14 @@ def owner_of(trial) -> dict[str, Any] | None:
 
 
 def owner_gone(rec: dict[str, Any] | None) -> str | None:
-    """Why the owner is certainly gone (same host only), or None when it may be alive."""
+    """Why the owner is certainly gone (same host, same PID namespace only), or None when it may be alive."""
     if rec is None or rec.get("host") != this_host():
         return None  # another host: only its heartbeats can tell
     where = f"its driver (pid {rec.get('pid')} on {rec.get('host')})"
     if rec.get("boot_id") and _boot_id() and rec["boot_id"] != _boot_id():
         return f"{where} ran before this machine rebooted"
+    if "pid_ns" in rec and (rec["pid_ns"] is None or rec["pid_ns"] != _pid_namespace()):
+        return None  # its pid numbers another container's processes (or an unknown one's): only its heartbeats can tell
     if process_start_time(int(rec["pid"])) != rec.get("start_time"):
         return f"{where} is gone"
     return None
