@@ -126,7 +126,9 @@ def _add_result_commands(sub) -> None:
 
     p = _command(sub, "storage-proxy", "serve the Optuna storage (--storage) to many workers over gRPC")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on; the proxy has no login or TLS: "
-                   "keep 127.0.0.1 and reach it through an SSH tunnel, or use a private, firewalled address")
+                   "keep 127.0.0.1 and reach it through an SSH tunnel; another address needs the flag below")
+    p.add_argument("--allow-unauthenticated-remote", action="store_true",
+                   help="listen on a non-loopback --host: anyone who reaches the port can change every study (private, firewalled networks only)")
     p.add_argument("--port", type=int, default=13000)
 
     add_launch_parsers(sub, _command)
