@@ -125,10 +125,8 @@ def _add_result_commands(sub) -> None:
     p.add_argument("--format", default="table", choices=["table", "csv", "json", "markdown"])
 
     p = _command(sub, "storage-proxy", "serve the Optuna storage (--storage) to many workers over gRPC")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on; the proxy has no login or TLS: "
-                   "keep 127.0.0.1 and reach it through an SSH tunnel; another address needs the flag below")
-    p.add_argument("--allow-unauthenticated-remote", action="store_true",
-                   help="listen on a non-loopback --host: anyone who reaches the port can change every study (private, firewalled networks only)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback; the proxy has no login or TLS)")
+    p.add_argument("--allow-unauthenticated-remote", action="store_true", help="allow another --host: anyone who reaches it can change every study")
     p.add_argument("--port", type=int, default=13000)
 
     add_launch_parsers(sub, _command)
