@@ -7,7 +7,7 @@ is the only writer to the Optuna storage and to MLflow. It composes small parts:
     runner.py        trial processes forked from a warm forkserver, each with a lifeline and a GPU
     heartbeat.py     heartbeats of running trials; the reaper of stale ones
     tracker.py       the MLflow run of each trial (parent_run.py: the study's parent run)
-    uploads.py       one background thread: checkpoint uploads, models, run closes (bounded queue)
+    uploads.py       one background thread: checkpoint uploads, models, run closes (submit never blocks)
     retention.py     log_models / keep_checkpoints: which finished trials keep models and checkpoints
     events.py        a trial's messages and exit -> Optuna reports/state + its MLflow run
     lr_step.py       the LR range test, once, before the first trial

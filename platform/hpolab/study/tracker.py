@@ -4,8 +4,9 @@ The driver is the only writer to MLflow (trial processes never touch it). A tria
 params and config.yaml when it starts (on the loop: the run id is needed), its epochs as they arrive
 (after the child got its reply), and everything slower in the background, in order, on one upload
 thread (uploads.py): checkpoint uploads (at most every `checkpoint_upload_every` seconds, latest
-only), artifacts, the model (per `log_models`: the folder the trial process saved, child_export.py),
-the close, and retention (retention.py). The parent
+only), artifacts, the model (per `log_models`: the folder the trial process saved, child_export.py,
+waited for on a thread of its own, never on the upload thread), the close, and retention
+(retention.py). The parent
 run (one per study, shared by all its workers) is in parent_run.py.
 """
 
@@ -156,16 +157,25 @@ class TrialTracker:
                 model_info = None
         # A trial process that waits is told now whether to save its model (it does while the next
         # trial starts). Logging a model takes a while: on the upload thread, so the running trials'
-        # epochs (and pruning decisions) never wait behind it.
+        # epochs (and pruning decisions) never wait behind it. Its save can take long too (up to
+        # SAVE_WAIT_S): that wait has a thread of its own (uploads.after), so the upload thread
+        # serves the other trials' checkpoints meanwhile and queues the model and close when it is saved.
+        label = f"trial {r.number}: closing its run"
         child = answer_child(r.conn, r.lifeline, model_info is not None) if r.awaits_export else None
-        self.uploads.submit(f"trial {r.number}: closing its run", self._log_model_then_close, r, model_info, tags, state, child)
+        if child is None:
+            self.uploads.submit(label, self._log_model_then_close, r, model_info, tags, state, None)
+        else:
+            on_problem = lambda why: self.note(f"trial {r.number}: {why}")  # noqa: E731
+            self.uploads.after(label, lambda: receive_model(*child, on_problem=on_problem),
+                               self._log_model_then_close, r, model_info, tags, state)
         self._retain()
 
     def _log_model_then_close(self, r: Running, info: dict[str, Any] | None, tags: dict[str, str], state: TrialState,
-                              child: tuple | None = None) -> None:
+                              saved: str | None = None) -> None:
+        """`saved`: the model folder the trial process saved (None: export it here from the checkpoint)."""
         if info is not None:
             if r.model_tags is None:  # (a job retried after a store outage does not log the model twice)
-                r.model_tags = self._log_model(r, info, child)
+                r.model_tags = self._log_model(r, info, saved)
             tags.update(r.model_tags)
         if state in (TrialState.COMPLETE, TrialState.PRUNED):  # nothing resumes it (a FAIL may be retried)
             try:
@@ -180,10 +190,9 @@ class TrialTracker:
             self.mlflow_guard(tr.wait_until_closed, self.client, r.run_id, REAPER_CLOSE_WAIT)
         self.close_run(r.run_id, state, tags)
 
-    def _log_model(self, r: Running, info: dict[str, Any], child: tuple | None) -> dict[str, str]:
+    def _log_model(self, r: Running, info: dict[str, Any], saved: str | None) -> dict[str, str]:
         """Log the folder the trial process saved, or (a DDP trial, or its process could not) export
         the model here from its checkpoint. The tags to put on its run."""
-        saved = receive_model(*child, on_problem=lambda why: self.note(f"trial {r.number}: {why}")) if child else None
         try:
             if saved is not None:
                 return log_saved_model(saved, r.run_id)
@@ -203,6 +212,7 @@ class TrialTracker:
     def shutdown(self) -> None:
         """A last retention pass (trials other workers finished), then wait until every queued
         upload, model and close is done."""
+        self.uploads.settle()  # models still being saved are queued first: retention skips a run not yet closed
         try:
             self._retain()
         except Exception as e:  # e.g. the store is gone on the error path: still flush what is queued

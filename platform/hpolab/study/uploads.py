@@ -1,8 +1,14 @@
 """The driver's background writer: checkpoint uploads, model logging, run closes and retention.
 
 Nothing that can take seconds runs on the driver's loop (it answers every trial's epoch): one thread
-takes jobs from a bounded FIFO queue. One thread and FIFO order, so a run's uploads, its model and
-its close happen in the order they were queued (a run is never closed before its checkpoint lands).
+takes jobs from a FIFO queue. One thread and FIFO order, so a run's uploads, its model and its close
+happen in the order they were queued (a run is never closed before its checkpoint lands), and the
+driver stays the only writer to the stores (one writer at a time: SQLite stays safe).
+
+Nothing waits on that thread either: a job that needs something not there yet (the model a trial
+process is still saving, child_export.py) is queued by `after`, whose own thread waits for it and
+then queues the job. The upload thread meanwhile serves every other trial's uploads, and `submit`
+never blocks the driver's loop.
 
 Checkpoints are staged first: at the epoch message (before the driver replies, so the child cannot
 have written the next epoch yet) last.pt, and best.pt when it changed, are hard-linked into a staging
@@ -16,17 +22,16 @@ import os
 import queue
 import shutil
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 from hpolab.study.outage import passthrough
 
-# Jobs waiting at most. When full, submit() waits (the driver's loop blocks) rather than queueing
-# more: each job holds a staged checkpoint on disk and the model info in memory, so an unbounded
-# queue would let a slow artifact store fall arbitrarily behind (and a killed driver lose it all);
-# waiting is backpressure that keeps the lag to a few uploads.
-MAX_QUEUED = 4
+# The queue is unbounded: a full queue would make submit() block the driver's loop, and with it
+# every running trial's epochs (a trial waits for its reply). A slow artifact store therefore falls
+# behind instead; the driver says so once the backlog passes BACKLOG_NOTE jobs (each holds a staged
+# checkpoint on disk, hard links, so the cost is the store's lag, not disk or memory).
+BACKLOG_NOTE = 50
 
 
 class Uploader:
@@ -35,18 +40,48 @@ class Uploader:
         # Each job runs through `guard` (outage.py): while the tracking store's database is briefly
         # unreachable a job is retried, so a run's close is not lost to a restart.
         self.guard = guard or passthrough
-        self._queue: queue.Queue = queue.Queue(maxsize=MAX_QUEUED)
+        self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
-        self.waited_s = 0.0  # time the driver spent waiting for a free slot (for bench attribution)
+        self._start_lock = threading.Lock()  # submit() is called from `after`'s threads too: one upload thread
+        self._waiters: list[threading.Thread] = []  # `after`'s threads (the driver's loop only appends)
+        self._backlog_said = False
 
     def submit(self, label: str, fn: Callable[..., Any], *args: Any) -> None:
-        if self._thread is None:
-            # daemon: a driver that dies of an error still exits; close() is what flushes the queue
-            self._thread = threading.Thread(target=self._work, name="uploader", daemon=True)
-            self._thread.start()
-        t0 = time.monotonic()
+        """Queue a job; returns at once."""
+        with self._start_lock:
+            if self._thread is None:
+                # daemon: a driver that dies of an error still exits; close() is what flushes the queue
+                self._thread = threading.Thread(target=self._work, name="uploader", daemon=True)
+                self._thread.start()
         self._queue.put((label, fn, args))
-        self.waited_s += time.monotonic() - t0
+        backlog = self._queue.qsize()
+        if backlog >= BACKLOG_NOTE and not self._backlog_said:
+            self._backlog_said = True
+            self.note(f"uploads: {backlog} jobs waiting for the tracking store (it is slower than the trials)")
+        elif backlog < BACKLOG_NOTE // 2:
+            self._backlog_said = False
+
+    def after(self, label: str, wait: Callable[[], Any], fn: Callable[..., Any], *args: Any) -> None:
+        """Queue `fn(*args, wait())` once `wait()` returns, waiting on a thread of its own; returns at once.
+        The job keeps FIFO order from when it is queued: whatever was queued before `after` runs first."""
+        def wait_then_submit() -> None:
+            try:
+                value = wait()
+            except Exception as e:  # the job still runs (e.g. a run's close), without what it waited for
+                self.note(f"{label}: waiting failed: {type(e).__name__}: {e}")
+                value = None
+            self.submit(label, fn, *args, value)
+
+        self._waiters = [t for t in self._waiters if t.is_alive()]
+        t = threading.Thread(target=wait_then_submit, name=f"waiting: {label}", daemon=True)
+        self._waiters.append(t)
+        t.start()
+
+    def settle(self) -> None:
+        """Wait until every `after` has queued its job."""
+        for t in list(self._waiters):
+            t.join()
+        self._waiters = []
 
     def _work(self) -> None:
         while True:
@@ -63,12 +98,15 @@ class Uploader:
                 self._queue.task_done()
 
     def flush(self) -> None:
-        """Wait until every queued job is done."""
+        """Wait until every queued job (and every `after`'s) is done."""
+        self.settle()
         if self._thread is not None:
             self._queue.join()
 
     def close(self) -> None:
-        """Finish every queued job, then stop the thread (the driver's exit: normal, Ctrl-C, error)."""
+        """Finish every queued job (and every `after`'s), then stop the thread (the driver's exit:
+        normal, Ctrl-C, error)."""
+        self.settle()
         if self._thread is not None and self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
