@@ -136,3 +136,33 @@ def test_delete_refuses_unknown_studies_and_asks_before_deleting(two_studies, tm
     assert proc.returncode == 0, proc.stderr
     assert "[y/N]" in proc.stdout and "nothing deleted" in proc.stdout
     assert "sc-a" in run_cli("--store", str(store), "study", "list").stdout
+
+
+@pytest.mark.slow
+def test_delete_renames_an_experiment_already_deleted_and_warns_of_registered_versions(two_studies, tmp_path):
+    """The experiment was deleted in the MLflow UI first: `study delete` still frees its name (else the
+    next `study run` restores it, old runs and all, and their trial numbers collide with the new ones),
+    and says which registered versions have their source run in it."""
+    from mlflow import MlflowClient
+
+    store, a, _ = two_studies
+    store = copy_store(store, tmp_path / "store")
+    client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}", registry_uri=f"sqlite:///{store / 'mlflow.db'}")
+    old = client.get_experiment_by_name("sc-a")
+    run_id = client.search_runs([old.experiment_id], "tags.`hpolab.state` = 'COMPLETE'")[0].info.run_id
+    client.create_registered_model("sc-a-model")  # a version whose source run is a run of the study, as promote makes
+    client.create_model_version("sc-a-model", source=f"runs:/{run_id}/model", run_id=run_id)
+    client.delete_experiment(old.experiment_id)  # as the MLflow UI does
+
+    out = run_cli("--store", str(store), "study", "delete", "sc-a", "--yes")
+    assert client.get_experiment(old.experiment_id).lifecycle_stage == "deleted"
+    assert client.get_experiment(old.experiment_id).name.startswith("sc-a.deleted-")
+    warnings = [line for line in out.stderr.splitlines() if "sc-a-model" in line]
+    assert len(warnings) == 1 and "version 1" in warnings[0] and "warning" in warnings[0], out.stderr
+
+    run_cli("--store", str(store), "study", "run", str(a), *TINY)
+    new = client.get_experiment_by_name("sc-a")
+    assert new.experiment_id != old.experiment_id and new.lifecycle_stage == "active"
+    assert len(client.search_runs([new.experiment_id], "tags.`hpolab.role` = 'trial'")) == 2
+    checked = run_cli("--store", str(store), "study", "check", "sc-a", check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

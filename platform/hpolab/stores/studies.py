@@ -8,7 +8,6 @@ the store (trial checkpoints in trials/NAME/, LR range test outputs in lr-find/N
 from __future__ import annotations
 
 import shutil
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -221,6 +220,7 @@ def delete_study(name: str, stores: Stores) -> Deleted:
     n_trials = len(study.get_trials(deepcopy=False))
     parent = study.user_attrs.get("mlflow_parent_run_id")
 
+    from hpolab.stores.retired_experiments import retire_experiment
     # MLflow first: if it fails, the Optuna study is still there and the command can be re-run.
     from hpolab.stores.mlflow_runs import client_for
 
@@ -232,12 +232,9 @@ def delete_study(name: str, stores: Stores) -> Deleted:
         except Exception:
             exp = None
     exp_id = renamed = None
-    if exp is not None:
+    if exp is not None:  # renamed even when deleted already (in the UI): retired_experiments.py
         exp_id = exp.experiment_id
-        if exp.lifecycle_stage != "deleted":
-            renamed = f"{exp.name}.deleted-{time.strftime('%Y%m%d-%H%M%S')}"
-            client.rename_experiment(exp_id, renamed)
-            client.delete_experiment(exp_id)
+        renamed = retire_experiment(client, exp, name)
 
     optuna.delete_study(study_name=name, storage=storage)
     if name + COMPANION_SUFFIX in {s.study_name for s in storage.get_all_studies()}:
