@@ -5,13 +5,19 @@ No cluster runs here: what is checked is the manifests' shape, not a scheduler r
 from __future__ import annotations
 
 import shlex
+import shutil
+import subprocess
+import sys
 import urllib.parse
+from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, hpolab_env
 from hpolab.cli import main
+from hpolab.launch.k8s_parts import MLFLOW_PORT
+from services import free_port, wait_for_http
 
 kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (in the test extras)")
 K8S_VERSION = kv.latest_version()
@@ -171,3 +177,45 @@ def test_the_mlflow_server_runs_compose_login_with_generated_credentials_that_ar
     before = (out / "stores.env").read_text()
     assert main(argv) == 0
     assert (out / "stores.env").read_text() == before and "kept" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_k8s_mlflow_server_run_natively_answers_401_without_the_secret_credentials(tmp_path, monkeypatch, capsys, migrated_store):
+    """The Deployment's container as the kubelet would run it, on loopback: env from stores.env through the
+    secretKeyRefs, the ConfigMap's file and the volumes in temp folders, a SQLite copy for the backend."""
+    from test_compose import _status
+
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "k8s"
+    assert main(["launch", "k8s", "studies/digits_cnn.yaml", "--workers", "1", "--image", "hpolab:dev", "--with-stores",
+                 "--out", str(out)]) == 0
+    secret = dict(line.split("=", 1) for line in (out / "stores.env").read_text().splitlines() if line and line[0] != "#")
+    docs = list(yaml.safe_load_all((out / "stores.yaml").read_text()))
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    server = pod["containers"][0]
+    port = free_port()
+    native = {m["mountPath"]: str(tmp_path / m["name"]) for m in server["volumeMounts"]}
+    for path in native.values():
+        Path(path).mkdir()
+    for volume in pod["volumes"]:
+        if "configMap" in volume:
+            data = next(d["data"] for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == volume["configMap"]["name"])
+            for name, text in data.items():
+                (tmp_path / volume["name"] / name).write_text(text.replace("////mlflow-auth/", f"///{native['/mlflow-auth']}/"))
+    service = f"hpolab-mlflow:{MLFLOW_PORT}"
+    env = {e["name"]: e["value"] if "value" in e else secret[e["valueFrom"]["secretKeyRef"]["key"]] for e in server["env"]}
+    env = {k: v.replace("/etc/mlflow/", native["/etc/mlflow"] + "/").replace(service, f"127.0.0.1:{port}") for k, v in env.items()}
+    shutil.copy(migrated_store / "mlflow.db", tmp_path / "mlflow.db")
+    env["MLFLOW_BACKEND_STORE_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"  # not the cluster's PostgreSQL
+    cmd = [native.get(a, a) for a in server["command"]]
+    cmd[cmd.index("--host") + 1], cmd[cmd.index("--port") + 1] = "127.0.0.1", str(port)
+    proc = subprocess.Popen([str(Path(sys.executable).with_name(cmd[0])), *cmd[1:], "--workers", "1"],
+                            env={**hpolab_env(), **env}, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/health", proc)
+        url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=1"
+        assert _status(url) == 401
+        assert _status(url, secret["MLFLOW_TRACKING_USERNAME"], secret["MLFLOW_TRACKING_PASSWORD"]) == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
