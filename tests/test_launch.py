@@ -91,3 +91,21 @@ def test_scheduler_tags_name_the_slurm_job_and_node():
                                    "env.slurm_array_task_id": "1", "env.slurm_node": "gpu-07"}
     assert scheduler_tags({"JOB_COMPLETION_INDEX": "3"}) == {"env.k8s_job_completion_index": "3"}
     assert scheduler_tags({}) == {}
+
+
+def test_mlflow_credentials_from_dotenv_are_required_of_the_job_environment_not_written(capsys, tmp_path, monkeypatch):
+    """Stores and MLflow credentials from ./.env: the script names the variables the job environment
+    must hold (sbatch exports them; `launch slurm` passes them to sbatch), never their values."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("OPTUNA_STORAGE=postgresql+psycopg2://hpolab:c2Vj/cmV0+QQ==@db:5432/optuna\n"
+                                   "MLFLOW_TRACKING_URI=https://mlflow.example.com\n"
+                                   "MLFLOW_TRACKING_USERNAME=hpolab\nMLFLOW_TRACKING_PASSWORD=mlflow-Pa55\n")
+    code, script, err = _dry_run(capsys, "--workers", "2")
+    assert code == 0, err
+    assert "c2Vj" not in script and "mlflow-Pa55" not in script
+    for var in ("OPTUNA_STORAGE", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        assert f': "${{{var}:?' in script, (var, script)
+    assert "export MLFLOW_TRACKING_URI=https://mlflow.example.com" in script
+    # the follow-up names the stores (the one with a password by its variable), not ./mlruns
+    assert '--storage "$OPTUNA_STORAGE" --tracking-uri https://mlflow.example.com study status digits-cnn' in script
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import shlex
+import os
 from pathlib import Path
 
 from hpolab.errors import UserError
 
-from hpolab.launch.workers import (WorkerCommand, check_shared, hpolab_executable, launch_stores, prepare_stores,
-                                   spec_path_for_workers)
+from hpolab.launch.workers import (WorkerCommand, check_shared, follow_flags, hpolab_executable, launch_credentials,
+                                   launch_stores, prepare_stores, spec_path_for_workers)
 
 
 def add_launch_parsers(sub, command) -> None:
@@ -62,18 +62,19 @@ def cmd_launch_slurm(args) -> int:
     spec = load_spec(args.spec, args.overrides)  # a bad spec fails here, not in N array tasks
     stores = launch_stores(getattr(args, "store", None), getattr(args, "storage", None), getattr(args, "tracking_uri", None), cwd)
     check_shared(stores, args.single_node, "pass --single-node to keep every array task on one node")
-    script = slurm.render_script(spec.name, _worker_command(args, stores, cwd), stores, opts, cwd)
+    credentials = launch_credentials(cwd)
+    script = slurm.render_script(spec.name, _worker_command(args, stores, cwd), stores, opts, cwd, tuple(credentials))
     if args.dry_run:
         print(script, end="")
         return 0
     from hpolab.stores.preflight import check_stores
 
+    os.environ.update(credentials)  # this process's own checks log in to the MLflow server the jobs use
     check_stores(stores)  # a wrong or down store is said now, not in every array task's log
     prepare_stores(stores)
     record_code(stores, spec)  # a worker whose experiment module differs from this host's refuses to run
-    job_id = slurm.submit(script, spec.name, stores, opts, cwd)
-    store_flags = f" --store {shlex.quote(str(stores.root))}" if getattr(args, "store", None) else ""
-    print(slurm.follow_text(job_id, spec.name, opts, cwd, store_flags))
+    job_id = slurm.submit(script, spec.name, stores, opts, cwd, credentials)
+    print(slurm.follow_text(job_id, spec.name, opts, cwd, *follow_flags(stores, cwd)))
     return 0
 
 

@@ -6,9 +6,13 @@ it like Ctrl-C reaches `study run` -- no new trials, running ones stop after the
 resumed by the next launch. Trial processes ignore SIGTERM themselves; their driver ends them.
 
 Stores: URLs without a password are written into the script; a URL holding a password (and MLflow
-credentials) is passed only through sbatch's exported environment, so it is not stored in Slurm's
-copy of the script (`scontrol write batch_script`). The dry run therefore prints a script that
-expects those variables set when it is submitted.
+credentials, from the environment or ./.env) is passed only through sbatch's exported environment, so
+it is not stored in the script we keep nor in Slurm's copy of it (`scontrol write batch_script`). The
+environment, because that is how Slurm users expect a job to get its settings (`--export=ALL`,
+sbatch's default: the job starts with the submitting shell's variables); a file of secrets would have
+to sit on a filesystem every node mounts and outlive the job. The script names each variable it needs
+(`: "${VAR:?...}"`), so a job submitted without one stops at once saying which, instead of failing
+deep inside with HTTP 401; the dry run therefore prints a script that expects them set when submitted.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpolab.errors import UserError
-from hpolab.launch.workers import CREDENTIAL_VARS, WorkerCommand, has_secret
+from hpolab.launch.workers import WorkerCommand, follow_flags, has_secret
 from hpolab.stores.paths import Stores, redact
 
 TIME_FORMAT = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")  # sbatch --time: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
@@ -72,7 +76,7 @@ def _directives(name: str, o: SlurmOptions, cwd: Path) -> list[str]:
     return d
 
 
-def _store_lines(stores: Stores) -> list[str]:
+def _store_lines(stores: Stores, credentials: tuple[str, ...]) -> list[str]:
     lines = []
     for var, url in (("OPTUNA_STORAGE", stores.optuna_url), ("MLFLOW_TRACKING_URI", stores.tracking_uri)):
         if has_secret(url):
@@ -80,17 +84,21 @@ def _store_lines(stores: Stores) -> list[str]:
                          f'not in this script); it was {redact(url)}}}"')
         else:
             lines.append(f"export {var}={shlex.quote(url)}")
+    for var in credentials:  # MLflow's login: its value never enters the script
+        lines.append(f': "${{{var}:?{var} (a login to the MLflow server) is not set: export it before sbatch}}"')
     return lines
 
 
-def render_script(name: str, command: WorkerCommand, stores: Stores, o: SlurmOptions, cwd: Path) -> str:
-    """The sbatch script (text) for `o.workers` workers of study `name`."""
+def render_script(name: str, command: WorkerCommand, stores: Stores, o: SlurmOptions, cwd: Path,
+                  credentials: tuple[str, ...] = ()) -> str:
+    """The sbatch script (text) for `o.workers` workers of study `name`; `credentials`: the names of
+    the MLflow credential variables the jobs must get from their environment."""
     lines = ["#!/bin/bash",
              f"# hpolab launch slurm: {o.workers} worker(s) of study {name}, one per array task.",
-             "# Follow: squeue -j JOBID; sacct -j JOBID; hpolab study status " + shlex.quote(name),
+             f"# Follow: squeue -j JOBID; sacct -j JOBID; hpolab{follow_flags(stores, cwd)[0]} study status {shlex.quote(name)}",
              *[f"#SBATCH {d}" for d in _directives(name, o, cwd)],
              "set -euo pipefail",
-             *_store_lines(stores),
+             *_store_lines(stores, credentials),
              "export PYTHONUNBUFFERED=1  # the log shows progress as it happens",
              "# exec: the worker replaces this shell, so scancel's SIGTERM reaches it (a graceful stop:",
              "# running trials end as interrupted and resume on the next launch).",
@@ -98,8 +106,9 @@ def render_script(name: str, command: WorkerCommand, stores: Stores, o: SlurmOpt
     return "\n".join(lines) + "\n"
 
 
-def submit(script: str, name: str, stores: Stores, o: SlurmOptions, cwd: Path) -> str:
-    """Write the script under the log folder and submit it with `sbatch --parsable`: the job id."""
+def submit(script: str, name: str, stores: Stores, o: SlurmOptions, cwd: Path, credentials: dict[str, str]) -> str:
+    """Write the script under the log folder and submit it with `sbatch --parsable`: the job id. The
+    stores' URLs and `credentials` (MLflow's login) go in sbatch's environment, which the job gets."""
     sbatch = shutil.which("sbatch")
     if sbatch is None:
         raise UserError("sbatch not found on PATH: run this on a Slurm login/submit node (for a local test "
@@ -109,14 +118,14 @@ def submit(script: str, name: str, stores: Stores, o: SlurmOptions, cwd: Path) -
     path = log_dir / f"hpolab-{name}.sbatch"
     path.write_text(script)
     env = dict(os.environ, OPTUNA_STORAGE=stores.optuna_url, MLFLOW_TRACKING_URI=stores.tracking_uri)
-    env.update({k: os.environ[k] for k in CREDENTIAL_VARS if k in os.environ})
+    env.update(credentials)
     done = subprocess.run([sbatch, "--parsable", str(path)], env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise UserError(f"sbatch refused the job ({path}): {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout.strip().split(";")[0]  # "JOBID" or "JOBID;CLUSTER"
 
 
-def follow_text(job_id: str, name: str, o: SlurmOptions, cwd: Path, store_flags: str) -> str:
+def follow_text(job_id: str, name: str, o: SlurmOptions, cwd: Path, store_flags: str, notes: list[str]) -> str:
     logs = cwd / o.log_dir / f"hpolab-{name}-{job_id}_*.out"
     return "\n".join([
         f"submitted Slurm job {job_id}: {o.workers} worker(s) of study {name} (array 0-{o.workers - 1})",
@@ -125,5 +134,6 @@ def follow_text(job_id: str, name: str, o: SlurmOptions, cwd: Path, store_flags:
         f"  sacct -j {job_id} --format=JobID,State,ExitCode,NodeList",
         f"  tail -f {logs}",
         f"  hpolab{store_flags} study status {shlex.quote(name)}",
+        *[f"    ({n}: set it as the jobs got it{', e.g. set -a; . ./.env; set +a' if (cwd / '.env').is_file() else ''})" for n in notes],
         f"stop it: scancel {job_id}  (trials end as interrupted; launch again to continue the study)",
     ])

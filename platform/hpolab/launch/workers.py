@@ -1,7 +1,8 @@
 """What every launcher shares: the stores the workers use and the command line each one runs.
 
 Stores come from the flags, else the environment, else a `.env` file in the working directory
-(OPTUNA_STORAGE, MLFLOW_TRACKING_URI, HPOLAB_STORE). Workers on several machines cannot share a SQLite
+(OPTUNA_STORAGE, MLFLOW_TRACKING_URI, HPOLAB_STORE); MLflow's credentials from the environment, else
+`.env`. Workers on several machines cannot share a SQLite
 store or a local MLflow store: those are refused with the fix (a PostgreSQL --storage or a
 storage proxy, and an MLflow server) unless every worker runs on one node.
 """
@@ -51,6 +52,33 @@ def launch_stores(store: str | None, storage: str | None, tracking_uri: str | No
     return resolve_stores(store or os.environ.get("HPOLAB_STORE") or dotenv.get("HPOLAB_STORE"),
                           storage or os.environ.get("OPTUNA_STORAGE") or dotenv.get("OPTUNA_STORAGE"),
                           tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or dotenv.get("MLFLOW_TRACKING_URI"))
+
+
+def launch_credentials(cwd: Path | None = None) -> dict[str, str]:
+    """MLflow's credential variables the workers get: the environment's, else ./.env's (as the stores)."""
+    dotenv = read_dotenv((cwd or Path.cwd()) / ".env")
+    found = {k: os.environ.get(k) or dotenv.get(k) for k in CREDENTIAL_VARS}
+    return {k: v for k, v in found.items() if v}
+
+
+def follow_flags(stores: Stores, cwd: Path) -> tuple[str, list[str]]:
+    """The global flags that point a follow-up command (`hpolab study status`) at the workers' stores,
+    and a note for each URL holding a secret: the flag reads it as "$VAR" and the note shows it redacted,
+    so a printed command never holds a password."""
+    flags: list[str] = []
+    notes: list[str] = []
+    if stores.root != (cwd / "mlruns").resolve():
+        flags += ["--store", shlex.quote(str(stores.root))]
+    for flag, var, url, default in (("--storage", "OPTUNA_STORAGE", stores.optuna_url, f"sqlite:///{stores.root / 'optuna.db'}"),
+                                    ("--tracking-uri", "MLFLOW_TRACKING_URI", stores.tracking_uri, f"sqlite:///{stores.root / 'mlflow.db'}")):
+        if url == default:
+            continue
+        if has_secret(url):
+            flags += [flag, f'"${var}"']
+            notes.append(f"{var} is {redact(url)} with its password")
+        else:
+            flags += [flag, shlex.quote(url)]
+    return "".join(f" {f}" for f in flags), notes
 
 
 def node_local(url: str) -> bool:
