@@ -151,7 +151,8 @@ class TrialEvents:
         self.streak.record(state, copy is not None, tags.get("hpolab.fail_kind"), tags.get("hpolab.fail_reason"))
         self.tracker.finish(r, state, tags, model_info, upload_last=copy is not None)
         history = frozen.intermediate_values if frozen is not None else {}  # the line says best and last, like the table
-        self.progress.trial_finished(number, state.name, value if value is not None else r.last_value, tags.get("hpolab.fail_reason"), self.guard(trial_counts, self.study), history)
+        self.progress.trial_finished(number, state.name, value if value is not None else r.last_value, tags.get("hpolab.fail_reason"), self.guard(trial_counts, self.study), history,
+                                     trial=frozen)
 
     def _tell(self, r: Running, state: TrialState, value: float | None, tags: dict[str, str]) -> FrozenTrial | None:
         """Tell Optuna; the trial as Optuna has it afterwards (None when it cannot be read)."""

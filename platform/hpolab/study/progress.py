@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from hpolab.study import ranking
+
 
 class Progress:
     def __init__(self, spec, console: Console | None = None, quiet: bool = False):
@@ -49,17 +51,18 @@ class Progress:
         self.epochs[number] = epoch
 
     def trial_finished(self, number: int, state: str, value: float | None, reason: str | None, counts: dict[str, int],
-                       history: dict[int, float] | None = None) -> None:
-        """`value`: the trial's value (COMPLETE) or last reported one; `history`: its reported values by epoch."""
+                       history: dict[int, float] | None = None, trial=None) -> None:
+        """`value`: the trial's value (COMPLETE) or last reported one; `history`: its reported values by epoch;
+        `trial`: the trial as Optuna has it (its constraints: an infeasible trial is never the best)."""
         self.epochs.pop(number, None)
         values = ""
         if isinstance(value, list):  # several objectives: all shown; best/last are the pruning metric's
             names = [o.metric for o in self.spec.objective_list]
             values = "".join(f" {n}={fmt_value(v)}" for n, v in zip(names, value) if n != self.spec.metric)
             value = value[names.index(self.spec.metric)]
-        if state == "COMPLETE" and value is not None and not self.spec.is_multi_objective:
-            better = self.best is None or (value > self.best if self.spec.direction == "maximize" else value < self.best)
-            if better:
+        infeasible = trial is not None and not ranking.feasible(trial)
+        if state == "COMPLETE" and value is not None and not self.spec.is_multi_objective and not infeasible:
+            if ranking.improves(value, self.best, self.spec.direction):
                 self.best = value
         colour = {"COMPLETE": "green", "PRUNED": "yellow", "FAIL": "red"}[state]
         best, last = best_and_last(state, value, history, self.spec.direction == "maximize")
@@ -67,7 +70,7 @@ class Progress:
             best, last = (value, None) if state == "COMPLETE" else (None, value)
         shown = ([f"best={fmt_value(best)}"] if best is not None else []) + (
             [f"(last {fmt_value(last)})" if best is not None else f"last={fmt_value(last)}"] if last is not None else [])
-        val = (f" {self.spec.metric} {' '.join(shown)}" if shown else "") + values
+        val = (f" {self.spec.metric} {' '.join(shown)}" if shown else "") + values + (" (infeasible)" if infeasible else "")
         why = f" -- {escape(reason)}" if reason else ""
         running = ", ".join(f"#{n}@ep{e}" for n, e in sorted(self.epochs.items())) or "none"
         self._print(
@@ -103,8 +106,9 @@ class Progress:
         table.add_column("seconds", justify="right")
         trials = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
         reverse = spec.direction == "maximize"
-        complete = sorted((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.value, reverse=reverse)
-        others = [t for t in trials if t.state != TrialState.COMPLETE]
+        complete = ranking.ranked(trials, [spec.direction])  # (feasible first; a warm start's imported ones with the rest)
+        ranked_numbers = {t.number for t in complete}
+        others = [t for t in trials if t.number not in ranked_numbers]
         for t in complete + others:
             secs = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
             best, last = best_and_last(t.state.name, t.value, t.intermediate_values, reverse)
@@ -143,7 +147,7 @@ def best_and_last(state: str, value: float | None, history: dict[int, float] | N
         return value, last
     if not values:
         return None, None
-    return (max(values.values()) if maximize else min(values.values())), last
+    return ranking.best_value(values.values(), "maximize" if maximize else "minimize"), last
 
 
 def fmt_value(v: Any) -> str:

@@ -57,6 +57,22 @@ def _complete(trials: Iterable, n: int) -> list:
             and not t.system_attrs.get(IMPORTED)]
 
 
+def improves(value: float, than: float | None, direction: str, min_delta: float = 0.0) -> bool:
+    """Whether one objective's `value` beats `than` (None: nothing yet) by more than min_delta."""
+    if than is None:
+        return True
+    return value - than > min_delta if direction == "maximize" else than - value > min_delta
+
+
+def best_value(values: Iterable[float], direction: str) -> float | None:
+    """The best of some values of one objective (the first of equals); None when there are none."""
+    top = None
+    for v in values:
+        if improves(v, top, direction):
+            top = v
+    return top
+
+
 def losses(trials: Sequence, directions: str | Sequence) -> np.ndarray:
     """Objective values as losses (maximised ones negated): lower is better in every column."""
     signs = np.array([-1.0 if d == "maximize" else 1.0 for d in _names(directions)])

@@ -2,8 +2,9 @@
 
 Counted are the study's finished trials that produced a result, COMPLETE and PRUNED, in the order
 they finished (FAIL trials are neither an improvement nor a miss: failures are their own matter).
-A COMPLETE trial improves when its value beats the best value before it by more than `min_delta`;
-a PRUNED trial never does. With several objectives a trial improves when it joins the feasible
+A COMPLETE feasible trial improves when its value beats the best feasible value before it by more
+than `min_delta`; a PRUNED or infeasible one (a constraint violated) never does, and sets no best
+(ranking.py decides what beats what). With several objectives a trial improves when it joins the feasible
 Pareto front (no earlier trial on it is at least as good in every objective; min_delta must be 0). Once `trials` of them in a row did not improve, the study starts no new
 trial; running ones finish. The reason is recorded once: tag `hpolab.stop_reason` on the parent
 run, Optuna study user attr `hpolab.stop` ({reason, n_trials, results}).
@@ -22,21 +23,23 @@ from optuna.trial import TrialState
 
 from hpolab.config.spec import StudySpec
 from hpolab.study.budget import IMPORTED
+from hpolab.study.ranking import feasible, front, improves, losses
 from hpolab.stores import mlflow_runs as tr
 
 
 def no_improvement_streak(values: list[float | None], maximize: bool, min_delta: float, start: int = 0) -> tuple[int, int | None]:
     """(trials in a row without an improvement at the end of `values`, index of the best value).
 
-    `values`: results in finishing order, None for a pruned trial. Results before `start` set the
-    best value but are not counted in the streak.
+    `values`: results in finishing order, None for a pruned or infeasible trial (one_objective_results).
+    Results before `start` set the best value but are not counted in the streak.
     """
+    direction = "maximize" if maximize else "minimize"
     best: float | None = None
     best_at: int | None = None
     streak = 0
     for i, v in enumerate(values):
-        improved = v is not None and (best is None or (v - best > min_delta if maximize else best - v > min_delta))
-        if v is not None and (best is None or (v > best if maximize else v < best)):
+        improved = v is not None and improves(v, best, direction, min_delta)
+        if v is not None and improves(v, best, direction):
             best, best_at = v, i
         if improved:
             streak = 0
@@ -50,8 +53,6 @@ def front_streak(trials: list[optuna.trial.FrozenTrial], directions: list[str], 
     the front after all of them). A COMPLETE feasible trial improves when no trial on the front
     before it is at least as good in every objective (an equal point brings nothing); a PRUNED or
     infeasible one never does. Trials before `start` shape the front but are not counted."""
-    from hpolab.study.ranking import feasible, front, losses
-
     current: list = []
     streak = 0
     for i, t in enumerate(trials):
@@ -63,6 +64,11 @@ def front_streak(trials: list[optuna.trial.FrozenTrial], directions: list[str], 
         elif i >= start:
             streak += 1
     return streak, current
+
+
+def one_objective_results(trials: list[optuna.trial.FrozenTrial]) -> list[float | None]:
+    """What no_improvement_streak reads: a COMPLETE feasible trial's value, else None (a miss)."""
+    return [t.value if t.state == TrialState.COMPLETE and feasible(t) else None for t in trials]
 
 
 def results_in_order(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -99,8 +105,8 @@ class NoImprovementStop:
             held = f"the front: trials {', '.join(str(t.number) for t in on_front)}" if on_front else "no feasible trial yet"
             self.reason = f"stop_after_no_improvement: {streak} finished trials in a row did not join the Pareto front ({held})"
         else:
-            streak, best_at = no_improvement_streak([t.value if t.state == TrialState.COMPLETE else None for t in trials],
-                                                    self.spec.direction == "maximize", rule.min_delta, start)
+            streak, best_at = no_improvement_streak(one_objective_results(trials), self.spec.direction == "maximize",
+                                                    rule.min_delta, start)
             if streak < rule.trials:
                 return False
             best = trials[best_at] if best_at is not None else None
