@@ -14,7 +14,7 @@ from conftest import ROOT, hpolab_env, run_cli
 from hpolab.stores.optuna_sql import read_studies
 from hpolab.stores.paths import resolve_stores
 from hpolab.stores.studies import _rows_from_optuna, _rows_from_sql
-from hpolab.study.ranking import front
+from hpolab.study.ranking import best, front
 
 DIST = {"x": FloatDistribution(0, 1)}
 
@@ -56,15 +56,15 @@ def test_plain_sql_rows_equal_optunas(tmp_path, monkeypatch):
     monkeypatch.setenv("TZ", "Asia/Tokyo")  # Optuna stores UTC and shows local time: so must the SQL reader
     time.tzset()
     try:
-        sql = _rows_from_sql(stores, read_studies(db), front)
-        assert sql == _rows_from_optuna(stores, front)
+        sql = _rows_from_sql(stores, read_studies(db), front, best)
+        assert sql == _rows_from_optuna(stores, front, best)
     finally:
         monkeypatch.undo()
         time.tzset()
     by_name = {r.name: r for r in sql}
     assert list(by_name) == ["a-min", "empty", "one-max", "pareto"]
     assert by_name["one-max"].best_value == 0.9 and by_name["one-max"].counts == \
-        {"complete": 5, "pruned": 1, "fail": 1, "running": 1, "waiting": 1}
+        {"complete": 4, "pruned": 1, "fail": 1, "running": 1, "waiting": 1, "retried": 0, "finished": 6, "imported": 1}
     assert by_name["a-min"].best_value == float("-inf")
     assert by_name["pareto"].front_size == 2 and by_name["pareto"].objectives == ["val_acc", "latency_ms"]
     assert by_name["empty"].front_size is None and by_name["empty"].last_activity is None

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from hpolab.study.progress import fmt_value
 from hpolab.stores.paths import Stores, redact
+from hpolab.stores.trial_counts import count_trials, describe
 
 
 def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
@@ -25,7 +26,12 @@ def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
     if len(study.directions) > 1:  # several objectives: the front, not one best value
         from hpolab.study.front_table import front_table
 
-        Console(highlight=False, width=200 if not Console().is_terminal else None).print(front_table(study, name))
+        trials = study.get_trials(deepcopy=False)
+        console = Console(highlight=False, width=200 if not Console().is_terminal else None)
+        console.print(front_table(study, name, limit=limit))
+        if limit is not None and len(trials) > limit:
+            console.print(f"the first {limit} of {len(trials)} trials shown (best first); --all shows every trial")
+        console.print(describe(count_trials(trials)))
         return 0
     from hpolab.study import ranking
 
@@ -45,31 +51,31 @@ def _read_sql(name: str, stores: Stores):
 
 
 def _ranked_rows(rows: list, direction: str) -> list:
-    """As ranking.ranked for one objective: feasible COMPLETE trials by value, ties to the earlier
-    trial, a warm start's imported trials aside."""
-    from hpolab.stores.optuna_sql import IMPORTED
+    """ranking.ranked's feasible COMPLETE trials (a warm start's imported ones aside), best first."""
+    from hpolab.study import ranking  # (numpy, no Optuna)
 
-    done = [r for r in rows if r.state == "COMPLETE" and r.value is not None and not r.system_attrs.get(IMPORTED)
-            and all(v <= 0 for v in r.constraints.values())]
-    sign = -1.0 if direction == "maximize" else 1.0
-    return sorted(done, key=lambda r: (sign * r.value, r.number))
+    return [r for r in ranking.ranked(rows, [direction]) if ranking.feasible(r)]
 
 
 def _best_row(rows: list, direction: str) -> tuple[int, float] | None:
-    """As ranking.best for one objective."""
-    done = _ranked_rows(rows, direction)
-    return (done[0].number, done[0].value) if done else None
+    """ranking.best's trial: (number, value)."""
+    from hpolab.study import ranking
+
+    top = ranking.best(rows, [direction])
+    return (top.number, top.value) if top is not None else None
 
 
-BEST_SHOWN, LATEST_SHOWN = 20, 10  # above the limit: the best COMPLETE trials and the latest ones
+# above the limit: the best COMPLETE trials, the first running/waiting ones (the longest running), the latest ones
+BEST_SHOWN, RUNNING_SHOWN, LATEST_SHOWN = 20, 20, 10
 
 
 def shown_rows(rows: list, direction: str, limit: int | None) -> list:
     """Every row up to `limit`; above it the BEST_SHOWN best (as _best_row ranks: feasible, not
-    imported), every RUNNING or WAITING one and the LATEST_SHOWN latest, in trial order."""
+    imported), the first RUNNING_SHOWN running or waiting ones and the LATEST_SHOWN latest, in trial order."""
     if limit is None or len(rows) <= limit:
         return rows
-    keep = {r.number for r in _ranked_rows(rows, direction)[:BEST_SHOWN]} | {r.number for r in rows if r.state in ("RUNNING", "WAITING")}
+    keep = {r.number for r in _ranked_rows(rows, direction)[:BEST_SHOWN]}
+    keep |= {r.number for r in [r for r in rows if r.state in ("RUNNING", "WAITING")][:RUNNING_SHOWN]}
     keep |= {r.number for r in rows[-LATEST_SHOWN:]}
     return [r for r in rows if r.number in keep]
 
@@ -94,12 +100,9 @@ def _print_trials(name: str, direction: str, all_rows: list, best: tuple[int, fl
     console = Console(highlight=False, width=200 if not Console().is_terminal else None)
     console.print(table)
     if len(rows) < len(all_rows):
-        console.print(f"{len(rows)} of {len(all_rows)} trials shown: the {BEST_SHOWN} best complete, every running or "
-                      f"waiting one, the {LATEST_SHOWN} latest; --all shows every trial")
-    states: dict[str, int] = {}
-    for r in all_rows:
-        states[r.state] = states.get(r.state, 0) + 1
-    summary = ", ".join(f"{v} {k.lower()}" for k, v in sorted(states.items())) or "no trials"
+        console.print(f"{len(rows)} of {len(all_rows)} trials shown: the {BEST_SHOWN} best complete, the first {RUNNING_SHOWN} "
+                      f"running or waiting, the {LATEST_SHOWN} latest; --all shows every trial")
+    summary = describe(count_trials(all_rows))  # (the budget's rule: a retried attempt or an imported trial is no result)
     top = f"best: trial {best[0]} value {best[1]:.4g}" if best is not None else "best: none yet"
     console.print(f"{summary}; {top}")
     return 0
@@ -119,13 +122,9 @@ def _best_cell(r) -> str:
 def print_study_list(stores: Stores) -> int:
     """`hpolab study list`: one row per study in the Optuna storage."""
     from hpolab.stores.studies import list_studies
+    from hpolab.study import ranking  # (numpy, no Optuna: it decides the best and the front)
 
-    def front(trials, directions):  # (Optuna is imported only for a study of several objectives)
-        from hpolab.study.ranking import front
-
-        return front(trials, directions)
-
-    rows = list_studies(stores, front)
+    rows = list_studies(stores, ranking.front, ranking.best)
     console = Console(highlight=False, width=200 if not Console().is_terminal else None)
     if not rows:
         console.print(f"no studies in {redact(stores.optuna_url)}; start one with: hpolab study run studies/digits_cnn.yaml")

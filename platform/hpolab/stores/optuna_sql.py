@@ -33,13 +33,15 @@ KNOWN_SCHEMAS = {"v3.2.0.a"}
 IMPORTED = "hpolab.imported_from"  # system attr of a trial a warm start imported (study/budget.py uses this one)
 _INF = {"INF_POS": math.inf, "INF_NEG": -math.inf}
 _INTERMEDIATE = {"NAN": math.nan, **_INF}  # an intermediate value may also be NaN
-# The trial system attrs ranking reads: Optuna's constraints (its old list, its named ones) and IMPORTED
-_RANKING_KEYS = f"(key IN ('constraints', '{IMPORTED}') OR key LIKE 'constraints:%')"
+# The trial system attrs ranking and counting (trial_counts.py) read: Optuna's constraints (its old
+# list, its named ones), IMPORTED, a retry copy's history and a released trial's mark
+_MARKS = ("constraints", IMPORTED, "retry_history", "hpolab.released")
+_RANKING_KEYS = f"(key IN ({', '.join(repr(k) for k in _MARKS)}) OR key LIKE 'constraints:%')"
 
 
 def ranking_attrs(system_attrs: dict[str, Any]) -> dict[str, Any]:
-    """The system attrs ranking reads (what the SQL readers fetch), from a trial's full set."""
-    return {k: v for k, v in system_attrs.items() if k in ("constraints", IMPORTED) or k.startswith("constraints:")}
+    """The system attrs ranking and counting read (what the SQL readers fetch), from a trial's full set."""
+    return {k: v for k, v in system_attrs.items() if k in _MARKS or k.startswith("constraints:")}
 
 
 def constraints_of(system_attrs: dict[str, Any]) -> dict[str, float]:
@@ -76,6 +78,7 @@ class StudyData:
     counts: dict[str, int] = field(default_factory=dict)  # lower-case state -> trials
     last_activity: datetime | None = None
     complete: list[tuple[int, list[float], dict[str, Any]]] = field(default_factory=list)  # (number, values, system attrs)
+    trials: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)  # every trial: (number, state, marks counted)
 
 
 def read_studies(path: Path) -> list[StudyData] | None:
@@ -104,6 +107,11 @@ def _read(con: sqlite3.Connection) -> list[StudyData]:
                 when = _local(stamp)
                 s.last_activity = when if s.last_activity is None else max(s.last_activity, when)
     _read_complete(con, studies)
+    marks: dict[int, dict[str, Any]] = defaultdict(dict)  # what trial_counts.py reads besides the state
+    for tid, key, value in con.execute(f"SELECT trial_id, key, value_json FROM trial_system_attributes WHERE {_RANKING_KEYS}"):
+        marks[tid][key] = json.loads(value)
+    for tid, sid, number, state in con.execute("SELECT trial_id, study_id, number, state FROM trials ORDER BY trial_id"):
+        studies[sid].trials.append((number, state, marks.get(tid, {})))
     return list(studies.values())
 
 
@@ -141,6 +149,10 @@ class TrialRow:
     @property
     def constraints(self) -> dict[str, float]:
         return constraints_of(self.system_attrs)
+
+    @property
+    def values(self) -> list[float] | None:  # (as a FrozenTrial's: what ranking.py reads)
+        return None if self.value is None else [self.value]
 
 
 def read_trials(path: Path, name: str) -> tuple[list[str], list[TrialRow]] | None:

@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, Callable
 
 from hpolab.errors import UserError
 from hpolab.stores.paths import Stores, redact, sqlite_file
+from hpolab.stores.trial_counts import count_trials
 
 if TYPE_CHECKING:
     import optuna
-
-STATES = ("complete", "pruned", "fail", "running")
 
 
 @dataclass(frozen=True)
@@ -27,7 +26,7 @@ class StudyRow:
     name: str
     direction: str
     metric: str | None  # None: no MLflow parent run to read it from
-    counts: dict[str, int]  # complete / pruned / fail / running (+ waiting)
+    counts: dict[str, int]  # stores/trial_counts.py's: complete / pruned / fail / running / waiting, finished, retried, ...
     best_value: float | None
     last_activity: datetime | None
     objectives: list[str] | None = None  # several objectives: their names (study.metric_names); one: None
@@ -73,12 +72,15 @@ def study_names(stores: Stores) -> list[str]:
     return sorted(s.study_name for s in storage.get_all_studies() if not is_companion(s.study_name))  # names only: no trial is read
 
 
-def list_studies(stores: Stores, front: Callable[[list, list], list] | None = None) -> list[StudyRow]:
+def list_studies(stores: Stores, front: Callable[[list, list], list] | None = None,
+                 best: Callable[[list, list], object] | None = None) -> list[StudyRow]:
     """One row per study in the Optuna storage (sorted by name). The metric comes from the study's
     `metric` attr, else the MLflow parent run's params (the spec is logged there), found via the
-    study's `mlflow_parent_run_id`. A study of several objectives has no best value; `front(trials,
-    directions)` (study/ranking.py's, which this layer cannot import) gives its feasible Pareto front.
-    An embedded store is read with plain SQL when its schema is known (optuna_sql.py: no Optuna)."""
+    study's `mlflow_parent_run_id`. study/ranking.py, which this layer cannot import, decides:
+    `best(trials, directions)` gives a one-objective study's best trial (feasible, its own: None
+    without `best`), `front(trials, directions)` the feasible Pareto front of one of several.
+    Counts are trial_counts.py's (the budget's). An embedded store is read with plain SQL when its
+    schema is known (optuna_sql.py: no Optuna)."""
     from hpolab.stores.optuna_sql import read_studies
     from hpolab.stores.sqlite_read import sqlite_path
 
@@ -88,11 +90,12 @@ def list_studies(stores: Stores, front: Callable[[list, list], list] | None = No
             return []
         data = read_studies(path)
         if data is not None:
-            return _rows_from_sql(stores, data, front)
-    return _rows_from_optuna(stores, front)
+            return _rows_from_sql(stores, data, front, best)
+    return _rows_from_optuna(stores, front, best)
 
 
-def _rows_from_optuna(stores: Stores, front: Callable[[list, list], list] | None) -> list[StudyRow]:
+def _rows_from_optuna(stores: Stores, front: Callable[[list, list], list] | None,
+                      best: Callable[[list, list], object] | None = None) -> list[StudyRow]:
     """list_studies' rows read through Optuna's storage (any database)."""
     storage = _storage_or_none(stores)
     if storage is None:
@@ -106,9 +109,7 @@ def _rows_from_optuna(stores: Stores, front: Callable[[list, list], list] | None
         if is_companion(s.study_name):
             continue
         trials = storage.get_all_trials(storage.get_study_id_from_name(s.study_name), deepcopy=False)
-        counts = {k: 0 for k in (*STATES, "waiting")}
-        for t in trials:
-            counts[t.state.name.lower()] = counts.get(t.state.name.lower(), 0) + 1
+        counts = count_trials(trials)
         stamps = [d for t in trials for d in (t.datetime_complete, t.datetime_start) if d is not None]
         metric = _metric(stores, clients, s.user_attrs)
         directions = s.directions
@@ -120,7 +121,7 @@ def _rows_from_optuna(stores: Stores, front: Callable[[list, list], list] | None
                 direction="/".join(d.name.lower() for d in directions),
                 metric=metric,
                 counts=counts,
-                best_value=_best_value(trials, directions),
+                best_value=_best_value(trials, directions, best),
                 last_activity=max(stamps) if stamps else None,  # (no stamps: no trial started)
                 objectives=list(names) if multi and names else None,
                 front_size=len(front(trials, directions)) if multi and front is not None and counts["complete"] else None,
@@ -153,10 +154,8 @@ class _Complete:
     system_attrs: dict
 
     @property
-    def state(self):
-        from optuna.trial import TrialState  # (only for a study of several objectives)
-
-        return TrialState.COMPLETE
+    def state(self) -> str:
+        return "COMPLETE"  # (ranking.py reads a state's name)
 
     @property
     def constraints(self) -> dict[str, float]:
@@ -165,40 +164,39 @@ class _Complete:
         return constraints_of(self.system_attrs)
 
 
-def _rows_from_sql(stores: Stores, data: list, front: Callable[[list, list], list] | None) -> list[StudyRow]:
-    """list_studies' rows from optuna_sql.read_studies: the same rows the Optuna reader gives."""
-    from hpolab.stores.optuna_sql import IMPORTED
+@dataclass
+class _Counted:
+    """A trial as trial_counts.py reads it."""
 
+    number: int
+    state: str
+    system_attrs: dict
+
+
+def _rows_from_sql(stores: Stores, data: list, front: Callable[[list, list], list] | None,
+                   best: Callable[[list, list], object] | None = None) -> list[StudyRow]:
+    """list_studies' rows from optuna_sql.read_studies: the same rows the Optuna reader gives."""
     rows, clients = [], []
     for s in sorted(data, key=lambda s: s.name):
         if is_companion(s.name):
             continue
         multi = len(s.directions) > 1
-        mine = [(n, v) for n, v, attrs in s.complete if not attrs.get(IMPORTED)]
-        best = None
-        if not multi and mine:  # as _best_value: the best COMPLETE value, imported trials aside
-            best = (max if s.directions == ["maximize"] else min)(mine, key=lambda c: c[1][0])[1][0]
-        counts = {**{k: 0 for k in (*STATES, "waiting")}, **s.counts}
+        complete = [_Complete(n, v, attrs) for n, v, attrs in s.complete]
+        top = best(complete, s.directions) if best is not None and not multi else None
+        counts = count_trials(_Counted(*t) for t in s.trials)
         on_front = None
         if multi and front is not None and counts["complete"]:
-            on_front = len(front([_Complete(n, v, attrs) for n, v, attrs in s.complete], s.directions))
+            on_front = len(front(complete, s.directions))
         rows.append(StudyRow(name=s.name, direction="/".join(s.directions), metric=_metric(stores, clients, s.user_attrs),
-                             counts=counts, best_value=best, last_activity=s.last_activity,
+                             counts=counts, best_value=top.values[0] if top is not None else None, last_activity=s.last_activity,
                              objectives=list(s.metric_names) if multi and s.metric_names else None, front_size=on_front))
     return rows
 
 
-def _best_value(trials: list, directions: list) -> float | None:
-    """The best COMPLETE value of a single-objective study, as Optuna's study summary picks it."""
-    import optuna
-
-    from hpolab.stores.optuna_sql import IMPORTED
-
-    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and not t.system_attrs.get(IMPORTED)]
-    if len(directions) != 1 or not complete:  # (a warm start's imported trials are not this study's results)
-        return None
-    pick = max if directions[0] == optuna.study.StudyDirection.MAXIMIZE else min
-    return pick(complete, key=lambda t: t.value).value
+def _best_value(trials: list, directions: list, best: Callable[[list, list], object] | None) -> float | None:
+    """A one-objective study's best value: its best feasible trial of its own (ranking.best's)."""
+    top = best(trials, directions) if best is not None and len(directions) == 1 else None
+    return top.value if top is not None else None
 
 
 def delete_study(name: str, stores: Stores) -> Deleted:
@@ -220,9 +218,9 @@ def delete_study(name: str, stores: Stores) -> Deleted:
     n_trials = len(study.get_trials(deepcopy=False))
     parent = study.user_attrs.get("mlflow_parent_run_id")
 
-    from hpolab.stores.retired_experiments import retire_experiment
     # MLflow first: if it fails, the Optuna study is still there and the command can be re-run.
     from hpolab.stores.mlflow_runs import client_for
+    from hpolab.stores.retired_experiments import retire_experiment
 
     client = client_for(stores)
     exp = client.get_experiment_by_name(name)

@@ -1,7 +1,8 @@
 """The study's trial budget: how many trials it has, and whether this worker may start another.
 
 `n_trials` is the study's total of finished trials (COMPLETE + PRUNED + FAIL, not counting failures
-that were retried). Counts are read from the Optuna storage every time, because other workers may
+that were retried, imported or released trials: stores/trial_counts.py, the rule `study list` and
+`study status` count by too). Counts are read from the Optuna storage every time, because other workers may
 be adding trials to the same study.
 """
 
@@ -11,26 +12,14 @@ import optuna
 from optuna.trial import TrialState
 
 from hpolab.stores.optuna_sql import IMPORTED  # noqa: F401 -- a trial copied from another study (warm_start.py): history, not budget
+from hpolab.stores.trial_counts import RELEASED, count_trials, retried_numbers
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-RELEASED = "hpolab.released"  # system attr of a trial given back unrun because the budget was already full
 
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
-    trials = study.get_trials(deepcopy=False)
-    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
-    counts = {"complete": 0, "pruned": 0, "fail": 0, "running": 0, "waiting": 0, "retried": 0}
-    for t in trials:
-        if t.system_attrs.get(RELEASED):
-            counts["released"] = counts.get("released", 0) + 1
-        elif t.system_attrs.get(IMPORTED):
-            counts["imported"] = counts.get("imported", 0) + 1
-        elif t.state == TrialState.FAIL and t.number in retried:
-            counts["retried"] += 1
-        elif t.state in FINISHED or t.state in (TrialState.RUNNING, TrialState.WAITING):
-            counts[t.state.name.lower()] += 1
-    counts["finished"] = counts["complete"] + counts["pruned"] + counts["fail"]
-    return counts
+    """The study's counts by the one rule every reader uses (stores/trial_counts.py)."""
+    return count_trials(study.get_trials(deepcopy=False))
 
 
 def may_start_another(counts: dict[str, int], n_trials: int) -> bool:
@@ -61,7 +50,7 @@ def over_budget(study: optuna.Study, trial_number: int, n_trials: int) -> bool:
     (`release`) before it runs.
     """
     trials = study.get_trials(deepcopy=False)
-    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    retried = retried_numbers(trials)
     ahead = [
         t for t in trials
         if t.number < trial_number and not t.system_attrs.get(RELEASED) and not t.system_attrs.get(IMPORTED)

@@ -1,0 +1,58 @@
+"""How a study's trials count: one rule for the budget (study/budget.py: what `n_trials` means),
+the progress line, `study list` and `study status` -- so they all say the same numbers.
+
+A trial counts under its state (complete, pruned, fail, running, waiting), except:
+- `retried`: a FAIL attempt that a later trial retries (its number is in that trial's
+  `retry_history`: an attempt interrupted by Ctrl-C/SIGTERM, a dead driver, an OOM or timeout, resumed
+  by its copy). The copy is what counts, so an interrupted and resumed study has no failures.
+- `imported`: a trial a warm start copied from another study (`hpolab.imported_from`): history for
+  the sampler, not a result of this study.
+- `released`: a trial a worker gave back unrun because the budget was already full (`hpolab.released`).
+`finished` = complete + pruned + fail: what n_trials budgets.
+
+Plain data in, no Optuna: the SQL readers (optuna_sql.py) and Optuna's FrozenTrial both fit.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from hpolab.stores.optuna_sql import IMPORTED
+
+RELEASED = "hpolab.released"  # system attr of a trial given back unrun because the budget was already full
+RETRY_HISTORY = "retry_history"  # system attr of a retry copy: the numbers of the attempts it continues
+COUNTED_STATES = ("complete", "pruned", "fail", "running", "waiting")
+ASIDE = {"retried": "retried attempts", "imported": "imported by a warm start", "released": "released unrun"}
+
+
+def retried_numbers(trials: Iterable) -> set[int]:
+    """Numbers of the attempts some retry copy continues."""
+    return {n for t in trials for n in (t.system_attrs.get(RETRY_HISTORY) or [])}
+
+
+def count_trials(trials: Iterable) -> dict[str, int]:
+    """Counts by the rule above. `trials`: each with `number`, `state` (Optuna's TrialState or its
+    name) and `system_attrs` (at least the marks read here)."""
+    trials = list(trials)
+    retried = retried_numbers(trials)
+    counts = {k: 0 for k in (*COUNTED_STATES, "retried")}
+    for t in trials:
+        state = str(getattr(t.state, "name", t.state)).lower()
+        if t.system_attrs.get(RELEASED):
+            counts["released"] = counts.get("released", 0) + 1
+        elif t.system_attrs.get(IMPORTED):
+            counts["imported"] = counts.get("imported", 0) + 1
+        elif state == "fail" and t.number in retried:
+            counts["retried"] += 1
+        elif state in counts:
+            counts[state] += 1
+    counts["finished"] = counts["complete"] + counts["pruned"] + counts["fail"]
+    return counts
+
+
+def describe(counts: dict[str, int]) -> str:
+    """'3 complete, 1 pruned (2 retried attempts not counted)': the counted states that are not 0,
+    then what is left out."""
+    shown = ", ".join(f"{counts[k]} {k}" for k in sorted(COUNTED_STATES) if counts.get(k))
+    aside = ", ".join(f"{counts[k]} {text}" for k, text in ASIDE.items() if counts.get(k))
+    return (shown or "no trials") + (f" ({aside}: not counted)" if aside else "")
