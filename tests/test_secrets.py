@@ -34,6 +34,8 @@ def _shapes(port: int) -> list[tuple[str, str, list[str]]]:
         ("--storage", f"postgresql+psycopg2://hpolab:At%40Sign%2Fenc@{db}", ["At%40Sign", "At@Sign", "Sign/enc"]),
         ("--storage", f"postgresql+psycopg2://hpolab:c2VjcmV0+Yi/4==@{db}", ["c2VjcmV0", "Yi/4=="]),
         ("--storage", f"postgresql+psycopg2://{db}?user=hpolab&password=QuerySecret9", ["QuerySecret9"]),
+        # a port out of range: said at once (a proxy that does not answer is waited for 10 s)
+        ("--storage", f"grpc://hpolab:GrpcPw77@127.0.0.1:{port}99", ["GrpcPw77"]),
         ("--tracking-uri", f"https://TokenOnly0123abc@127.0.0.1:{port}", ["TokenOnly0123abc"]),
         ("--tracking-uri", f"https://alice:PassWord42@127.0.0.1:{port}", ["PassWord42"]),
     ]

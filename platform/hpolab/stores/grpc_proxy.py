@@ -15,6 +15,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from hpolab.errors import UserError
+from hpolab.stores.paths import redact
 
 DEFAULT_PORT = 13000
 READY_TIMEOUT = 10  # seconds a worker waits for the proxy before saying it is unreachable
@@ -27,11 +28,11 @@ def is_grpc_url(url: str) -> bool:
 def host_port(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     if not parts.hostname:
-        raise UserError(f"--storage {url}: write grpc://HOST:PORT (the address `hpolab storage-proxy` prints)")
+        raise UserError(f"--storage {redact(url)}: write grpc://HOST:PORT (the address `hpolab storage-proxy` prints)")
     try:
         return parts.hostname, parts.port or DEFAULT_PORT
     except ValueError:
-        raise UserError(f"--storage {url}: the port must be a number 1..65535") from None
+        raise UserError(f"--storage {redact(url)}: the port must be a number 1..65535") from None
 
 
 def grpc_storage(url: str):
@@ -45,7 +46,7 @@ def grpc_storage(url: str):
     except ConnectionError:
         from hpolab.errors import StoreUnreachable
 
-        raise StoreUnreachable(f"no Optuna storage proxy answers at {url} (waited {READY_TIMEOUT} s); "
+        raise StoreUnreachable(f"no Optuna storage proxy answers at {redact(url)} (waited {READY_TIMEOUT} s); "
                          "start one with `hpolab storage-proxy --storage DATABASE_URL`") from None
     return storage
 
