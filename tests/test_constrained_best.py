@@ -65,3 +65,15 @@ def test_an_infeasible_trial_is_not_the_best_of_a_study_through_the_cli(store):
     assert row.split("│")[8].strip() == "4", listed  # the best column: trial 3's 4, not trial 0's 0
     status = run_cli("--store", str(store), "study", "status", "one-constrained").stdout
     assert "best: trial 3 value 4" in status
+
+
+def test_study_list_and_status_skip_an_infeasible_best(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    study = optuna.create_study(storage=f"sqlite:///{store / 'optuna.db'}", study_name="bounded", direction="maximize")
+    for t in (_trial(0, 0.99, [2.0]), _trial(1, 0.8, [0.0]), _trial(2, 0.7, [-1.0])):
+        study.add_trial(t)
+    listed = run_cli("--store", str(store), "study", "list", cwd=tmp_path).stdout
+    row = next(line for line in listed.splitlines() if line.startswith("│ bounded "))
+    assert row.split("│")[8].strip() == "0.8", listed
+    assert "best: trial 1 value 0.8" in run_cli("--store", str(store), "study", "status", "bounded", cwd=tmp_path).stdout

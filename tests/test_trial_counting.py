@@ -53,7 +53,7 @@ def test_list_status_and_budget_count_by_one_rule(tmp_path):
     row = _list_row(store, "counted", tmp_path)
     assert (row["complete"], row["pruned"], row["fail"], row["running"], row["best"]) == ("3", "0", "1", "0", "0.7")
     assert _status_summary(store, "counted", tmp_path) == \
-        "3 complete, 1 fail (2 retried attempts, 1 imported by a warm start, 1 released unrun: not counted); best: trial 3 value 0.7"
+        "3 complete, 1 fail (2 attempts retried, 1 imported by a warm start, 1 released unrun: not counted); best: trial 3 value 0.7"
 
 
 def test_status_caps_the_running_and_waiting_trials_of_a_large_study(tmp_path):
@@ -102,7 +102,7 @@ def test_an_interrupted_and_resumed_study_and_a_warm_started_one_count_alike_eve
     assert "3/3 finished: 3 complete, 0 pruned, 0 failed" in out  # the progress line
     row = _list_row(store, "faulty", FAULT_PROJECT)
     assert (row["complete"], row["fail"], row["running"]) == ("3", "0", "0")
-    assert _status_summary(store, "faulty", FAULT_PROJECT).startswith(f"3 complete ({len(interrupted)} retried attempts: not counted)")
+    assert _status_summary(store, "faulty", FAULT_PROJECT).startswith(f"3 complete ({len(interrupted)} attempts retried: not counted)")
 
     out = run_cli("--store", str(store), "study", "run", FAULT_SPEC, "name=faulty-warm", "n_trials=1", "parallel=1",
                   "trainer.max_epochs=1", "log_models=none", "warm_start={from: faulty, top_k: 0, import_trials: true}",
@@ -112,3 +112,20 @@ def test_an_interrupted_and_resumed_study_and_a_warm_started_one_count_alike_eve
     assert trial_counts(warm)["complete"] == 1 and trial_counts(warm)["imported"] == 3
     assert _list_row(store, "faulty-warm", FAULT_PROJECT)["complete"] == "1"
     assert _status_summary(store, "faulty-warm", FAULT_PROJECT).startswith("1 complete (3 imported by a warm start: not counted)")
+
+
+def test_status_of_several_objectives_caps_its_rows_and_counts_by_the_rule(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    study = optuna.create_study(storage=f"sqlite:///{store / 'optuna.db'}", study_name="pareto-big",
+                                directions=["maximize", "minimize"])
+    study.add_trial(create_trial(state=TrialState.FAIL, params={"x": 0.5}, distributions=DIST))  # 0: resumed as 1
+    study.add_trial(create_trial(state=TrialState.COMPLETE, values=[0.5, 1.0], params={"x": 0.5}, distributions=DIST,
+                                 system_attrs={"retry_history": [0]}))
+    for i in range(60):
+        study.add_trial(create_trial(state=TrialState.COMPLETE, values=[i / 60, i], params={"x": 0.5}, distributions=DIST))
+    out = run_cli("--store", str(store), "study", "status", "pareto-big", cwd=tmp_path).stdout
+    assert len([line for line in out.splitlines() if line.startswith("│")]) == 50, out
+    assert "the first 50 of 62 trials shown" in out and "61 complete (1 attempt retried: not counted)" in out
+    every = run_cli("--store", str(store), "study", "status", "pareto-big", "--all", cwd=tmp_path).stdout
+    assert len([line for line in every.splitlines() if line.startswith("│")]) == 62

@@ -28,9 +28,11 @@ def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
 
         trials = study.get_trials(deepcopy=False)
         console = Console(highlight=False, width=200 if not Console().is_terminal else None)
-        console.print(front_table(study, name, limit=limit))
-        if limit is not None and len(trials) > limit:
-            console.print(f"the first {limit} of {len(trials)} trials shown (best first); --all shows every trial")
+        table = front_table(study, name, limit=limit)
+        console.print(table)
+        if limit is not None and table.row_count == limit and len(trials) > limit:
+            console.print(f"the first {limit} of {len(trials)} trials shown (complete by rank, then pruned, failed, running); "
+                          "--all shows every trial")
         console.print(describe(count_trials(trials)))
         return 0
     from hpolab.study import ranking

@@ -22,7 +22,7 @@ from hpolab.stores.optuna_sql import IMPORTED
 RELEASED = "hpolab.released"  # system attr of a trial given back unrun because the budget was already full
 RETRY_HISTORY = "retry_history"  # system attr of a retry copy: the numbers of the attempts it continues
 COUNTED_STATES = ("complete", "pruned", "fail", "running", "waiting")
-ASIDE = {"retried": "retried attempts", "imported": "imported by a warm start", "released": "released unrun"}
+ASIDE = {"retried": "attempt{s} retried", "imported": "imported by a warm start", "released": "released unrun"}
 
 
 def retried_numbers(trials: Iterable) -> set[int]:
@@ -51,8 +51,8 @@ def count_trials(trials: Iterable) -> dict[str, int]:
 
 
 def describe(counts: dict[str, int]) -> str:
-    """'3 complete, 1 pruned (2 retried attempts not counted)': the counted states that are not 0,
+    """'3 complete, 1 pruned (2 attempts retried: not counted)': the counted states that are not 0,
     then what is left out."""
     shown = ", ".join(f"{counts[k]} {k}" for k in sorted(COUNTED_STATES) if counts.get(k))
-    aside = ", ".join(f"{counts[k]} {text}" for k, text in ASIDE.items() if counts.get(k))
+    aside = ", ".join(f"{counts[k]} {text.format(s='s' * (counts[k] != 1))}" for k, text in ASIDE.items() if counts.get(k))
     return (shown or "no trials") + (f" ({aside}: not counted)" if aside else "")
