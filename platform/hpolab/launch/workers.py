@@ -2,9 +2,9 @@
 
 Stores come from the flags, else the environment, else a `.env` file in the working directory
 (OPTUNA_STORAGE, MLFLOW_TRACKING_URI, HPOLAB_STORE); MLflow's credentials from the environment, else
-`.env`. Workers on several machines cannot share a SQLite
-store or a local MLflow store: those are refused with the fix (a PostgreSQL --storage or a
-storage proxy, and an MLflow server) unless every worker runs on one node.
+`.env`. Workers on several machines cannot share a SQLite store or a local MLflow store: those are
+refused with the fix (a PostgreSQL --storage or a storage proxy, and an MLflow server) unless every
+worker runs on one node.
 """
 
 from __future__ import annotations
