@@ -71,6 +71,23 @@ def test_urls_without_a_secret_are_left_as_they_are():
         assert redact(url) == url
 
 
+@pytest.mark.parametrize("error", ["UserError", "StudyError"])
+def test_the_cli_redacts_any_error_it_prints(monkeypatch, capsys, error):
+    # The last line of defence: an error whose text quotes a store URL verbatim (a library's message,
+    # passed on as it came) is still printed without its password.
+    import hpolab.cli as cli
+    import hpolab.errors as errors
+
+    def failing(args):
+        raise getattr(errors, error)("cannot reach postgresql+psycopg2://u:Sl4sh/pw==@db:5432/optuna")
+
+    monkeypatch.setattr(cli, "cmd_env", failing)
+    code = cli.main(["env"])
+    err = capsys.readouterr().err
+    assert code == (errors.EXIT_BAD_INPUT if error == "UserError" else errors.EXIT_FAILED)
+    assert "Sl4sh/pw==" not in err and "u:***@db:5432" in err
+
+
 def test_no_command_shows_a_secret(tmp_path):
     """Through the real CLI: `study run` and `study status` against a store that does not answer,
     and the script of `launch slurm --dry-run`."""

@@ -14,6 +14,7 @@ import os
 import sys
 
 from hpolab.launch.commands import add_launch_parsers, cmd_launch_k8s, cmd_launch_slurm
+from hpolab.stores.paths import redact
 from hpolab.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, SpecError, StudyError, UserError
 
 # `study status` shows every trial of a study up to this many; above, the best, the running and the
@@ -367,12 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as e:
         print(e.render(), file=sys.stderr)
         return EXIT_BAD_INPUT
-    except UserError as e:
-        print(f"hpolab: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except StudyError as e:
-        print(f"hpolab: {e}", file=sys.stderr)
-        return EXIT_FAILED
+    except (UserError, StudyError) as e:  # redacted again: a library's message may quote a store URL
+        print(f"hpolab: {redact(str(e))}", file=sys.stderr)
+        return EXIT_BAD_INPUT if isinstance(e, UserError) else EXIT_FAILED
     except KeyboardInterrupt:
         print("hpolab: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
