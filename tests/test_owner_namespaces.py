@@ -46,6 +46,28 @@ def test_a_pid_of_another_pid_namespace_is_not_trusted_its_heartbeat_decides():
     assert "is gone" in owner_gone({k: v for k, v in same.items() if k != "pid_ns"})
 
 
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning", "ignore:Heartbeat of storage")
+def test_the_reaper_waits_for_the_heartbeat_of_an_owner_in_another_pid_namespace(store):
+    """Two RUNNING trials with fresh heartbeats whose owner records name this host and a dead pid: the one
+    in our PID namespace is reaped at once (as before), the one in another namespace is left running."""
+    import optuna
+
+    from hpolab.stores.optuna_storage import make_storage
+    from hpolab.study.heartbeat import reap_dead_trials
+    from hpolab.study.retry import RetryCopy
+
+    storage = make_storage(f"sqlite:///{store / 'optuna.db'}")  # as a driver opens it: with heartbeats
+    study = optuna.create_study(study_name="ns", storage=storage)
+    trials = [study.ask() for _ in range(2)]
+    for t, ns in zip(trials, (os.readlink("/proc/self/ns/pid"), "pid:[1]")):
+        storage.set_trial_user_attr(t._trial_id, OWNER_ATTR, {**owner_record(t.number), "pid": _dead_pid(), "pid_ns": ns})
+        storage.record_heartbeat(t._trial_id)
+    notes: list[str] = []
+    reap_dead_trials(study, storage, {}, RetryCopy(1), close_run=lambda *a: None, note=notes.append)
+    states = [t.state.name for t in study.get_trials()]
+    assert states[:2] == ["FAIL", "RUNNING"] and len(notes) == 1 and "trial 0" in notes[0], (states, notes)
+
+
 def test_a_live_owner_in_its_own_pid_namespace_is_not_reaped():
     """A real process in a new PID namespace (pid 1 there; our pid 1 is another process) writes its
     owner record; seen from here, with the same host name, it must not look gone."""
