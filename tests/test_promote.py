@@ -394,3 +394,13 @@ def test_a_study_run_leaves_an_open_promote_run_alone(studied, tmp_path):
     after = c.get_run(run_id)
     assert after.info.lifecycle_stage == "active" and after.info.status == "RUNNING"
     assert after.data.tags == before.data.tags
+
+
+@pytest.mark.slow
+def test_study_delete_warns_of_the_promoted_version_whose_source_run_it_deletes(promoted, tmp_path):
+    store = _copy(promoted[0], tmp_path / "store")
+    out = run_cli("--store", str(store), "study", "delete", "digits-cnn", "--yes")
+    warnings = [line for line in out.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "digits-cnn version 1 has its source run in deleted MLflow experiment" in warnings[0], out.stderr
+    assert "registered models and their versions are kept" in out.stdout
+    assert str(_client(store).get_model_version("digits-cnn", "1").version) == "1"  # kept
