@@ -269,7 +269,7 @@ def test_retention_leaves_a_pending_retry_resumable_on_another_worker(store, tmp
 def test_retention_keeps_the_files_of_a_front_trial_an_infeasible_one_dominates(store):
     """Minimize val_a and val_b, val_c <= 0 (tests/fault_project/studies/fixed_point.yaml): trial 0
     (infeasible) dominates trial 1; trial 2 dominates trial 3. The feasible front is trials 1 and 2:
-    top_k 2 keeps their models and best.pt (what `promote --pick` on either of them reads)."""
+    top_k 2 keeps their models and best.pt, and `promote --pick` can take trial 1."""
     from conftest import FAULT_PROJECT
 
     out = run_cli("--store", str(store), "study", "run", "studies/fixed_point.yaml", "log_models={top_k: 2}",
@@ -285,3 +285,6 @@ def test_retention_keeps_the_files_of_a_front_trial_an_infeasible_one_dominates(
         assert [a.path for a in client.list_artifacts(runs[n].info.run_id, "checkpoints")] == ["checkpoints/best.pt"]
     for n in (0, 3):
         assert client.list_artifacts(runs[n].info.run_id, "checkpoints") == []
+    out = run_cli("--store", str(store), "promote", "fixed-point", "--pick", "max val_a", cwd=FAULT_PROJECT, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "trial 1 of 2 on the front (1, 2)" in out.stdout + out.stderr, out.stdout + out.stderr
