@@ -10,10 +10,11 @@ What is checked:
   trial number, under the study's parent run;
 - the states agree: a finished trial's run has `hpolab.state` = Optuna's state and the matching
   status (COMPLETE: FINISHED, PRUNED: KILLED, FAIL: FAILED, with a `hpolab.fail_reason`); an
-  interrupted attempt (Ctrl-C, SIGTERM, a dead driver) is queued to resume (a retry copy);
+  interrupted attempt (Ctrl-C, SIGTERM, a dead driver) is queued to resume (a retry copy), up to the
+  study's max_interrupts per configuration;
 - a retry's run names the attempt it continues (`hpolab.retry_of_trial`, `hpolab.retry_of_run`);
 - no RUNNING trial without a live owner (owners.py; heartbeats for another host's);
-- no run claims a trial that does not point at it;
+- no trial run (stores/run_roles.py: not a promote run) claims a trial that does not point at it;
 - the parent run (study user attr `mlflow_parent_run_id`) is closed when no worker runs, with the
   study's counts; no more finished trials than `n_trials`;
 - uploaded checkpoints (`hpolab.checkpoint_epoch`) and logged models (`hpolab.model_id`) exist,
