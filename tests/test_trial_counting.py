@@ -103,6 +103,8 @@ def test_an_interrupted_and_resumed_study_and_a_warm_started_one_count_alike_eve
     row = _list_row(store, "faulty", FAULT_PROJECT)
     assert (row["complete"], row["fail"], row["running"]) == ("3", "0", "0")
     assert _status_summary(store, "faulty", FAULT_PROJECT).startswith(f"3 complete ({len(interrupted)} attempts retried: not counted)")
+    check = run_cli("--store", str(store), "study", "check", "faulty", cwd=FAULT_PROJECT, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr  # the resumed study's stores agree
 
     out = run_cli("--store", str(store), "study", "run", FAULT_SPEC, "name=faulty-warm", "n_trials=1", "parallel=1",
                   "trainer.max_epochs=1", "log_models=none", "warm_start={from: faulty, top_k: 0, import_trials: true}",
@@ -112,6 +114,8 @@ def test_an_interrupted_and_resumed_study_and_a_warm_started_one_count_alike_eve
     assert trial_counts(warm)["complete"] == 1 and trial_counts(warm)["imported"] == 3
     assert _list_row(store, "faulty-warm", FAULT_PROJECT)["complete"] == "1"
     assert _status_summary(store, "faulty-warm", FAULT_PROJECT).startswith("1 complete (3 imported by a warm start: not counted)")
+    check = run_cli("--store", str(store), "study", "check", "faulty-warm", cwd=FAULT_PROJECT, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr  # imported trials need no run of their own
 
 
 def test_status_of_several_objectives_caps_its_rows_and_counts_by_the_rule(tmp_path):
