@@ -62,8 +62,10 @@ def model_from_checkpoint(experiment, config: dict[str, Any], info: dict[str, An
     return model.eval()
 
 
-def log_trial_model(experiment, config: dict[str, Any], info: dict[str, Any], run_id: str, env: dict[str, str]) -> dict[str, str]:
-    """Log the trial's best checkpoint as the run's model; returns the tags that point at it.
+def log_trial_model(experiment, config: dict[str, Any], info: dict[str, Any], run_id: str, env: dict[str, str],
+                    name: str = "model", tags: dict[str, str] | None = None) -> dict[str, str]:
+    """Log the trial's best checkpoint as the run's model (`name`, `tags`: model_links.py); returns
+    the tags that point at it.
 
     `info` is the trial process's "done" message: input_shape, num_classes, checkpoint paths, and a
     real input example with the model's output on it (for the signature).
@@ -76,8 +78,8 @@ def log_trial_model(experiment, config: dict[str, Any], info: dict[str, Any], ru
     client = mlflow.MlflowClient()  # the driver set the tracking URI; log_model resolves the same one
     logged = mlflow.pytorch.log_model(
         model,
-        name="model",
-        model_id=new_run_model(client, run_id, "model").model_id,
+        name=name,
+        model_id=new_run_model(client, run_id, name, tags).model_id,
         input_example=info["input_example"],
         signature=infer_signature(info["input_example"], info["output_example"]),
         run_id=run_id,
@@ -108,14 +110,14 @@ class _SavedFolder:
         mlflow_model.save(f"{path}/MLmodel")
 
 
-def log_saved_model(saved_dir: str, run_id: str) -> dict[str, str]:
+def log_saved_model(saved_dir: str, run_id: str, name: str = "model", tags: dict[str, str] | None = None) -> dict[str, str]:
     """Log a model folder the trial process saved (and checked: it loaded it back and predicted) as the
     run's model; returns the tags that point at it, as log_trial_model does."""
     import mlflow
     from mlflow.models import Model
 
     client = mlflow.MlflowClient()  # the driver set the tracking URI; Model.log resolves the same one
-    logged = Model.log(artifact_path=None, name="model", flavor=_SavedFolder, run_id=run_id, saved_dir=saved_dir,
-                       model_id=new_run_model(client, run_id, "model").model_id,
+    logged = Model.log(artifact_path=None, name=name, flavor=_SavedFolder, run_id=run_id, saved_dir=saved_dir,
+                       model_id=new_run_model(client, run_id, name, tags).model_id,
                        validate_serving_input=False)  # the trial process did (child_export.save_model)
     return {"hpolab.model_uri": logged.model_uri, "hpolab.model_id": logged.model_id or ""}

@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.artifacts import upload_checkpoints
 from hpolab.stores.code_artifacts import log_code
+from hpolab.stores.model_links import link_trial_metrics, trial_model_name, trial_model_tags
 from hpolab.stores.models import log_saved_model, log_trial_model
 from hpolab.study.child_export import answer_child, receive_model
 from hpolab.study.outage import passthrough
@@ -175,7 +176,7 @@ class TrialTracker:
         """`saved`: the model folder the trial process saved (None: export it here from the checkpoint)."""
         if info is not None:
             if r.model_tags is None:  # (a job retried after a store outage does not log the model twice)
-                r.model_tags = self._log_model(r, info, saved)
+                r.model_tags = self._log_model(r, info, saved, state)
             tags.update(r.model_tags)
         if state in (TrialState.COMPLETE, TrialState.PRUNED):  # nothing resumes it (a FAIL may be retried)
             try:
@@ -190,19 +191,29 @@ class TrialTracker:
             self.mlflow_guard(tr.wait_until_closed, self.client, r.run_id, REAPER_CLOSE_WAIT)
         self.close_run(r.run_id, state, tags)
 
-    def _log_model(self, r: Running, info: dict[str, Any], saved: str | None) -> dict[str, str]:
+    def _log_model(self, r: Running, info: dict[str, Any], saved: str | None, state: TrialState) -> dict[str, str]:
         """Log the folder the trial process saved, or (a DDP trial, or its process could not) export
-        the model here from its checkpoint. The tags to put on its run."""
+        the model here from its checkpoint, named and tagged for the trial, with the metrics of the
+        epoch it was saved from linked to it (model_links.py). The tags to put on its run."""
+        name = trial_model_name(self.study_name, r.number)
+        model_tags = trial_model_tags(self.study_name, r.number, state.name)
         try:
             if saved is not None:
-                return log_saved_model(saved, r.run_id)
-            return log_trial_model(self.experiment, r.config, info, r.run_id, self.env_tags)
+                tags = log_saved_model(saved, r.run_id, name, model_tags)
+            else:
+                tags = log_trial_model(self.experiment, r.config, info, r.run_id, self.env_tags, name, model_tags)
         except Exception as e:  # the trial's result stands even if the model could not be logged
             self.note(f"trial {r.number}: logging the model failed: {e}")
             return {"hpolab.model_error": f"{type(e).__name__}: {e}"}
         finally:
             if saved is not None:  # the store's copy is the one kept
                 shutil.rmtree(saved, ignore_errors=True)
+        try:
+            link_trial_metrics(self.client, r.run_id, tags["hpolab.model_id"], int(info["best_epoch"]), r.config,
+                               info.get("objectives") or {})
+        except Exception as e:  # the model stands; `study check --repair` links them later
+            self.note(f"trial {r.number}: linking its metrics to its model failed: {e}")
+        return tags
 
     def _retain(self) -> None:
         items = self.retention.plan() if self.retention else []

@@ -1,0 +1,122 @@
+"""What makes a study's logged models comparable in MLflow's Models tab and `search_logged_models`:
+a name per trial (and per registered version), the metrics linked to the model (`model_id`), its
+params and tags.
+
+A trial's model is named `<study>-trial-<n>`; MLflow refuses `/ : . % " '` in a logged model's name,
+so each of those characters of the study name becomes `-` (the exact study and trial are in the
+tags `optuna.study` and `hpolab.trial_number`). Its linked metrics are the run's metrics of the epoch
+its weights were saved from (the best epoch: the objective values of several objectives are those
+too), plus any objective measured after training (cost metrics, logged at the last epoch). They are
+re-logged with the run's own timestamp and step, so the run's history gains no duplicate point (MLflow's
+metric key is key, timestamp, step and value); `val_*` metrics name the validation split as their
+dataset. The serving model is named `<registered model>-v<version>`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Iterable
+
+MLFLOW_REFUSES = "/:.%\"'"  # mlflow.utils.validation._validate_logged_model_name
+LEGACY_NAME = "model"  # what every trial's model was called before: still loads (models:/<id>), not renamed
+VAL_DATASET, TEST_DATASET = "val", "test"
+TRIAL_TAGS = ("hpolab.trial_number", "hpolab.state", "optuna.study")
+
+
+def model_name_part(text: str) -> str:
+    """`text` with each character MLflow refuses in a logged model's name replaced by `-`."""
+    return "".join("-" if c in MLFLOW_REFUSES else c for c in text) or "-"
+
+
+def trial_model_name(study: str, number: int) -> str:
+    return f"{model_name_part(study)}-trial-{number}"
+
+
+def serving_model_name(registered_model: str, version: int | str) -> str:
+    return f"{model_name_part(registered_model)}-v{version}"
+
+
+def trial_model_tags(study: str, number: int, state: str) -> dict[str, str]:
+    return {"hpolab.trial_number": str(number), "hpolab.state": state, "optuna.study": study}
+
+
+def split_digest(config: dict[str, Any], split: str) -> str:
+    """A digest naming a data split by what defines it: the experiment, its data config and the seed."""
+    what = {"experiment": config.get("experiment"), "data": config.get("data"), "seed": config.get("seed"), "split": split}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _dataset(key: str, config: dict[str, Any] | None) -> tuple[str | None, str | None]:
+    for prefix, name in (("val_", VAL_DATASET), ("test_", TEST_DATASET)):
+        if key.startswith(prefix) and config is not None:
+            return name, split_digest(config, name)
+    return None, None
+
+
+def linked(metrics: Iterable, model_id: str, config: dict[str, Any] | None) -> list:
+    """The run's metric points as the same points linked to `model_id` (with their split's dataset)."""
+    from mlflow.entities import Metric
+
+    out = []
+    for m in metrics:
+        name, digest = _dataset(m.key, config)
+        out.append(Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id, dataset_name=name, dataset_digest=digest))
+    return out
+
+
+def run_points(client, run_id: str, step: int, also: Iterable[str] = ()) -> list:
+    """The run's metric points at `step` (every key), plus the latest point of each key in `also`
+    that has none at that step (an objective measured after training)."""
+    run = client.get_run(run_id)
+    points, latest = [], {}
+    for key in run.data.metrics:
+        history = client.get_metric_history(run_id, key)
+        at = [m for m in history if m.step == step]
+        points += at[-1:]
+        if not at and key in also and history:
+            latest[key] = max(history, key=lambda m: (m.step, m.timestamp))
+    return points + list(latest.values())
+
+
+def link_trial_metrics(client, run_id: str, model_id: str, epoch: int, config: dict[str, Any] | None,
+                       objectives: Iterable[str] = ()) -> list[str]:
+    """Link the run's metrics of `epoch` (and the `objectives` measured later) to the model; their keys."""
+    points = run_points(client, run_id, epoch, set(objectives))
+    if points:
+        client.log_batch(run_id, metrics=linked(points, model_id, config))
+    return sorted(m.key for m in points)
+
+
+def link_values(client, run_id: str, model_ids: Iterable[str], values: dict[str, float], step: int,
+                config: dict[str, Any] | None, timestamp: int) -> None:
+    """Log `values` on the run once and link the same points to each model (promote's test metrics)."""
+    from mlflow.entities import Metric
+
+    points = [Metric(k, float(v), timestamp, step) for k, v in values.items() if isinstance(v, (int, float))]
+    client.log_batch(run_id, metrics=points)
+    for model_id in model_ids:
+        client.log_batch(run_id, metrics=linked(points, model_id, config))
+
+
+def set_changed_tags(client, model, tags: dict[str, str | None]) -> bool:
+    """Set (value) or remove (None) the model's tags that differ, in one write; whether anything changed."""
+    have = model.tags or {}
+    changed = {k: v for k, v in tags.items() if v is not None and have.get(k) != v}
+    gone = [k for k, v in tags.items() if v is None and k in have]
+    if changed:
+        client.set_logged_model_tags(model.model_id, changed)
+    for k in gone:
+        client.delete_logged_model_tag(model.model_id, k)
+    return bool(changed or gone)
+
+
+def study_models(client, experiment_id: str) -> list:
+    """The experiment's live logged models (deleted ones are not listed)."""
+    out, token = [], None
+    while True:
+        page = client.search_logged_models([experiment_id], max_results=1000, page_token=token)
+        out += list(page)
+        token = page.token
+        if not token:
+            return out

@@ -1,0 +1,119 @@
+"""Each trial's logged model is named after its study and trial and carries the metrics of the epoch
+it was saved from, its sampled params and its rank, so `mlflow.search_logged_models` (and the
+Models tab) sort and filter models the way runs are. The real CLI on tiny studies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import optuna
+import pytest
+from mlflow import MlflowClient
+
+from conftest import FAULT_PROJECT, run_cli
+from hpolab.stores.model_links import serving_model_name, trial_model_name
+from hpolab.study import ranking
+
+ARGS = ["studies/digits_cnn.yaml", "name=links", "n_trials=3", "parallel=1", "trainer.max_epochs=2",
+        "pruner={type: none}", "sampler={type: random}", "log_models=all"]
+
+
+def test_model_names_replace_what_mlflow_refuses_and_mlflow_accepts_them():
+    from mlflow.utils.validation import _validate_logged_model_name
+
+    assert trial_model_name("digits-cnn", 23) == "digits-cnn-trial-23"
+    assert trial_model_name("a/b.c:d%e'f\"g", 0) == "a-b-c-d-e-f-g-trial-0"
+    assert serving_model_name("digits.cnn", 3) == "digits-cnn-v3"
+    for name in (trial_model_name("a/b.c:d%e'f\"g", 0), serving_model_name("x:y", 1)):
+        _validate_logged_model_name(name)  # raises on a character MLflow refuses
+
+
+def _study(store: Path, name: str):
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{store / 'optuna.db'}")
+    exp = client.get_experiment_by_name(name)
+    return client, study, exp
+
+
+def _metric(model, key: str) -> float:
+    values = [m.value for m in model.metrics or [] if m.key == key]
+    assert len(values) == 1, (model.name, key, model.metrics)
+    return values[0]
+
+
+@pytest.fixture(scope="module")
+def links_store(tmp_path_factory, migrated_store) -> Path:
+    """One tiny study, every trial's model logged (read by the tests below; `study check` ones write last)."""
+    import shutil
+
+    store = tmp_path_factory.mktemp("links") / "store"
+    store.mkdir()
+    for name in ("mlflow.db", "optuna.db"):
+        shutil.copy(migrated_store / name, store / name)
+    run_cli("--store", str(store), "study", "run", *ARGS)
+    return store
+
+
+@pytest.mark.slow
+def test_trial_models_are_named_and_carry_metrics_and_params(links_store):
+    client, study, exp = _study(links_store, "links")
+    trials = {t.number: t for t in study.get_trials()}
+    models = {m.name: m for m in client.search_logged_models([exp.experiment_id])}
+    assert sorted(models) == sorted(trial_model_name("links", n) for n in trials)
+    for n, t in trials.items():
+        model = models[trial_model_name("links", n)]
+        run = client.get_run(t.user_attrs["mlflow_run_id"])
+        assert model.source_run_id == run.info.run_id
+        assert model.tags["hpolab.trial_number"] == str(n) and model.tags["optuna.study"] == "links"
+        assert model.tags["hpolab.state"] == "COMPLETE"
+        assert _metric(model, "val_acc") == t.value  # the objective: val_acc of the best epoch
+        best = int(run.data.tags["hpolab.best_epoch"])
+        at_best = {m.key: m.value for m in client.get_metric_history(run.info.run_id, "val_loss") if m.step == best}
+        assert _metric(model, "val_loss") == at_best["val_loss"]
+        assert {m.dataset_name for m in model.metrics if m.key.startswith("val_")} == {"val"}
+        for key, value in t.params.items():  # the sampled params, as the run has them
+            assert model.params[key] == run.data.params[key], key
+        # the run's own history gained no second point at the best epoch
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "val_acc")] == [1, 2]
+
+
+@pytest.mark.slow
+def test_trial_models_are_tagged_with_their_rank(links_store):
+    client, study, exp = _study(links_store, "links")
+    order = [t.number for t in ranking.ranked(study.get_trials(), "maximize")]
+    ranks = {m.name: m.tags.get("hpolab.rank") for m in client.search_logged_models([exp.experiment_id])}
+    assert ranks == {trial_model_name("links", n): str(i + 1) for i, n in enumerate(order)}
+
+
+@pytest.mark.slow
+def test_search_logged_models_filters_and_sorts_by_a_linked_metric(links_store):
+    client, study, exp = _study(links_store, "links")
+    mlflow.set_tracking_uri(f"sqlite:///{links_store / 'mlflow.db'}")
+    values = sorted(t.value for t in study.get_trials())
+    cut = values[0]  # every trial but the worst (ties included)
+    found = mlflow.search_logged_models(experiment_ids=[exp.experiment_id], filter_string=f"metrics.val_acc > {cut}",
+                                        order_by=[{"field_name": "metrics.val_acc", "ascending": False}], output_format="list")
+    expected = [t.number for t in ranking.ranked(study.get_trials(), "maximize") if t.value > cut]
+    assert [m.name for m in found] == [trial_model_name("links", n) for n in expected]
+
+
+@pytest.mark.slow
+def test_several_objectives_link_every_objective_and_tag_the_front(store):
+    out = run_cli("--store", str(store), "study", "run", "studies/fixed_point.yaml", "log_models=all",
+                  cwd=FAULT_PROJECT, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    client, study, exp = _study(store, "fixed-point")
+    directions = ranking.directions_of(study)
+    on_front = {t.number for t in ranking.front(study.get_trials(), directions)}
+    assert on_front  # fixed_point.yaml: trials 1 and 2
+    models = {m.tags["hpolab.trial_number"]: m for m in client.search_logged_models([exp.experiment_id])}
+    assert sorted(models) == sorted(str(t.number) for t in study.get_trials())
+    for t in study.get_trials():
+        model = models[str(t.number)]
+        assert model.name == trial_model_name("fixed-point", t.number)
+        assert [_metric(model, "val_a"), _metric(model, "val_b")] == t.values
+        run = client.get_run(t.user_attrs["mlflow_run_id"])
+        assert _metric(model, "val_c") == run.data.metrics["val_c"]  # the constrained metric (one epoch)
+        assert model.tags["hpolab.on_front"] == ("true" if t.number in on_front else "false")
+        assert (model.tags["hpolab.pareto_rank"] == "0") == (t.number in on_front)
