@@ -120,3 +120,12 @@ def study_models(client, experiment_id: str) -> list:
         token = page.token
         if not token:
             return out
+
+
+def trial_model_of(model, study: str) -> int | None:
+    """The trial number of one of `study`'s trial models (by its tags and name); None for any other."""
+    tags = model.tags or {}
+    number = tags.get("hpolab.trial_number", "")
+    if tags.get("optuna.study") != study or not number.isdigit() or model.name != trial_model_name(study, int(number)):
+        return None
+    return int(number)

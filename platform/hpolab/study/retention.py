@@ -26,6 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.stores import mlflow_runs as tr
 from hpolab.study import ranking
+from hpolab.study.model_ranks import rank_tags
 from hpolab.stores.artifacts import CHECKPOINTS, delete_checkpoints, delete_logged_model
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -72,6 +73,7 @@ class Retention:
         self.study = study
         self.trial_dir = trial_dir  # this worker's folder of a trial (other workers purge their own)
         self._queued: set[tuple[str, int]] = set()  # (what, trial number) queued once per driver
+        self._ranked: dict | None = None  # the rank tags the last pass wrote
 
     @property
     def direction(self) -> list[str]:
@@ -87,6 +89,15 @@ class Retention:
             return n in top_k(self.study.get_trials(deepcopy=False), self.log_models.top_k, self.direction)
 
         return model_skip_reason(self.log_models, state, in_top_k, number)
+
+    def rank_tags(self, force: bool = False) -> dict[int, dict[str, str | None]] | None:
+        """The rank tags of the trial models (model_ranks.py), read on the driver's thread; None when
+        they are what the last pass wrote (`force`: the last pass, which may see models logged since)."""
+        tags = rank_tags(self.study.get_trials(deepcopy=False), self.direction)
+        if tags == self._ranked and not force:
+            return None
+        self._ranked = tags
+        return tags
 
     def plan(self) -> list[tuple[str, int, str | None, Path]]:
         """(what, trial number, run id, trial folder) to delete now: what = "model" | "checkpoints".

@@ -27,6 +27,7 @@ from hpolab.stores.code_artifacts import log_code
 from hpolab.stores.model_links import link_trial_metrics, trial_model_name, trial_model_tags
 from hpolab.stores.models import log_saved_model, log_trial_model
 from hpolab.study.child_export import answer_child, receive_model
+from hpolab.study.model_ranks import apply_rank_tags
 from hpolab.study.outage import passthrough
 from hpolab.study.retention import Retention, tidy_finished
 from hpolab.study.retry import RetrySource, retry_source  # noqa: F401  (re-exported: the driver imports them here)
@@ -215,17 +216,20 @@ class TrialTracker:
             self.note(f"trial {r.number}: linking its metrics to its model failed: {e}")
         return tags
 
-    def _retain(self) -> None:
+    def _retain(self, last: bool = False) -> None:
         items = self.retention.plan() if self.retention else []
         if items:
             self.uploads.submit("retention", self.retention.purge, self.client, items)
+        ranks = self.retention.rank_tags(force=last) if self.retention else None
+        if ranks is not None:  # after the deletes: only the models still kept are tagged
+            self.uploads.submit("model ranks", apply_rank_tags, self.client, self.experiment_id, self.study_name, ranks)
 
     def shutdown(self) -> None:
         """A last retention pass (trials other workers finished), then wait until every queued
         upload, model and close is done."""
         self.uploads.settle()  # models still being saved are queued first: retention skips a run not yet closed
         try:
-            self._retain()
+            self._retain(last=True)
         except Exception as e:  # e.g. the store is gone on the error path: still flush what is queued
             self.note(f"retention: {e}")
         self.uploads.close()
