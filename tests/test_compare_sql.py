@@ -57,6 +57,14 @@ def _store(store, name, directions):
                                {"fail_reason": "NaN loss"} if state == TrialState.FAIL else None))
     study.add_trial(create_trial(state=TrialState.COMPLETE, values=[0.5, 9.0][:n], params={"depth": 2}, distributions={"depth": DISTS["depth"]}))
     client.delete_run(study.trials[1].user_attrs["mlflow_run_id"])  # a deleted run: MLflow's search leaves it out
+    # logged models: trial 0's is live; trial 2's is deleted (its run still names it); trial 3's run
+    # says retention deleted it
+    for number in (0, 2, 3):
+        run = study.trials[number].user_attrs["mlflow_run_id"]
+        model = client.create_logged_model(exp, name=f"{name}-trial-{number}", source_run_id=run)
+        client.set_tag(run, "hpolab.model_id", model.model_id)
+    client.delete_logged_model(client.get_run(study.trials[2].user_attrs["mlflow_run_id"]).data.tags["hpolab.model_id"])
+    client.set_tag(study.trials[3].user_attrs["mlflow_run_id"], "hpolab.model_deleted", "pushed out of log_models: top_k 1")
     study.ask()
     study.enqueue_trial({"depth": 3})
     return client, study
@@ -90,6 +98,9 @@ def test_the_sql_table_equals_optunas_and_mlflows(store, directions):
     assert math.isnan(full.loc[0, "metrics.val_acc"]) is False and "metrics.latency_ms" in full.columns
     assert full.loc[1, "run_id"] is not None and pd.isna(full.loc[1, "final_val_acc"]) is False  # its run deleted: Optuna's side
     assert full.loc[4, "fail_reason"] == "NaN loss" and full.loc[2, "params.width"] is None
+    model_id = full.loc[0, "model_id"]
+    assert (full.loc[0, "model_name"], full.loc[0, "model_uri"]) == ("sq-trial-0", f"models:/{model_id}") and model_id.startswith("m-")
+    assert full.loc[[1, 2, 3, 4, 5], ["model_id", "model_name", "model_uri"]].isna().all().all()  # deleted, or none logged
 
 
 def test_it_falls_back_when_it_cannot_read_the_file(store):

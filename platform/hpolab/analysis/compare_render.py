@@ -71,6 +71,8 @@ def display_columns(table: StudyTable, df: pd.DataFrame) -> list[tuple[str, str]
     if df["fail_reason"].notna().any():
         cols.append(("fail_reason", "fail reason"))
     cols.append(("run_id", "run id"))
+    if df["model_id"].notna().any():  # the trial's logged model (csv/json: its name and models:/ URI too)
+        cols.append(("model_id", "model"))
     return cols
 
 
@@ -144,18 +146,21 @@ def _fit_plans(state: str, final_col: str) -> list[tuple[bool, tuple[str, ...], 
     plans = [(False, (), True), (True, (), True)]
     if state == "fail":  # the reason is the point of this view: give up timing columns for it
         plans.append((True, optional, True))
-    plans += [(True, (), False), (True, optional[:1], False), (True, optional, False),
-              (True, (*optional, "run_id"), False), (True, (*optional, "run_id", final_col), False)]
+    ids = (*optional, "model_id", "run_id")
+    plans += [(True, (), False), (True, optional[:1], False), (True, optional, False), (True, ids[:3], False),
+              (True, ids, False), (True, (*ids, final_col), False)]
     return plans
 
 
 def fit_table(console, table: StudyTable, df: pd.DataFrame, cols: list[tuple[str, str]], numeric: set[str], state: str):
     """A rich table that fits console.width without cutting a value: long headers wrap; then the
-    fail reason is truncated, run ids shortened to 8 characters, and columns left out (with a note)."""
+    fail reason is truncated, run ids shortened to 8 characters (model ids to m- and 8), and columns
+    left out (with a note)."""
     title = f"study {table.name}: {table.metric} ({table.direction})" + (f", {state} trials" if state != "all" else "")
     cells = {c: [_cell(c, v) for v in df[c]] for c, _ in cols}
     reasons = cells.pop("fail_reason", None)
     full_ids = cells["run_id"]
+    full_models = cells.get("model_id")
 
     def build(cols, cells):
         return _rich_table(title, df["state"], cols, cells, numeric)
@@ -166,6 +171,8 @@ def fit_table(console, table: StudyTable, df: pd.DataFrame, cols: list[tuple[str
 
     def layout(short_ids: bool, drop: tuple[str, ...], with_reason: bool):
         cells["run_id"] = [s[:8] for s in full_ids] if short_ids else full_ids
+        if full_models is not None:
+            cells["model_id"] = [s[:10] for s in full_models] if short_ids else full_models
         shown = [c for c in cols if c[0] != "fail_reason" and c[0] not in drop]
         t = build(shown, cells)
         if with_reason and reasons is not None:
@@ -191,8 +198,10 @@ def fit_table(console, table: StudyTable, df: pd.DataFrame, cols: list[tuple[str
     missing = [c for c, _ in cols if c not in {c for c, _ in shown}]
     if missing:
         notes.append(f"left out to fit the terminal: {', '.join(missing)} (--format csv or json has every column)")
-    if any(c == "run_id" for c, _ in shown) and cells["run_id"] != full_ids:
-        notes.append("run ids shortened to fit the terminal (--format csv or json has them in full)")
+    full = {"run_id": ("run", full_ids), "model_id": ("model", full_models)}
+    short = [full[c][0] for c, _ in shown if c in full and cells[c] != full[c][1]]
+    if short:
+        notes.append(f"{' and '.join(short)} ids shortened to fit the terminal (--format csv or json has them in full)")
     return t, notes
 
 
@@ -216,7 +225,7 @@ def print_study(table: StudyTable, df: pd.DataFrame, fmt: str, state: str, out=N
     if write_machine_readable(df, fmt, out):
         return
     cols = display_columns(table, df)
-    numeric = {c for c, _ in cols if c not in ("state", "fail_reason", "run_id")}
+    numeric = {c for c, _ in cols if c not in ("state", "fail_reason", "run_id", "model_id")}
     if fmt == "markdown":
         rows = [[_cell(c, r[c]) for c, _ in cols] for _, r in df.iterrows()]
         out.write(render_markdown([h for _, h in cols], rows, [c in numeric for c, _ in cols]))

@@ -37,9 +37,19 @@ def sql_study_table(name: str, stores: Stores, top: tuple[str, int] | None) -> S
         read = mlflow_sql.read_runs(mlflow_db, name, [t.user_attrs["mlflow_run_id"] for t in study.trials
                                                       if t.number in only and t.user_attrs.get("mlflow_run_id")])
         found = experiment_id is not None
-    if read is None:
+    models = live_models(mlflow_db, experiment_id)
+    if read is None or models is False:
         return None
-    return table_of(study, metric, {k: (r.data.tags, r.data.metrics) for k, r in read[1].items()}, found)
+    return table_of(study, metric, {k: (r.data.tags, r.data.metrics) for k, r in read[1].items()}, found, models)
+
+
+def live_models(mlflow_db: Path, experiment_id: str | None) -> dict[str, str] | None | bool:
+    """The experiment's logged models that are not deleted, id -> name (compare_study.logged_models);
+    None without an experiment; False when the file cannot be read here."""
+    if experiment_id is None:
+        return None
+    read = mlflow_sql.read_logged_models(mlflow_db, experiment_id)
+    return False if read is None else {m.model_id: m.name for m in read.values()}
 
 
 def first_runs(mlflow_db: Path, study) -> tuple[str | None, dict[str, mlflow_sql.RunFacts], str] | None:

@@ -18,6 +18,8 @@ from hpolab.study.objective_values import VALUES_ATTR
 from hpolab.study.ranking import primary_direction
 from hpolab.stores.paths import Stores, sqlite_file
 
+MODEL_COLUMNS = ("model_id", "model_name", "model_uri")  # the trial's logged model (trial_model)
+
 # Metrics that are better when larger; anything else sorts ascending (losses, seconds, ...).
 HIGHER_IS_BETTER = ("acc", "f1", "auc", "precision", "recall", "score", "samples_per_second", "r2", "iou", "map")
 
@@ -83,6 +85,34 @@ def runs_of_trials(client, experiment_id: str | None, trials: Iterable) -> dict[
     return out
 
 
+def logged_models(client, experiment_id: str | None) -> dict[str, str] | None:
+    """The experiment's logged models that are not deleted, model id -> name (paged: a study that
+    keeps every trial's model may have thousands); None when they cannot be read."""
+    if client is None or experiment_id is None:
+        return None
+    out, token = {}, None
+    try:
+        while True:
+            page = client.search_logged_models([experiment_id], max_results=1000, page_token=token)
+            out.update((m.model_id, m.name) for m in page)
+            token = page.token
+            if not token:
+                return out
+    except Exception:  # an older server without logged models: the run tags alone say which model
+        return None
+
+
+def trial_model(tags: dict[str, str], models: dict[str, str] | None) -> dict[str, str | None]:
+    """The model_id / model_name / model_uri columns of a trial: the logged model its run names (tag
+    hpolab.model_id), unless retention deleted it (tag hpolab.model_deleted) or the experiment no
+    longer holds it (`models`: the live ones, id -> name): a row never points at a deleted model."""
+    model_id = tags.get("hpolab.model_id") or None
+    if model_id and ("hpolab.model_deleted" in tags or (models is not None and model_id not in models)):
+        model_id = None
+    name = (models or {}).get(model_id) if model_id else None
+    return {"model_id": model_id, "model_name": name, "model_uri": f"models:/{model_id}" if model_id else None}
+
+
 def _best(values: Iterable[float], direction: str) -> float | None:
     vals = [v for v in values if v is not None and not math.isnan(v)]
     if not vals:
@@ -105,7 +135,8 @@ def _float_or_none(v: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
-def _trial_row(t, run: tuple[dict, dict] | None, params: list[str], metric: str, direction: str, now: dt.datetime) -> dict[str, Any]:
+def _trial_row(t, run: tuple[dict, dict] | None, params: list[str], metric: str, direction: str, now: dt.datetime,
+               models: dict[str, str] | None) -> dict[str, Any]:
     """One trial's row of study_frame (run: its MLflow run's (tags, metrics), or None)."""
     run_id = t.user_attrs.get("mlflow_run_id")
     tags, run_metrics = run if run is not None else ({}, {})
@@ -136,6 +167,7 @@ def _trial_row(t, run: tuple[dict, dict] | None, params: list[str], metric: str,
             "duration_s": duration,
             "fail_reason": tags.get("hpolab.fail_reason") or t.user_attrs.get("fail_reason") or t.system_attrs.get("fail_reason"),
             "run_id": run_id,
+            **trial_model(tags, models),
             "started": t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else None,
             "finished": t.datetime_complete.isoformat(timespec="seconds") if t.datetime_complete else None,
         }
@@ -150,8 +182,9 @@ def study_frame(study, client=None, experiment_id: str | None = None, metric: st
 
     Columns: trial, state, params.<name> (the sampled values), best_<metric> (best epoch; the
     trial's value for COMPLETE trials), final_<metric> (last epoch), epochs, pruned_at_epoch,
-    duration_s, fail_reason, run_id, started, finished, and metrics.<name> for every metric the
-    trial's MLflow run logged (its last value). `only`: join the MLflow runs of these trial numbers
+    duration_s, fail_reason, run_id, model_id / model_name / model_uri (the trial's logged model, none
+    once deleted), started, finished, and metrics.<name> for every metric the trial's MLflow run
+    logged (its last value). `only`: join the MLflow runs of these trial numbers
     only (the other rows hold what Optuna knows).
     """
     metric = metric or study_metric(study, client, experiment_id)
@@ -161,12 +194,13 @@ def study_frame(study, client=None, experiment_id: str | None = None, metric: st
     else:
         runs = runs_of_trials(client, experiment_id, [t for t in trials if t.number in only])
     found = bool(runs) if only is None else (client is not None and experiment_id is not None)
-    return table_of(study, metric, {k: (r.data.tags, r.data.metrics) for k, r in runs.items()}, found)
+    models = logged_models(client, experiment_id) if runs else None
+    return table_of(study, metric, {k: (r.data.tags, r.data.metrics) for k, r in runs.items()}, found, models)
 
 
-def table_of(study, metric: str, runs: dict[str, tuple[dict, dict]], found: bool) -> StudyTable:
+def table_of(study, metric: str, runs: dict[str, tuple[dict, dict]], found: bool, models: dict[str, str] | None = None) -> StudyTable:
     """study_frame's table from the runs already read: run id -> (tags, metrics); `found`: whether
-    the MLflow side was there to read."""
+    the MLflow side was there to read; `models`: the experiment's live logged models, id -> name."""
     direction = primary_direction(study, metric)
     trials = study.get_trials(deepcopy=False)
     params = sorted({p for t in trials for p in t.params})
@@ -174,11 +208,11 @@ def table_of(study, metric: str, runs: dict[str, tuple[dict, dict]], found: bool
     rows = []
     for t in trials:
         run_id = t.user_attrs.get("mlflow_run_id")
-        rows.append(_trial_row(t, runs.get(run_id) if run_id else None, params, metric, direction, now))
+        rows.append(_trial_row(t, runs.get(run_id) if run_id else None, params, metric, direction, now, models))
     objectives = list(study.metric_names or []) if len(study.directions) > 1 else []
     ranks = _pareto_columns(study, trials, rows, objectives) if objectives else []
     base = ["trial", "state", *ranks, *[f"params.{p}" for p in params], f"best_{metric}", f"final_{metric}", "epochs",
-            "pruned_at_epoch", "duration_s", "fail_reason", "run_id", "started", "finished"]
+            "pruned_at_epoch", "duration_s", "fail_reason", "run_id", *MODEL_COLUMNS, "started", "finished"]
     frame = pd.DataFrame(rows)
     if frame.empty:
         frame = pd.DataFrame(columns=base)
@@ -258,7 +292,7 @@ def resolve_column(frame: pd.DataFrame, key: str) -> str:
     suffix = [c for c in frame.columns if c.endswith("." + key)]
     if len(suffix) == 1:
         return suffix[0]
-    known = ", ".join(c for c in frame.columns if c not in ("state", "fail_reason", "run_id", "started", "finished"))
+    known = ", ".join(c for c in frame.columns if c not in ("state", "fail_reason", "run_id", *MODEL_COLUMNS, "started", "finished"))
     if len(suffix) > 1:
         raise UserError(f"--sort {key} is ambiguous ({', '.join(suffix)}); give the full column name")
     raise UserError(f"--sort {key}: no such column; use one of: {known}")

@@ -27,7 +27,7 @@ COLUMNS = {
     "latest_metrics": {"run_uuid", "key", "value", "is_nan"},
     "tags": {"run_uuid", "key", "value"},
     "params": {"run_uuid", "key", "value"},
-    "logged_models": {"model_id", "experiment_id", "artifact_location", "lifecycle_stage"},
+    "logged_models": {"model_id", "experiment_id", "name", "artifact_location", "lifecycle_stage"},
 }
 
 
@@ -57,10 +57,11 @@ class RunFacts:
 
 @dataclass
 class ModelFacts:
-    """MLflow's LoggedModel as far as check reads it."""
+    """MLflow's LoggedModel as far as check, compare and the report read it."""
 
     model_id: str
     artifact_location: str
+    name: str = ""
 
 
 # What the report reads besides: the LR range test's metric series and the Model Registry
@@ -99,9 +100,9 @@ def read_logged_models(path: Path, experiment_id: str) -> dict[str, ModelFacts] 
         with _snapshot(path) as con:
             if con is None:
                 return None
-            rows = con.execute("SELECT model_id, artifact_location FROM logged_models WHERE experiment_id = ? "
+            rows = con.execute("SELECT model_id, artifact_location, name FROM logged_models WHERE experiment_id = ? "
                                "AND lifecycle_stage != 'deleted'", (int(experiment_id),))
-            return {m: ModelFacts(m, loc) for m, loc in rows}
+            return {m: ModelFacts(m, loc, name) for m, loc, name in rows}
     except (sqlite3.Error, ValueError, TypeError):
         return None
 
