@@ -117,3 +117,40 @@ def test_several_objectives_link_every_objective_and_tag_the_front(store):
         assert _metric(model, "val_c") == run.data.metrics["val_c"]  # the constrained metric (one epoch)
         assert model.tags["hpolab.on_front"] == ("true" if t.number in on_front else "false")
         assert (model.tags["hpolab.pareto_rank"] == "0") == (t.number in on_front)
+
+
+@pytest.mark.slow
+def test_promote_names_the_serving_model_and_links_the_test_metrics_to_it_and_the_trial_model(links_store, tmp_path):
+    import shutil
+
+    store = tmp_path / "store"
+    shutil.copytree(links_store, store)
+    out = run_cli("--store", str(store), "promote", "links", check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    client, study, exp = _study(store, "links")
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}", registry_uri=f"sqlite:///{store / 'mlflow.db'}")
+    version = client.get_model_version_by_alias("links", "champion")
+    serving = client.get_logged_model(version.source.removeprefix("models:/"))
+    assert serving.name == serving_model_name("links", version.version)
+    promote_run = client.get_run(serving.source_run_id)
+    tests = {k: v for k, v in promote_run.data.metrics.items() if k.startswith("test_")}
+    assert "test_acc" in tests
+    best = ranking.best(study.get_trials(), "maximize")
+    trial_model = client.get_logged_model(client.get_run(best.user_attrs["mlflow_run_id"]).data.tags["hpolab.model_id"])
+    for model in (serving, trial_model):
+        linked = {m.key: m.value for m in model.metrics if m.key.startswith("test_")}
+        assert linked == tests, model.name
+        assert {m.dataset_name for m in model.metrics if m.key.startswith("test_")} == {"test"}
+
+
+def test_the_serving_model_is_named_after_the_version_the_registry_gives_next(store):
+    from hpolab.registry.writer import next_version
+
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    assert next_version(client, "nm") == 1  # no such registered model yet
+    client.create_registered_model("nm")
+    assert next_version(client, "nm") == 1
+    for _ in range(11):  # numerically: version 11 is after version 9
+        client.create_model_version("nm", source=str(store / "artifacts"))
+    assert next_version(client, "nm") == 12

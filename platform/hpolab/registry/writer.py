@@ -18,9 +18,10 @@ from hpolab.registry.champion import TAG_TRIAL_RUN
 from hpolab.registry.gate_objectives import TAG_OBJECTIVE
 from hpolab.registry.evaluation import EXAMPLE_ROWS, Evaluation, Exports, PromotionFailed
 from hpolab.registry.selection import Challenger, StudyInfo
+from hpolab.stores.model_links import link_test_metrics, serving_model_name
 from hpolab.stores.run_roles import PROMOTE, ROLE
 
-SERVING_MODEL_NAME = "serving_model"  # the LoggedModel's name in the promote run
+SERVING_MODEL_NAME = "serving_model"  # the serving model's name before it was named after its version
 EXPORT_DIR = "export"  # artifact folder of the promote run: model.onnx, model.torchscript.pt
 MAX_TAG = 5000
 
@@ -49,18 +50,26 @@ def write_version(client, model_name: str, alias: str, info: StudyInfo, ch: Chal
     try:
         threshold = getattr(ev.bound, "threshold", None)
         s_tags = serving_tags(info.experiment, ev.x_raw, ev.y, ev.num_classes, ev.class_names, ev.bound.task.name, threshold)
-        logged, served_diff = _log_serving_model(client, run_id, ev, ch.run_tags, s_tags)
+        # Named after the version it becomes (a logged model cannot be renamed): the registry's next one.
+        expected = next_version(client, model_name)
+        name = serving_model_name(model_name, expected)
+        m_tags = {**s_tags, "optuna.study": info.name, TAG_TRIAL: str(ch.trial_number), "hpolab.registered_model": model_name}
+        logged, served_diff = _log_serving_model(client, run_id, ev, ch.run_tags, m_tags, name)
         for f in (exports.onnx, exports.torchscript):
             client.log_artifact(run_id, str(f), EXPORT_DIR)
-        metrics = {f"test_{k}": v for k, v in ev.metrics.items() if k != "n"}
-        metrics.update({"onnx_max_abs_diff": exports.onnx_diff, "torchscript_max_abs_diff": exports.torchscript_diff,
-                        "serving_max_abs_diff": served_diff})
+        tests = {f"test_{k}": v for k, v in ev.metrics.items() if k != "n"}
+        # the gate's test metrics, linked to the serving model and to the trial's own logged model
+        link_test_metrics(client, run_id, [logged.model_id, *_trial_model(client, ch.run_tags)], tests, ev.fingerprint)
+        metrics = {"onnx_max_abs_diff": exports.onnx_diff, "torchscript_max_abs_diff": exports.torchscript_diff,
+                   "serving_max_abs_diff": served_diff}
         if ch.val_value is not None:
             metrics[info.metric] = ch.val_value
         tr.log_epoch(client, run_id, 0, metrics)
 
         lineage = _lineage(info, ch, ev, exports, gate, selection_metric, previous, run_id, s_tags)
         version = _register(client, model_name, info, ch, ev, logged, run_id, lineage)
+        # Another promote may have registered a version meanwhile: the model then says which it is.
+        client.set_logged_model_tags(logged.model_id, {"hpolab.registered_version": version})
         client.set_registered_model_alias(model_name, alias, version)
         tr.set_tags(client, run_id, {"hpolab.registered_version": version, "hpolab.serving_model_uri": logged.model_uri})
         client.set_terminated(run_id, status="FINISHED")
@@ -98,7 +107,31 @@ def _create_promote_run(client, model_name: str, info: StudyInfo, ch: Challenger
     return run.info.run_id
 
 
-def _log_serving_model(client, run_id: str, ev: Evaluation, trial_tags: dict[str, str], s_tags: dict[str, str]):
+def next_version(client, model_name: str) -> int:
+    """The version number the registry gives the next version of `model_name` (1 for a new model)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        latest = client.search_model_versions(f"name = '{model_name}'", max_results=1, order_by=["version_number DESC"])
+    except MlflowException:
+        return 1
+    return int(latest[0].version) + 1 if latest else 1
+
+
+def _trial_model(client, run_tags: dict[str, str]) -> list[str]:
+    """The promoted trial's own logged model id, when it still exists."""
+    model_id = run_tags.get("hpolab.model_id")
+    if not model_id or "hpolab.model_deleted" in run_tags:
+        return []
+    try:
+        client.get_logged_model(model_id)
+    except Exception:
+        return []
+    return [model_id]
+
+
+def _log_serving_model(client, run_id: str, ev: Evaluation, trial_tags: dict[str, str], s_tags: dict[str, str],
+                       name: str = SERVING_MODEL_NAME):
     """(the LoggedModel, max abs logit difference of the logged artifact vs the evaluated model).
 
     Two flavours over one torch.export'ed file: `pytorch` (mlflow.pytorch.load_model: the raw network
@@ -121,10 +154,10 @@ def _log_serving_model(client, run_id: str, ev: Evaluation, trial_tags: dict[str
         signature = infer_signature(example, table)  # raw tensor in; the task's columns out
     logged = Model.log(
         artifact_path=None,
-        name=SERVING_MODEL_NAME,
+        name=name,
         flavor=_ServingFlavor(config),
         # created in the run's (the study's) experiment: log_model alone files it under "Default"
-        model_id=new_run_model(client, run_id, SERVING_MODEL_NAME, s_tags).model_id,
+        model_id=new_run_model(client, run_id, name, s_tags).model_id,
         run_id=run_id,
         pytorch_model=ev.serving,
         input_example=example,

@@ -48,9 +48,9 @@ def split_digest(config: dict[str, Any], split: str) -> str:
 
 
 def _dataset(key: str, config: dict[str, Any] | None) -> tuple[str | None, str | None]:
-    for prefix, name in (("val_", VAL_DATASET), ("test_", TEST_DATASET)):
-        if key.startswith(prefix) and config is not None:
-            return name, split_digest(config, name)
+    """A validation metric's dataset: the val split (the rest, e.g. train_loss, lr: none)."""
+    if key.startswith("val_") and config is not None:
+        return VAL_DATASET, split_digest(config, VAL_DATASET)
     return None, None
 
 
@@ -88,17 +88,6 @@ def link_trial_metrics(client, run_id: str, model_id: str, epoch: int, config: d
     return sorted(m.key for m in points)
 
 
-def link_values(client, run_id: str, model_ids: Iterable[str], values: dict[str, float], step: int,
-                config: dict[str, Any] | None, timestamp: int) -> None:
-    """Log `values` on the run once and link the same points to each model (promote's test metrics)."""
-    from mlflow.entities import Metric
-
-    points = [Metric(k, float(v), timestamp, step) for k, v in values.items() if isinstance(v, (int, float))]
-    client.log_batch(run_id, metrics=points)
-    for model_id in model_ids:
-        client.log_batch(run_id, metrics=linked(points, model_id, config))
-
-
 def set_changed_tags(client, model, tags: dict[str, str | None]) -> bool:
     """Set (value) or remove (None) the model's tags that differ, in one write; whether anything changed."""
     have = model.tags or {}
@@ -129,3 +118,18 @@ def trial_model_of(model, study: str) -> int | None:
     if tags.get("optuna.study") != study or not number.isdigit() or model.name != trial_model_name(study, int(number)):
         return None
     return int(number)
+
+
+def link_test_metrics(client, run_id: str, model_ids: Iterable[str], values: dict[str, float], fingerprint: str) -> None:
+    """Log promote's test metrics on its run once and link the same points to each model, with the
+    test split (`fingerprint`: promote's digest of its inputs and labels) as their dataset."""
+    import time
+
+    from mlflow.entities import Metric
+
+    ts = int(time.time() * 1000)
+    points = [Metric(k, float(v), ts, 0) for k, v in values.items() if isinstance(v, (int, float))]
+    client.log_batch(run_id, metrics=points)
+    for model_id in model_ids:
+        client.log_batch(run_id, metrics=[Metric(m.key, m.value, ts, 0, model_id=model_id, dataset_name=TEST_DATASET,
+                                                 dataset_digest=fingerprint[:16]) for m in points])
