@@ -154,3 +154,31 @@ def test_the_serving_model_is_named_after_the_version_the_registry_gives_next(st
     for _ in range(11):  # numerically: version 11 is after version 9
         client.create_model_version("nm", source=str(store / "artifacts"))
     assert next_version(client, "nm") == 12
+
+
+@pytest.mark.slow
+def test_study_check_finds_an_unlinked_objective_and_a_tag_naming_a_deleted_model(links_store, tmp_path):
+    import shutil
+    import sqlite3
+
+    store = tmp_path / "store"
+    shutil.copytree(links_store, store)
+    out = run_cli("--store", str(store), "study", "check", "links", check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    client, study, exp = _study(store, "links")
+    first, second = study.get_trials()[:2]
+    model_id = client.get_run(first.user_attrs["mlflow_run_id"]).data.tags["hpolab.model_id"]
+    with sqlite3.connect(store / "mlflow.db") as con:  # MLflow has no call that unlinks a metric
+        con.execute("DELETE FROM logged_model_metrics WHERE model_id = ? AND metric_name = 'val_acc'", (model_id,))
+    out = run_cli("--store", str(store), "study", "check", "links", check=False)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"its logged model {model_id} has val_acc=None linked" in out.stdout, out.stdout
+    out = run_cli("--store", str(store), "study", "check", "links", "--repair", check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert _metric(client.get_logged_model(model_id), "val_acc") == first.value
+
+    gone = client.get_run(second.user_attrs["mlflow_run_id"]).data.tags["hpolab.model_id"]
+    client.delete_logged_model(gone)  # by hand: its run still names it, unmarked
+    out = run_cli("--store", str(store), "study", "check", "links", check=False)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"names logged model {gone}, which is missing" in out.stdout, out.stdout

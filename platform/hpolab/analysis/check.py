@@ -18,7 +18,10 @@ What is checked:
 - the parent run (study user attr `mlflow_parent_run_id`) is closed when no worker runs, with the
   study's counts; no more finished trials than `n_trials`;
 - uploaded checkpoints (`hpolab.checkpoint_epoch`) and logged models (`hpolab.model_id`) exist,
-  unless retention deleted them; a COMPLETE trial has a model or says why not.
+  unless retention deleted them (no run tag names a deleted model unmarked); a COMPLETE trial has a
+  model or says why not;
+- a kept trial model is named `<study>-trial-<n>`, tagged with its trial, state and study, carries
+  its run's params and has its objective values linked as metrics (model_checks.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import json
 
 from hpolab.analysis.check_read import Study, read_study
 from hpolab.analysis.consistency import Problem, orphan_runs, parent_problems, running_problems, trial_problems
+from hpolab.analysis.model_checks import model_problems
 from hpolab.stores.paths import Stores
 from hpolab.stores.run_roles import is_trial_run
 
@@ -40,6 +44,9 @@ def find_problems(s: Study) -> list[Problem]:
     out = running_problems(s)
     for t in s.trials:
         out += trial_problems(s, t)
+        run = s.runs.get(t.user_attrs.get("mlflow_run_id") or "")
+        if run is not None and run.info.lifecycle_stage != "deleted":
+            out += model_problems(s, t, run)
     out += orphan_runs(s)
     out += parent_problems(s)
     return out

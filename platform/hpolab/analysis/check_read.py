@@ -13,7 +13,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
-from hpolab.stores import mlflow_sql, optuna_sql
+from hpolab.stores import mlflow_sql, model_links_read, optuna_sql
 from hpolab.stores.paths import Stores
 from hpolab.stores.sqlite_read import sqlite_path
 
@@ -32,6 +32,8 @@ class Study:
     trials: list[FrozenTrial]
     parent_id: str | None
     live: set[int] = field(default_factory=set)  # RUNNING trials whose owner may be alive
+    links: dict[str, Any] = field(default_factory=dict)  # live model id -> model_links_read.ModelLinks
+    metric_names: list[str] | None = None  # the study's objective metrics (Optuna's metric names)
     opened: dict[str, Any] = field(default_factory=dict, repr=False)  # "study", "client": once opened
 
     @property
@@ -77,9 +79,11 @@ def _read_sql(name: str, stores: Stores) -> Study | None:
         return None
     experiment_id, runs = read
     models = mlflow_sql.read_logged_models(mlflow_db, experiment_id) if experiment_id is not None else {}
-    if models is None:
+    links = model_links_read.read_sql(mlflow_db, experiment_id) if experiment_id is not None else {}
+    if models is None or links is None:
         return None
-    return Study(name, stores, experiment_id, runs, models, study.trials, study.user_attrs.get("mlflow_parent_run_id"))
+    return Study(name, stores, experiment_id, runs, models, study.trials, study.user_attrs.get("mlflow_parent_run_id"),
+                 links=links, metric_names=study.metric_names)
 
 
 def _read_through_clients(name: str, stores: Stores) -> Study:
@@ -109,4 +113,5 @@ def _read_through_clients(name: str, stores: Stores) -> Study:
             if not token:
                 break
     return Study(name, stores, exp.experiment_id if exp else None, runs, models, study.get_trials(deepcopy=False),
-                 study.user_attrs.get("mlflow_parent_run_id"), opened={"study": study, "client": client})
+                 study.user_attrs.get("mlflow_parent_run_id"), opened={"study": study, "client": client},
+                 links=model_links_read.from_models(models.values()), metric_names=study.metric_names)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterable
+from typing import Iterable
 
 MLFLOW_REFUSES = "/:.%\"'"  # mlflow.utils.validation._validate_logged_model_name
 LEGACY_NAME = "model"  # what every trial's model was called before: still loads (models:/<id>), not renamed
@@ -41,37 +41,30 @@ def trial_model_tags(study: str, number: int, state: str) -> dict[str, str]:
     return {"hpolab.trial_number": str(number), "hpolab.state": state, "optuna.study": study}
 
 
-def split_digest(config: dict[str, Any], split: str) -> str:
-    """A digest naming a data split by what defines it: the experiment, its data config and the seed."""
-    what = {"experiment": config.get("experiment"), "data": config.get("data"), "seed": config.get("seed"), "split": split}
-    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def split_digest(params: dict[str, str], split: str) -> str:
+    """A digest naming a data split by what defines it: the run's data params and seed (as logged)."""
+    what = {k: v for k, v in params.items() if k.startswith("data.") or k == "seed"}
+    return hashlib.sha256(json.dumps({**what, "split": split}, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _dataset(key: str, config: dict[str, Any] | None) -> tuple[str | None, str | None]:
-    """A validation metric's dataset: the val split (the rest, e.g. train_loss, lr: none)."""
-    if key.startswith("val_") and config is not None:
-        return VAL_DATASET, split_digest(config, VAL_DATASET)
-    return None, None
-
-
-def linked(metrics: Iterable, model_id: str, config: dict[str, Any] | None) -> list:
-    """The run's metric points as the same points linked to `model_id` (with their split's dataset)."""
+def linked(metrics: Iterable, model_id: str, params: dict[str, str]) -> list:
+    """The run's metric points as the same points linked to `model_id` (a val_* one with the
+    validation split as its dataset; the rest, e.g. train_loss or lr, with none)."""
     from mlflow.entities import Metric
 
     out = []
     for m in metrics:
-        name, digest = _dataset(m.key, config)
+        name, digest = (VAL_DATASET, split_digest(params, VAL_DATASET)) if m.key.startswith("val_") else (None, None)
         out.append(Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id, dataset_name=name, dataset_digest=digest))
     return out
 
 
-def run_points(client, run_id: str, step: int, also: Iterable[str] = ()) -> list:
+def run_points(client, run, step: int, also: Iterable[str] = ()) -> list:
     """The run's metric points at `step` (every key), plus the latest point of each key in `also`
     that has none at that step (an objective measured after training)."""
-    run = client.get_run(run_id)
     points, latest = [], {}
     for key in run.data.metrics:
-        history = client.get_metric_history(run_id, key)
+        history = client.get_metric_history(run.info.run_id, key)
         at = [m for m in history if m.step == step]
         points += at[-1:]
         if not at and key in also and history:
@@ -79,12 +72,12 @@ def run_points(client, run_id: str, step: int, also: Iterable[str] = ()) -> list
     return points + list(latest.values())
 
 
-def link_trial_metrics(client, run_id: str, model_id: str, epoch: int, config: dict[str, Any] | None,
-                       objectives: Iterable[str] = ()) -> list[str]:
+def link_trial_metrics(client, run_id: str, model_id: str, epoch: int, objectives: Iterable[str] = ()) -> list[str]:
     """Link the run's metrics of `epoch` (and the `objectives` measured later) to the model; their keys."""
-    points = run_points(client, run_id, epoch, set(objectives))
+    run = client.get_run(run_id)
+    points = run_points(client, run, epoch, set(objectives))
     if points:
-        client.log_batch(run_id, metrics=linked(points, model_id, config))
+        client.log_batch(run_id, metrics=linked(points, model_id, run.data.params))
     return sorted(m.key for m in points)
 
 

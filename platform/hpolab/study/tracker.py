@@ -210,8 +210,7 @@ class TrialTracker:
             if saved is not None:  # the store's copy is the one kept
                 shutil.rmtree(saved, ignore_errors=True)
         try:
-            link_trial_metrics(self.client, r.run_id, tags["hpolab.model_id"], int(info["best_epoch"]), r.config,
-                               info.get("objectives") or {})
+            link_trial_metrics(self.client, r.run_id, tags["hpolab.model_id"], int(info["best_epoch"]), info.get("objectives") or {})
         except Exception as e:  # the model stands; `study check --repair` links them later
             self.note(f"trial {r.number}: linking its metrics to its model failed: {e}")
         return tags
