@@ -94,6 +94,11 @@ def test_top_k_keeps_the_best_models_and_checkpoints_only(store):
     live = client.search_logged_models([exp.experiment_id])
     assert [m.source_run_id for m in live] == [runs[best].info.run_id]
     assert [p for p in (store / "artifacts" / "models").rglob("*") if p.is_file() and live[0].model_id not in str(p)] == []
+    assert (live[0].name, live[0].tags["hpolab.rank"]) == (f"keep-trial-{best}", "1")  # ranked after the others finished
+    for run in runs.values():  # a run naming a deleted model says so: no unmarked pointer at it
+        model_id = run.data.tags.get("hpolab.model_id")
+        assert model_id is None or model_id == live[0].model_id or "hpolab.model_deleted" in run.data.tags
+    assert run_cli("--store", str(store), "study", "check", "keep", check=False).returncode == 0
     for n in (best, second):  # best.pt once, in the artifact store; last.pt gone with the trial's end
         folder = store / "trials" / "keep" / f"trial-{n}"
         assert not (folder / "best.pt").exists() and not (folder / "last.pt").exists()
