@@ -135,6 +135,8 @@ def _add_result_commands(sub) -> None:
     p = _command(sub, "report", "a self-contained HTML report of a study")
     p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file")
     p.add_argument("--out", metavar="FILE", help="default: STORE/reports/NAME.html")
+    p.add_argument("--ui-url", metavar="URL", help="link trials' runs and logged models to the MLflow UI at this address, "
+                   "e.g. http://127.0.0.1:5000 (hpolab ui's; default: the tracking server's, else the models:/ URI is shown)")
 
 
 def build_parser() -> argparse.ArgumentParser:

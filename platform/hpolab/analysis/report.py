@@ -27,6 +27,7 @@ from hpolab.analysis import report_html as H
 from hpolab.analysis.report_data import TOP_ROWS, ReportData, best_number, gather
 from hpolab.analysis.report_figures import plots_for, PLOTS, quiet
 from hpolab.analysis.report_sql import gather_sql
+from hpolab.analysis.report_trials import model_cell, problem_trials, run_cell, top_trials, trial_row, ui_url_of
 from hpolab.stores.paths import Stores
 
 ARTIFACT_DIR = "report"  # on the study's parent run: report/<study>.html
@@ -133,8 +134,8 @@ def _best_trial_html(data: ReportData, best: int | None) -> list[str]:
     if rows:
         out.append(H.table(["parameter", "value"], rows))
     if run:
-        out.append(f"<p class=\"caption\">MLflow run <span class=\"mono\">{H.esc(run)}</span>"
-                   f"{' &middot; model <span class=mono>' + H.esc(bt.user_attrs.get('model_uri', '')) + '</span>' if bt.user_attrs.get('model_uri') else ''}</p>")
+        model = model_cell(data, trial_row(data, best))
+        out.append(f"<p class=\"caption\">MLflow run {run_cell(data, run)}{' &middot; logged model ' + model if model != '–' else ''}</p>")
     return out
 
 
@@ -151,49 +152,6 @@ def _summary(data: ReportData) -> str:
     out += _summary_notes(data)
     out += _best_trial_html(data, best)
     return "\n".join(out)
-
-
-def _top_trials(data: ReportData) -> str:
-    from hpolab.analysis.compare_render import short_names
-    from hpolab.analysis.compare_study import select
-
-    t = data.table
-    if t is None or t.frame.empty or not (t.frame["state"] == "COMPLETE").any():
-        return H.note("No complete trial yet.")
-    df = select(t, state="complete", top=TOP_K)
-    shorts = short_names(t.params)
-    headers = ["trial", *[shorts[p] for p in t.params], f"best {t.metric}", f"final {t.metric}", "epochs", "seconds", "MLflow run"]
-    numeric = [True, *[True] * len(t.params), True, True, True, True, False]
-    rows = []
-    for _, r in df.iterrows():
-        rows.append([
-            int(r["trial"]),
-            *[_py(r[f"params.{p}"]) for p in t.params],
-            _py(r[t.best_col]), _py(r[t.final_col]), _py(r["epochs"]),
-            None if _py(r["duration_s"]) is None else round(float(r["duration_s"]), 1),
-            r["run_id"] or "–",
-        ])
-    n_complete = int((t.frame["state"] == "COMPLETE").sum())
-    head = f"<p class=\"caption\">Showing {len(rows)} of {n_complete} complete trials. " \
-           f"Full table: <code>hpolab compare {H.esc(data.study.study_name)}</code> (add <code>--format csv</code> for every column).</p>"
-    return head + H.table(headers, rows, numeric)
-
-
-def _problem_trials(data: ReportData) -> str:
-    t = data.table
-    if t is None or t.frame.empty:
-        return ""
-    failed = t.frame[t.frame["state"] == "FAIL"]
-    if failed.empty:
-        return ""
-    rows = [[int(r["trial"]), r["fail_reason"] or "(no reason recorded)", r["run_id"] or "–"] for _, r in failed.iterrows()]
-    return "<h3>Failed trials</h3>" + H.table(["trial", "why it failed", "MLflow run"], rows, [True, False, False])
-
-
-def _py(v):
-    from hpolab.analysis.compare_render import json_value
-
-    return json_value(v)
 
 
 def _promotion_html(data: ReportData) -> str:
@@ -301,7 +259,7 @@ def render(data: ReportData) -> str:
         content = H.figure(fig, key) if fig is not None else H.note(why)
         parts.append(H.section(key, title, html.escape(caption.format(metric=data.metric)), content))
     parts.append(H.section("top-trials", "Top trials", f"The best complete trials by {H.esc(data.metric)} ({data.direction}).",
-                           _top_trials(data) + _problem_trials(data)))
+                           top_trials(data) + problem_trials(data)))
     parts.append(H.section("promotion", "Promotion",
                            "Which trained model is promoted: the MLflow Model Registry entry named like the study, and the "
                            "version holding the <code>champion</code> alias with its held-out test metrics.",
@@ -339,11 +297,14 @@ def _read_only(study, stores: Stores):
     return ReadOnlyStudy(study_name=study.study_name, storage=study._storage)
 
 
-def write_report(name: str, stores: Stores, out: Path | None = None) -> tuple[Path, ReportData]:
+def write_report(name: str, stores: Stores, out: Path | None = None, ui_url: str | None = None) -> tuple[Path, ReportData]:
+    """`ui_url`: the MLflow UI the page links trials' runs and models to (default: the tracking server's)."""
     from hpolab.stores.optuna_storage import load_study
 
+    ui_url = ui_url_of(stores.tracking_uri, ui_url)  # (a bad --ui-url is refused before anything is read)
     study = _read_only(load_study(name, stores), stores)
     data = gather_sql(study, stores) or gather(study, stores)  # an embedded store: plain SQL (report_sql.py)
+    data.ui_url = ui_url
     out = Path(out) if out else stores.root / "reports" / f"{name}.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(data), encoding="utf-8")
@@ -381,7 +342,7 @@ def log_report(data: ReportData, path: Path, stores: Stores) -> str | None:
 
 
 def report_cmd(args, stores: Stores) -> int:
-    out, data = write_report(args.name, stores, Path(args.out) if args.out else None)
+    out, data = write_report(args.name, stores, Path(args.out) if args.out else None, getattr(args, "ui_url", None))
     print(f"report: {out}")
     if data.finished < 2:
         print(f"note: the study has {data.finished} finished trial{'s' * (data.finished != 1)}; the report says what is missing")

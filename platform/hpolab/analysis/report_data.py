@@ -34,6 +34,7 @@ class ReportData:
     lr_test: dict[str, Any] | None = None  # {"lr": [...], "loss": [...], "smoothed": [...], "attr": {...}, "run_id": ...}
     promotion: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # what could not be read (shown in the footer)
+    ui_url: str | None = None  # the MLflow UI trials' runs and models link to (report_trials.py); None: unknown
 
     @property
     def finished(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hpolab.analysis.compare_sql import first_runs
+from hpolab.analysis.compare_sql import first_runs, live_models
 from hpolab.analysis.compare_study import table_of, top_numbers
 from hpolab.analysis.report_data import LR_KEYS, LR_RUN_NAME, TOP_ROWS, ReportData, lr_curve, registered
 from hpolab.stores import mlflow_sql
@@ -37,9 +37,10 @@ def gather_sql(study, stores: Stores) -> ReportData | None:
                                                                 if t.number in only and t.user_attrs.get("mlflow_run_id")])
     lr_test = _lr_test(study, mlflow_db, experiment_id, problems)
     promotion = _promotion(study.study_name, mlflow_db)
-    if shown is None or lr_test is False or promotion is None:
+    models = live_models(mlflow_db, experiment_id)
+    if shown is None or lr_test is False or promotion is None or models is False:
         return None
-    table = table_of(study, metric, {k: (r.data.tags, r.data.metrics) for k, r in shown[1].items()}, experiment_id is not None)
+    table = table_of(study, metric, {k: (r.data.tags, r.data.metrics) for k, r in shown[1].items()}, experiment_id is not None, models)
     counts = Counter(t.state.name for t in study.get_trials())
     return ReportData(study, metric, primary_direction(study, metric), counts, None, experiment_id, runs.get(parent_id), table,
                       lr_test=lr_test, promotion=promotion, problems=problems)
