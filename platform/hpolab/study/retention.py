@@ -93,6 +93,8 @@ class Retention:
     def rank_tags(self, force: bool = False) -> dict[int, dict[str, str | None]] | None:
         """The rank tags of the trial models (model_ranks.py), read on the driver's thread; None when
         they are what the last pass wrote (`force`: the last pass, which may see models logged since)."""
+        if self.log_models == "none":  # no model to tag
+            return None
         tags = rank_tags(self.study.get_trials(deepcopy=False), self.direction)
         if tags == self._ranked and not force:
             return None
