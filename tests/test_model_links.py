@@ -117,6 +117,8 @@ def test_several_objectives_link_every_objective_and_tag_the_front(store):
         assert _metric(model, "val_c") == run.data.metrics["val_c"]  # the constrained metric (one epoch)
         assert model.tags["hpolab.on_front"] == ("true" if t.number in on_front else "false")
         assert (model.tags["hpolab.pareto_rank"] == "0") == (t.number in on_front)
+    out = run_cli("--store", str(store), "study", "check", "fixed-point", cwd=FAULT_PROJECT, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 @pytest.mark.slow
@@ -141,6 +143,8 @@ def test_promote_names_the_serving_model_and_links_the_test_metrics_to_it_and_th
         linked = {m.key: m.value for m in model.metrics if m.key.startswith("test_")}
         assert linked == tests, model.name
         assert {m.dataset_name for m in model.metrics if m.key.startswith("test_")} == {"test"}
+    out = run_cli("--store", str(store), "study", "check", "links", check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_the_serving_model_is_named_after_the_version_the_registry_gives_next(store):

@@ -7,7 +7,8 @@ the chain of a retry that has not finished (it resumes from those checkpoints), 
 attempts of a kept trial. Deleting is idempotent and marked on the run (`hpolab.checkpoints_deleted`,
 `hpolab.model_deleted`), so any worker can do it once the run is closed; a run still RUNNING (another
 worker may still be uploading or logging its model) is left for a later pass. A trial someone
-promoted keeps its files whatever its rank (promote runs name it: `hpolab.trial_run_id`).
+promoted keeps its files whatever its rank (promote runs name it: `hpolab.trial_run_id`). The same
+passes rewrite the rank tags of the models still kept (model_ranks.py) where a rank changed.
 
 Checkpoints by purpose (tidy_finished): `last.pt` is for resuming, so it lives only while the trial
 can still be resumed (running, or FAIL with a retry to come); a COMPLETE or PRUNED trial loses it (trial
