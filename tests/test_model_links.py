@@ -89,11 +89,14 @@ def test_trial_models_are_tagged_with_their_rank(links_store):
 @pytest.mark.slow
 def test_search_logged_models_filters_and_sorts_by_a_linked_metric(links_store):
     client, study, exp = _study(links_store, "links")
-    mlflow.set_tracking_uri(f"sqlite:///{links_store / 'mlflow.db'}")
     values = sorted(t.value for t in study.get_trials())
     cut = values[0]  # every trial but the worst (ties included)
-    found = mlflow.search_logged_models(experiment_ids=[exp.experiment_id], filter_string=f"metrics.val_acc > {cut}",
-                                        order_by=[{"field_name": "metrics.val_acc", "ascending": False}], output_format="list")
+    mlflow.set_tracking_uri(f"sqlite:///{links_store / 'mlflow.db'}")
+    try:  # (the fluent API reads the global URI, which set_tracking_uri also exports to os.environ)
+        found = mlflow.search_logged_models(experiment_ids=[exp.experiment_id], filter_string=f"metrics.val_acc > {cut}",
+                                            order_by=[{"field_name": "metrics.val_acc", "ascending": False}], output_format="list")
+    finally:
+        mlflow.set_tracking_uri(None)
     expected = [t.number for t in ranking.ranked(study.get_trials(), "maximize") if t.value > cut]
     assert [m.name for m in found] == [trial_model_name("links", n) for n in expected]
 
