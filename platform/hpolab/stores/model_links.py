@@ -21,7 +21,6 @@ from typing import Iterable
 MLFLOW_REFUSES = "/:.%\"'"  # mlflow.utils.validation._validate_logged_model_name
 LEGACY_NAME = "model"  # what every trial's model was called before: still loads (models:/<id>), not renamed
 VAL_DATASET, TEST_DATASET = "val", "test"
-TRIAL_TAGS = ("hpolab.trial_number", "hpolab.state", "optuna.study")
 
 
 def model_name_part(text: str) -> str:
