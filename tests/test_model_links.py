@@ -189,3 +189,48 @@ def test_study_check_finds_an_unlinked_objective_and_a_tag_naming_a_deleted_mode
     out = run_cli("--store", str(store), "study", "check", "links", check=False)
     assert out.returncode == 1, out.stdout + out.stderr
     assert f"names logged model {gone}, which is missing" in out.stdout, out.stdout
+
+
+def _fabricated(number: int, values, state="COMPLETE", constraints=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(number=number, state=state, values=values, system_attrs={}, constraints=constraints or {})
+
+
+def test_rank_tags_follow_ranking_for_one_and_several_objectives():
+    from hpolab.study.model_ranks import rank_tags
+
+    one = [_fabricated(0, [0.5]), _fabricated(1, [0.9]), _fabricated(2, None, "PRUNED"), _fabricated(3, [0.7])]
+    order = [t.number for t in ranking.ranked(one, "maximize")]
+    tags = rank_tags(one, "maximize")
+    assert {n: tags[n]["hpolab.rank"] for n in order} == {n: str(i + 1) for i, n in enumerate(order)}
+    assert tags[2] == {"hpolab.rank": None, "hpolab.pareto_rank": None, "hpolab.on_front": None}  # PRUNED: none
+
+    # minimize both: 0 infeasible (it dominates 1); front 1, 2; 3 dominated by 2
+    several = [_fabricated(0, [5.0, 0.0], constraints={"c": 1.0}), _fabricated(1, [6.0, 1.0]),
+               _fabricated(2, [0.0, 10.0]), _fabricated(3, [1.0, 11.0])]
+    tags = rank_tags(several, ["minimize", "minimize"])
+    front = {t.number for t in ranking.front(several, ["minimize", "minimize"])}
+    assert {n for n, t in tags.items() if t["hpolab.on_front"] == "true"} == front
+    assert {n for n, t in tags.items() if t["hpolab.pareto_rank"] == "0"} == front
+    assert tags[0]["hpolab.pareto_rank"] == "infeasible" and tags[3]["hpolab.pareto_rank"] == "1"
+
+
+def test_a_rank_pass_skips_a_model_deleted_since_its_search(store, monkeypatch):
+    """Another worker's retention may delete a model between the pass's search and its tag write."""
+    from hpolab.stores import model_links
+    from hpolab.study.model_ranks import apply_rank_tags
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    exp = client.create_experiment("s", artifact_location=(store / "artifacts").as_uri())
+    gone, kept = (client.create_logged_model(exp, name=trial_model_name("s", n), tags={"optuna.study": "s", "hpolab.trial_number": str(n)})
+                  for n in (0, 1))
+    searched = model_links.study_models
+
+    def search_then_delete(client, experiment_id):
+        found = searched(client, experiment_id)
+        client.delete_logged_model(gone.model_id)
+        return found
+    monkeypatch.setattr(model_links, "study_models", search_then_delete)
+    assert apply_rank_tags(client, exp, "s", {0: {"hpolab.rank": "2"}, 1: {"hpolab.rank": "1"}}) == 1
+    assert client.get_logged_model(kept.model_id).tags["hpolab.rank"] == "1"

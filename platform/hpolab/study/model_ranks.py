@@ -40,11 +40,27 @@ def rank_tags(trials: Iterable, directions: str | Sequence) -> dict[int, dict[st
 
 def apply_rank_tags(client, experiment_id: str, study: str, tags: dict[int, dict[str, str | None]]) -> int:
     """Rewrite the rank tags of the study's live trial models where they differ; how many changed."""
+    from mlflow.exceptions import MlflowException
+
     from hpolab.stores.model_links import set_changed_tags, study_models, trial_model_of
 
     changed = 0
     for model in study_models(client, experiment_id):
         number = trial_model_of(model, study)
-        if number is not None and number in tags:
+        if number is None or number not in tags:
+            continue
+        try:
             changed += set_changed_tags(client, model, tags[number])
+        except MlflowException:  # another worker's retention deleted it since the search: nothing to tag
+            if _live(client, model.model_id):
+                raise
     return changed
+
+
+def _live(client, model_id: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_logged_model(model_id).status is not None
+    except MlflowException:
+        return False
