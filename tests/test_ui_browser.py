@@ -9,6 +9,7 @@ Needs /usr/bin/chromium (`scripts/system-deps` installs it) and the `playwright`
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import re
 import signal
@@ -45,20 +46,26 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def study_store(tmp_path_factory, migrated_store) -> Path:
-    """The shared finished study (COMPLETE, PRUNED, FAIL), copied, with its report logged."""
+def ui_port() -> int:
+    return _free_port()
+
+
+@pytest.fixture(scope="module")
+def study_store(tmp_path_factory, migrated_store, ui_port) -> Path:
+    """The shared finished study (COMPLETE, PRUNED, FAIL), copied, with its report logged; the report
+    links trials' runs and models to the UI that `ui_server` serves."""
     from hpolab.cli import main
 
     store = copy_store(mixed_study_template(tmp_path_factory, migrated_store), tmp_path_factory.mktemp("ui") / "store")
     assert main(["--store", str(store), "--storage", f"sqlite:///{store / 'optuna.db'}",
-                 "--tracking-uri", f"sqlite:///{store / 'mlflow.db'}", "report", STUDY]) == 0
+                 "--tracking-uri", f"sqlite:///{store / 'mlflow.db'}", "report", STUDY, "--ui-url", f"http://127.0.0.1:{ui_port}"]) == 0
     return store
 
 
 @pytest.fixture
-def ui_server(study_store, tmp_path):
+def ui_server(study_store, ui_port, tmp_path):
     """`hpolab --store DIR ui --port P` as a user runs it; yields (base URL, process, log path)."""
-    port = _free_port()
+    port = ui_port
     log = tmp_path / "ui.log"
     exe = Path(sys.executable).with_name("hpolab")
     with log.open("w") as f:
@@ -88,6 +95,52 @@ def _close_assistant(page) -> None:
     close = page.get_by_role("button", name="Close", exact=True)
     if close.count() == 1 and close.is_visible():
         close.click()
+
+
+def _models_tab(page, url: str, exp_id: str, metric: str) -> dict[str, float]:
+    """Open the experiment's Models tab ("Model training" view) and show `metric`'s column: the
+    column selector hides the model attributes, the metrics without a dataset and the params, so
+    the linked validation metrics are in view (the grid draws only the columns in view). Returns
+    model name -> the metric as the table shows it."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{url}/#/experiments/{exp_id}/models?workflowType=machine_learning")
+    expect(page.get_by_role("link", name=f"{STUDY}-trial-0", exact=True).first).to_be_visible()
+    _close_assistant(page)
+    page.get_by_role("button", name="Columns", exact=True).click()
+    for group in ("Model attributes", "No dataset", "Parameters"):
+        page.locator(".du-bois-light-tree-treenode", has_text=group).first.locator(".du-bois-light-tree-checkbox").click()
+    page.keyboard.press("Escape")
+    expect(page.get_by_role("columnheader", name=metric, exact=True)).to_be_visible()
+    # one grid row per model, split into a pinned part (the name) and a scrolled part (the metrics)
+    cells = page.evaluate("""metric => [...document.querySelectorAll('[role=gridcell]')].map(c =>
+        [c.closest('[role=row]').getAttribute('row-index'), c.getAttribute('col-id'), c.innerText])""", metric)
+    names = {row: text.split("\n")[-1] for row, col, text in cells if col == "name"}
+    values = {row: float(text) for row, col, text in cells  # (the grid writes its column ids HTML-escaped)
+              if col.startswith("metrics.") and f'"metricKey":"{metric}"' in html.unescape(col)}
+    assert set(names) == set(values), cells
+    return {names[row]: values[row] for row in names}
+
+
+def _check_search_logged_models(store: Path, exp_id: str, complete: dict[str, float]) -> None:
+    """mlflow.search_logged_models, as a user calls it: ordered by val_acc, and filtered above the
+    midpoint of the best two values (the models above it, from Optuna's values)."""
+    import os
+
+    import mlflow
+
+    ranked = sorted(complete, key=lambda name: -complete[name])
+    cut = (complete[ranked[0]] + complete[ranked[1]]) / 2
+    mlflow.set_tracking_uri(f"sqlite:///{store / 'mlflow.db'}")
+    try:
+        ordered = mlflow.search_logged_models(experiment_ids=[exp_id], output_format="list",
+                                              order_by=[{"field_name": "metrics.val_acc", "ascending": False}])
+        above = mlflow.search_logged_models(experiment_ids=[exp_id], filter_string=f"metrics.val_acc > {cut!r}", output_format="list")
+    finally:
+        mlflow.set_tracking_uri(None)
+        os.environ.pop("MLFLOW_TRACKING_URI", None)  # (set_tracking_uri exports it: later tests' commands would inherit it)
+    assert [m.name for m in ordered] == ranked
+    assert {m.name for m in above} == {name for name in complete if complete[name] > cut} != set()
 
 
 def test_ui_shows_study_runs_metrics_and_report(study_store, ui_server, tmp_path):
@@ -135,7 +188,8 @@ def test_ui_shows_study_runs_metrics_and_report(study_store, ui_server, tmp_path
             for metric in ("train_loss", "val_loss", "val_acc", "lr", "grad_norm", "epoch_seconds"):
                 value = best_run.data.metrics[metric]
                 text = repr(value) if value != int(value) else str(int(value))
-                cells = re.compile(rf"^\s*{re.escape(metric)}\s*{re.escape(text)}\s*$")
+                # (the last column names the logged model a metric is linked to)
+                cells = re.compile(rf"^\s*{re.escape(metric)}\s*{re.escape(text)}\s*(?:{STUDY}-trial-{best.number})?\s*$")
                 expect(page.get_by_role("row").filter(has_text=cells)).to_have_count(1)
             metrics_heading.scroll_into_view_if_needed()
             page.screenshot(path=str(SHOTS / "2-trial-run-metrics.png"))
@@ -169,23 +223,37 @@ def test_ui_shows_study_runs_metrics_and_report(study_store, ui_server, tmp_path
             expect(local.get_by_role("heading", name=f"Study {STUDY}")).to_be_visible()
             expect(local.locator(".js-plotly-plot")).to_have_count(6)
             expect(local.locator("#promotion")).to_contain_text("Not promoted yet")
+            # the best trial's logged model, linked by name to its page in this UI (step 6 opens it)
+            best_model = client.get_logged_model(best_run.data.tags["hpolab.model_id"])
+            model_page = f"{url}/#/experiments/{exp_id}/models/{best_model.model_id}"
+            expect(local.get_by_role("link", name=best_model.name, exact=True).first).to_have_attribute("href", model_page)
             local.screenshot(path=str(SHOTS / "5-report-offline.png"), full_page=True)
             offline.close()
 
-            # 5. The experiment's Models tab lists the trials' logged models, each with its trial run
-            #     as the source (they are created in the study's experiment, not in "Default").
+            # 5. The experiment's Models tab: each COMPLETE trial's model, named <study>-trial-<n>, and
+            #    the val_acc linked to it as a column, equal to the trial's value in Optuna.
+            complete = {f"{STUDY}-trial-{t.number}": t.value for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
             logged = client.search_logged_models(experiment_ids=[exp_id])
-            sources = {client.get_run(m.source_run_id).info.run_name for m in logged}
-            complete = {f"trial-{t.number}" for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
-            assert complete and complete <= sources
-            page.goto(f"{url}/#/experiments/{exp_id}/models")
-            for name in sorted(complete):
-                expect(page.get_by_role("link", name=name, exact=True).first).to_be_visible()
+            assert {m.name for m in logged} == set(complete)
+            assert all(client.get_run(m.source_run_id).info.run_name == m.name.removeprefix(f"{STUDY}-") for m in logged)
+            shown = _models_tab(page, url, exp_id, "val_acc")
+            assert shown == {name: pytest.approx(value, rel=1e-12) for name, value in complete.items()}
             page.screenshot(path=str(SHOTS / "6-experiment-models.png"))
+
+            # 6. The report's link: the logged model's page, with its name and linked metrics.
+            page.goto(model_page)
+            expect(page.get_by_role("heading", name=best_model.name).first).to_be_visible()
+            expect(page.get_by_role("row").filter(has_text=re.compile(r"^\s*val_acc\s*val \(#"))).to_have_count(1)  # on the val split
+            page.screenshot(path=str(SHOTS / "7-logged-model.png"))
         finally:
             browser.close()
 
-    for name in ("1-experiment-runs", "2-trial-run-metrics", "3-trial-run-charts", "4-report-in-artifacts", "5-report-offline", "6-experiment-models"):
+    # The models by a metric, as the Models tab would sort and filter them (its sort and search controls
+    # are off in MLflow 3.17's open-source UI): the order and the filter match the Optuna study's values.
+    _check_search_logged_models(study_store, exp_id, complete)
+
+    for name in ("1-experiment-runs", "2-trial-run-metrics", "3-trial-run-charts", "4-report-in-artifacts", "5-report-offline",
+                 "6-experiment-models", "7-logged-model"):
         assert (SHOTS / f"{name}.png").stat().st_size > 10_000, name
 
     # Ctrl-C: the UI stops its server and exits 0
