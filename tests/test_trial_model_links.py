@@ -113,6 +113,7 @@ def test_report_links_each_trial_to_its_logged_model(pruned_store, tmp_path):
     assert f"{ui}/#/experiments/{exp}/models/{model.model_id}" in hrefs
     assert f"{ui}/#/experiments/{exp}/runs/{kept.user_attrs['mlflow_run_id']}" in hrefs
     assert f"{ui}/#/experiments/{exp}/runs/{gone.user_attrs['mlflow_run_id']}" in hrefs  # its run stays
+    assert f"{ui}/#/experiments/{exp}/models?workflowType=machine_learning" in hrefs  # the Models tab
     assert not any(deleted_id in h for h in hrefs) and deleted_id not in html
     # the model's name is the link's text (it names the study and trial)
     assert re.search(rf'<a href="{re.escape(ui)}/#/experiments/{exp}/models/{model.model_id}"[^>]*>{re.escape(model.name)}</a>', html)

@@ -38,6 +38,7 @@ table.data th, table.data td { border-bottom: 1px solid var(--line); padding: 5p
                                vertical-align: top; }
 table.data th { background: var(--bg-soft); font-weight: 600; }
 table.data td.num { text-align: right; font-variant-numeric: tabular-nums; }
+table.data td a { white-space: nowrap; }
 code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12.5px; }
 nav.toc { margin: 10px 0 0; color: var(--muted); font-size: 14px; }
 nav.toc a { color: var(--complete); text-decoration: none; margin-right: 14px; white-space: nowrap; }

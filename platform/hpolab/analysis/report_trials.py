@@ -106,8 +106,10 @@ def top_trials(data: ReportData) -> str:
 
 
 def _models_note(data: ReportData) -> str:
-    if data.ui_url:
-        return f" Runs and models link to the MLflow UI at <span class=mono>{H.esc(data.ui_url)}</span>."
+    if data.ui_url and data.experiment_id is not None:
+        tab = f"{data.ui_url}/#/experiments/{data.experiment_id}/models?workflowType=machine_learning"
+        return (f" Runs and models link to the MLflow UI at <span class=mono>{H.esc(data.ui_url)}</span>; its "
+                f"{_link(tab, 'Models tab')} lists the study's models with their linked metrics side by side.")
     return (" A model is named by its URI (<code>mlflow.pyfunc.load_model(URI)</code>); with "
             "<code>--ui-url</code> (e.g. what <code>hpolab ui</code> serves) the report links each to its page in the MLflow UI.")
 
