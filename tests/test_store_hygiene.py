@@ -33,9 +33,9 @@ def test_study_promote_and_lr_find_write_only_to_the_store(tmp_path, store):
     exp = client.get_experiment_by_name("digits-cnn")
     models = client.search_logged_models(experiment_ids=[exp.experiment_id])
     runs = {m.source_run_id: client.get_run(m.source_run_id) for m in models}
-    trial_models = sorted((runs[m.source_run_id].info.run_name, m.name) for m in models if m.name == "model")
-    assert trial_models == [("trial-0", "model"), ("trial-1", "model")]
-    serving = [runs[m.source_run_id].info.run_name for m in models if m.name == "serving_model"]
+    trial_models = sorted((runs[m.source_run_id].info.run_name, m.name) for m in models if "-trial-" in m.name)
+    assert trial_models == [("trial-0", "digits-cnn-trial-0"), ("trial-1", "digits-cnn-trial-1")]
+    serving = [runs[m.source_run_id].info.run_name for m in models if m.name == "digits-cnn-v1"]  # registered model + version
     assert len(serving) == 1 and serving[0].startswith("promote-trial-"), serving
     for m in models:
         assert m.experiment_id == exp.experiment_id
