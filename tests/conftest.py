@@ -5,12 +5,15 @@ Creating an MLflow SQLite DB runs all its migrations (seconds); copying a migrat
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -137,6 +140,24 @@ def start_cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, *
     return _WARM[0].start(cmd, cwd=cwd, env=env or hpolab_env(), **popen)
 
 
+@contextlib.contextmanager
+def storage_proxy(database: str, cwd: Path):
+    """`hpolab storage-proxy` in front of `database` on a free loopback port: yields its grpc:// URL, then
+    stops it with SIGTERM (as docker stop does) and, when the body passed, asserts it stopped cleanly."""
+    from services import free_port
+
+    port = free_port()
+    proxy = start_cli("--storage", database, "storage-proxy", "--port", str(port), cwd=cwd,
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert "storage proxy" in proxy.stdout.readline()
+        yield f"grpc://127.0.0.1:{port}"
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        tail = proxy.communicate(timeout=60)[0]
+    assert proxy.returncode == 0 and "storage proxy stopped" in tail, tail
+
+
 def live_processes() -> dict[int, tuple[int, int, str]]:
     """pid -> (parent pid, process group, command line) of every live (not zombie) process, from /proc."""
     found = {}
@@ -234,6 +255,16 @@ def open_study(store: Path, name: str = "faulty"):
     client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{store / 'optuna.db'}")
     return client, study
+
+
+def wait_for_checkpoints(store: Path, n: int, timeout: float = 120, study: str = "faulty") -> None:
+    """Wait until `n` trials of the study have written their first checkpoint (they are mid-training)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(list((store / "trials" / study).glob("trial-*/last.pt"))) >= n:
+            return
+        time.sleep(0.1)
+    raise AssertionError("no trial checkpointed in time")
 
 
 def trial_run(t, client):

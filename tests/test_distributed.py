@@ -15,7 +15,7 @@ import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from conftest import ROOT, hpolab_env, run_cli, start_cli
+from conftest import ROOT, hpolab_env, run_cli, start_cli, storage_proxy
 from services import HAVE_POSTGRES, NO_POSTGRES, as_postgres, free_port, postgres_cluster, wait_for_http
 
 pytestmark = pytest.mark.skipif(not HAVE_POSTGRES, reason=NO_POSTGRES)
@@ -91,27 +91,17 @@ def test_four_workers_share_one_study_on_postgres_and_an_mlflow_server(postgres,
 def test_four_workers_through_the_grpc_storage_proxy(postgres, mlflow_server, tmp_path):
     """`hpolab storage-proxy` in front of PostgreSQL; four workers on grpc:// share one study, and
     the budget stays exact without a database lock (trials over budget are given back unrun)."""
-    import signal
-
     from hpolab.study.budget import RELEASED
 
     database = f"postgresql+psycopg2://{postgres}/optuna"
-    port = free_port()
-    proxy = start_cli("--storage", database, "storage-proxy", "--port", str(port), cwd=tmp_path,
-                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert "storage proxy" in proxy.stdout.readline()
-        env = {**hpolab_env(), "OPTUNA_STORAGE": f"grpc://127.0.0.1:{port}", "MLFLOW_TRACKING_URI": mlflow_server}
+    with storage_proxy(database, tmp_path) as grpc:  # stopped with SIGTERM (docker stop): a clean exit, asserted
+        env = {**hpolab_env(), "OPTUNA_STORAGE": grpc, "MLFLOW_TRACKING_URI": mlflow_server}
         args = ["studies/digits_cnn.yaml", "name=via-proxy", "n_trials=5", "parallel=1", "trainer.max_epochs=1",
                 "pruner={type: none}", "sampler={type: random}", "log_models=none"]
         workers = [start_cli("--store", str(tmp_path / f"w{i}"), "worker", *args, cwd=ROOT, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(4)]
         outs = [w.communicate(timeout=600)[0] for w in workers]
         assert [w.returncode for w in workers] == [0] * 4, outs
-    finally:
-        proxy.send_signal(signal.SIGTERM)  # docker stop: a clean exit, not a crash
-        tail = proxy.communicate(timeout=60)[0]
-    assert proxy.returncode == 0 and "storage proxy stopped" in tail
 
     trials = optuna.load_study(study_name="via-proxy", storage=database).get_trials()
     counted = [t for t in trials if not t.system_attrs.get(RELEASED)]

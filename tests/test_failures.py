@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, open_study, run_cli, start_cli, trial_run
+from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, open_study, run_cli, start_cli, trial_run, wait_for_checkpoints
 
 PROJECT = FAULT_PROJECT
 SPEC = FAULT_SPEC
@@ -92,14 +92,6 @@ def _start_driver(store: Path, *args: str, env: dict):
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait_for_checkpoints(store: Path, n: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if len(list((store / "trials" / "faulty").glob("trial-*/last.pt"))) >= n:
-            return
-        time.sleep(0.2)
-    raise AssertionError("no trial checkpointed in time")
-
 
 def _alive(pid: int) -> bool:
     try:
@@ -120,7 +112,7 @@ def test_driver_killed_then_resumed(store, tmp_path):
     env = {**hpolab_env(), "HPOLAB_TEST_PID_DIR": str(pids), "HPOLAB_HEARTBEAT_INTERVAL": "1", "HPOLAB_GRACE_PERIOD": "4"}
     args = ["n_trials=3", "parallel=2", "trainer.max_epochs=8", "model.sleep=0.03", "log_models=none"]
     driver = _start_driver(store, *args, env=env)
-    _wait_for_checkpoints(store, 2)
+    wait_for_checkpoints(store, 2)
     driver.kill()  # SIGKILL: no cleanup code runs in the driver
     driver.wait()
 
@@ -169,7 +161,7 @@ def test_driver_killed_then_resumed(store, tmp_path):
 def test_ctrl_c_stops_cleanly_and_the_study_resumes(store):
     args = ["n_trials=2", "parallel=2", "trainer.max_epochs=8", "model.sleep=0.03", "log_models=none"]
     driver = _start_driver(store, *args, env=hpolab_env())
-    _wait_for_checkpoints(store, 2)
+    wait_for_checkpoints(store, 2)
     driver.send_signal(signal.SIGINT)
     out, _ = driver.communicate(timeout=60)
     assert driver.returncode == 130, out

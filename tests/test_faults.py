@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
 
-from conftest import FAULT_PROJECT, FAULT_SPEC, open_study, run_cli, start_cli, trial_run
+from conftest import FAULT_PROJECT, FAULT_SPEC, open_study, run_cli, start_cli, trial_run, wait_for_checkpoints
 
 PROJECT = FAULT_PROJECT
 SPEC = FAULT_SPEC
@@ -38,14 +37,6 @@ def _start(store: Path, *args: str, env: dict | None = None):
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait_for_checkpoints(store: Path, n: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if len(list((store / "trials" / "faulty").glob("trial-*/last.pt"))) >= n:
-            return
-        time.sleep(0.1)
-    raise AssertionError("no trial checkpointed in time")
-
 
 @pytest.mark.slow
 def test_child_dead_at_the_reply_ends_its_trial_only(store):
@@ -66,7 +57,7 @@ def test_child_dead_at_the_reply_ends_its_trial_only(store):
 def test_sigterm_stops_gracefully_exits_143_and_resumes(store):
     args = ["n_trials=2", "parallel=2", "trainer.max_epochs=8", "model.sleep=0.03", "log_models=none"]
     driver = _start(store, *args)
-    _wait_for_checkpoints(store, 2)
+    wait_for_checkpoints(store, 2)
     driver.send_signal(signal.SIGTERM)
     out, _ = driver.communicate(timeout=60)
     assert driver.returncode == 143, out
@@ -95,7 +86,7 @@ def test_immediate_restart_after_sigkill_finishes_the_budget(store):
     # Default heartbeats (10 s, 60 s grace): the restart must not wait for them, the owner is gone.
     args = ["n_trials=3", "parallel=2", "trainer.max_epochs=6", "model.sleep=0.03", "log_models=none"]
     driver = _start(store, *args)
-    _wait_for_checkpoints(store, 2)
+    wait_for_checkpoints(store, 2)
     driver.kill()
     driver.wait()
     out = run_cli("--store", str(store), "study", "run", SPEC, *args, cwd=PROJECT)
@@ -188,7 +179,7 @@ def test_interrupts_past_max_interrupts_are_not_retried(store):
     `study check` does not ask for the retry the bound refused."""
     args = ["n_trials=1", "parallel=1", "trainer.max_epochs=8", "model.sleep=0.03", "log_models=none", "max_interrupts=0"]
     driver = _start(store, *args)
-    _wait_for_checkpoints(store, 1)
+    wait_for_checkpoints(store, 1)
     driver.send_signal(signal.SIGTERM)
     out, _ = driver.communicate(timeout=60)
     assert driver.returncode == 143, out

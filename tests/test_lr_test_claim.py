@@ -9,7 +9,6 @@ tests race claimers on threads through an in-process proxy.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import threading
 import time
@@ -19,7 +18,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, open_study, run_cli, start_cli
+from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, open_study, run_cli, start_cli, storage_proxy
 from services import free_port
 
 # The fault project's MLP, slowed (50 ms a forward call) so the 40-step LR range test takes a few
@@ -37,12 +36,7 @@ def _lr_runs(client) -> list:
 @pytest.mark.slow
 def test_workers_started_together_through_the_proxy_run_the_lr_range_test_once(store, tmp_path):
     database = f"sqlite:///{store / 'optuna.db'}"
-    port = free_port()
-    proxy = start_cli("--storage", database, "storage-proxy", "--port", str(port), cwd=tmp_path,
-                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert "storage proxy" in proxy.stdout.readline()
-        grpc = f"grpc://127.0.0.1:{port}"
+    with storage_proxy(database, tmp_path) as grpc:
         env = {**hpolab_env(), "OPTUNA_STORAGE": grpc, "HPOLAB_HEARTBEAT_INTERVAL": "1", "HPOLAB_GRACE_PERIOD": "20"}
         cmd = ["--store", str(store), "worker", FAULT_SPEC, *ARGS]
         workers = [start_cli(*cmd, cwd=FAULT_PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -52,9 +46,6 @@ def test_workers_started_together_through_the_proxy_run_the_lr_range_test_once(s
             assert w.returncode == 0, out
         check = run_cli("--store", str(store), "--storage", grpc, "study", "check", "faulty", cwd=FAULT_PROJECT, check=False)
         assert check.returncode == 0, check.stdout + check.stderr
-    finally:
-        proxy.send_signal(signal.SIGTERM)
-        proxy.communicate(timeout=60)
 
     ran = [out for out in outs if "running the LR range test" in out]
     assert len(ran) == 1, "\n\n".join(outs)  # exactly one worker ran the sweep

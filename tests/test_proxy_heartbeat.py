@@ -18,8 +18,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, run_cli, start_cli, trial_run
-from services import free_port
+from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, run_cli, start_cli, storage_proxy, trial_run
 
 pytestmark = pytest.mark.slow
 ARGS = ["n_trials=2", "parallel=1", "trainer.max_epochs=8", "model.sleep=0.03", "log_models=none"]
@@ -43,12 +42,7 @@ def _wait_for_running_checkpoint(store: Path, database: str, timeout: float = 18
 
 def test_a_worker_dead_on_another_host_is_reaped_through_the_proxy(store, tmp_path):
     database = f"sqlite:///{store / 'optuna.db'}"
-    port = free_port()
-    proxy = start_cli("--storage", database, "storage-proxy", "--port", str(port), cwd=tmp_path,
-                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert "storage proxy" in proxy.stdout.readline()
-        grpc = f"grpc://127.0.0.1:{port}"
+    with storage_proxy(database, tmp_path) as grpc:
         env = {**hpolab_env(), "OPTUNA_STORAGE": grpc, "HPOLAB_HEARTBEAT_INTERVAL": "1", "HPOLAB_GRACE_PERIOD": "4"}
         cmd = ["--store", str(store), "worker", FAULT_SPEC, *ARGS]
         a = start_cli(*cmd, cwd=FAULT_PROJECT, env={**env, "HPOLAB_TEST_HOSTNAME": "elsewhere.example"},
@@ -72,9 +66,6 @@ def test_a_worker_dead_on_another_host_is_reaped_through_the_proxy(store, tmp_pa
         assert b.returncode == 0, out
         check = run_cli("--store", str(store), "--storage", grpc, "study", "check", "faulty", cwd=FAULT_PROJECT, check=False)
         assert check.returncode == 0, check.stdout + check.stderr
-    finally:
-        proxy.send_signal(signal.SIGTERM)
-        proxy.communicate(timeout=60)
 
     study = optuna.load_study(study_name="faulty", storage=database)
     trials = study.get_trials()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import optuna
@@ -15,7 +14,7 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from conftest import FAULT_PROJECT, FAULT_SPEC, run_cli, start_cli
+from conftest import FAULT_PROJECT, FAULT_SPEC, run_cli, start_cli, wait_for_checkpoints
 from hpolab.study.budget import trial_counts
 
 DIST = {"x": FloatDistribution(0, 1)}
@@ -75,21 +74,13 @@ def test_status_caps_the_running_and_waiting_trials_of_a_large_study(tmp_path):
     assert len([line for line in every.splitlines() if line.startswith("│")]) == 90
 
 
-def _wait_for_checkpoints(store: Path, n: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if len(list((store / "trials" / "faulty").glob("trial-*/last.pt"))) >= n:
-            return
-        time.sleep(0.1)
-    raise AssertionError("no trial checkpointed in time")
-
 
 @pytest.mark.slow
 def test_an_interrupted_and_resumed_study_and_a_warm_started_one_count_alike_everywhere(store):
     args = ["n_trials=3", "parallel=2", "trainer.max_epochs=6", "model.sleep=0.03", "log_models=none"]
     driver = start_cli("--store", str(store), "study", "run", FAULT_SPEC, *args, cwd=FAULT_PROJECT,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    _wait_for_checkpoints(store, 2)
+    wait_for_checkpoints(store, 2)
     driver.send_signal(signal.SIGTERM)
     out, _ = driver.communicate(timeout=60)
     assert driver.returncode == 143, out
