@@ -43,7 +43,7 @@ def summarise(store: Path) -> dict:
     import optuna
     from mlflow import MlflowClient
 
-    from hpolab.study import ranking
+    from hpolab.study.objectives import ranking
 
     study = optuna.load_study(study_name=NAME, storage=f"sqlite:///{store / 'optuna.db'}")
     client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="pairs run in turn, order swapped each round; figures summed")
     ap.add_argument("--json")
     a = ap.parse_args()
-    from hpolab.study import ranking
+    from hpolab.study.objectives import ranking
 
     common = [f"n_trials={a.trials}", f"trainer.max_epochs={a.epochs}", f"parallel={a.parallel}"]
     pairs = (("median pruner on val_acc", []), ("no pruning", ["pruner={type: none}"]))

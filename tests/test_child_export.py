@@ -1,4 +1,4 @@
-"""A trial's model saved by its own process (study/child_export.py), logged by the driver.
+"""A trial's model saved by its own process (study/trials/child_export.py), logged by the driver.
 
 Real processes and pipes (a fork of this one), a real checkpoint of the digits CNN, a real SQLite
 MLflow store: the trial process saves the model when the driver says "export", the driver logs that
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from hpolab.study import child_export
-from hpolab.study.lifeline import ORPHAN_EXIT_CODE
+from hpolab.study.trials import child_export
+from hpolab.study.trials.lifeline import ORPHAN_EXIT_CODE
 
 MODEL = {"channels": 8, "depth": 1, "dropout": 0.0}
 
@@ -53,7 +53,7 @@ def _trial(tmp_path: Path, checkpoint: Path | None = None):
 
 def _after_done(conn, lifeline, job, summary) -> None:
     """The trial process after it sent "done" (trial_process.run): wait for the driver, save if told."""
-    from hpolab.study.lifeline import watch_lifeline
+    from hpolab.study.trials.lifeline import watch_lifeline
 
     watch_lifeline(lifeline)
     child_export.offer_export(conn, job, summary)
@@ -164,9 +164,9 @@ if os.environ.get("MLFLOW_FIRST"):  # as the command imports it before forking i
     import mlflow
     from mlflow.telemetry import get_telemetry_client
     assert get_telemetry_client() is not None, "telemetry is off already: nothing would be proved"
-import hpolab.study.trial_process  # what the forkserver preloads first (torch, the routine)
+import hpolab.study.trials.trial_process  # what the forkserver preloads first (torch, the routine)
 threads_before = len(os.listdir("/proc/self/task"))
-import hpolab.study.export_warm  # noqa: F401  (the warm-up runs on import)
+import hpolab.study.trials.export_warm  # noqa: F401  (the warm-up runs on import)
 assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true"
 from mlflow.telemetry import get_telemetry_client
 assert get_telemetry_client() is None, "the forkserver kept a telemetry client"

@@ -17,8 +17,8 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState, create_trial
 
 from conftest import ROOT, STUDY, hpolab_env
-from hpolab.analysis.compare_sql import sql_study_table
-from hpolab.analysis.compare_study import study_frame, study_metric, top_numbers
+from hpolab.analysis.compare.sql import sql_study_table
+from hpolab.analysis.compare.study import study_frame, study_metric, top_numbers
 from hpolab.stores import mlflow_sql
 from hpolab.stores.paths import resolve_stores
 

@@ -14,8 +14,8 @@ from rich.console import Console
 
 from conftest import FAULT_PROJECT, run_cli
 from hpolab.config.spec import load_spec
-from hpolab.study.progress import Progress
-from hpolab.study.stopping import no_improvement_streak, one_objective_results
+from hpolab.study.driver.progress import Progress
+from hpolab.study.objectives.stopping import no_improvement_streak, one_objective_results
 
 # val_a minimized, val_c <= 0 (tests/fault_project/experiments/fixed_point.py): trial 0 is the lowest
 # val_a but infeasible; 1, 2 and 3 are feasible and each better than the one before.

@@ -230,7 +230,7 @@ def _alive(pid: int) -> bool:
 
 
 def _trial_entry(child_conn, life_read, job, driver_ends) -> None:
-    from hpolab.study import trial_process
+    from hpolab.study.trials import trial_process
 
     for end in driver_ends:
         end.close()

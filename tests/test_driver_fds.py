@@ -18,8 +18,8 @@ def test_the_drivers_file_descriptors_do_not_grow_with_the_trials(store, monkeyp
     # The driver runs in this process (its descriptors are the ones counted), from the project folder.
     from hpolab.config.spec import load_spec
     from hpolab.stores.paths import resolve_stores
-    from hpolab.study.driver import Driver
-    from hpolab.study.progress import Progress
+    from hpolab.study.driver.driver import Driver
+    from hpolab.study.driver.progress import Progress
 
     fds: dict[int, int] = {}
 

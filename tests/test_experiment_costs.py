@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from conftest import ROOT, copy_store, open_study, run_cli
 from hpolab.config.spec import load_spec
 from hpolab.errors import SpecError
-from hpolab.study.objective_values import VALUES_ATTR
+from hpolab.study.objectives.objective_values import VALUES_ATTR
 
 NAME = "diabetes-cost"
 COSTS = '''

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpolab.study.gpus import physical_devices, trial_indices
-from hpolab.study.runner import TrialRunner
+from hpolab.study.trials.gpus import physical_devices, trial_indices
+from hpolab.study.trials.runner import TrialRunner
 
 
 def test_unset_mask_passes_indices_through():

@@ -33,7 +33,7 @@ def logistic_result() -> LRRangeResult:
 
 
 def test_csv(tmp_path, logistic_result):
-    from hpolab.study.lr_range import write_csv
+    from hpolab.study.lr_test.lr_range import write_csv
 
     path = write_csv(logistic_result, tmp_path / "curve.csv")
     with path.open() as f:
@@ -48,7 +48,7 @@ def test_csv(tmp_path, logistic_result):
 
 
 def test_png_and_summary(tmp_path, logistic_result):
-    from hpolab.study.lr_range import plot_lr_range_test, summary_text
+    from hpolab.study.lr_test.lr_range import plot_lr_range_test, summary_text
 
     for name, result in (
         ("ok", logistic_result),
@@ -72,7 +72,7 @@ def test_png_and_summary(tmp_path, logistic_result):
 def test_log_to_mlflow_nested_run(store, tmp_path, logistic_result):
     from mlflow import MlflowClient
 
-    from hpolab.study.lr_range import log_to_mlflow
+    from hpolab.study.lr_test.lr_range import log_to_mlflow
     from hpolab.stores.mlflow_runs import quiet_mlflow
 
     quiet_mlflow()
@@ -163,7 +163,7 @@ def digits_spec():
 
 @pytest.fixture(scope="module")
 def digits_lr_find(digits_spec, tmp_path_factory):
-    from hpolab.study.lr_range import run_lr_find
+    from hpolab.study.lr_test.lr_range import run_lr_find
 
     out = tmp_path_factory.mktemp("digits-lr-find")
     t0 = time.perf_counter()
@@ -213,7 +213,7 @@ def test_digits_suggestion_trains_the_model(digits_spec, digits_lr_find):
 
 
 def _run_child(job: dict, timeout: float = 60.0):
-    from hpolab.study.lr_range import run_in_process
+    from hpolab.study.lr_test.lr_range import run_in_process
 
     if "fork" not in mp.get_all_start_methods():
         pytest.skip("needs the fork start method")
@@ -235,7 +235,7 @@ def _run_child(job: dict, timeout: float = 60.0):
 
 
 def test_run_in_process(tmp_path):
-    from hpolab.study.lr_range import make_job
+    from hpolab.study.lr_test.lr_range import make_job
     from hpolab.config.spec import load_spec
 
     spec = load_spec(DIGITS_SPEC, ["lr_range_test.num_steps=30"])

@@ -1,7 +1,7 @@
 """The study's LR range test runs once per study behind Optuna's gRPC storage proxy too.
 
 Through the proxy no database lock can be taken (stores/budget_lock.py), so the workers elect the one
-that runs the test with claim trials (study/lr_claim.py): trial numbers are handed out in one total
+that runs the test with claim trials (study/lr_test/lr_claim.py): trial numbers are handed out in one total
 order, so the lowest-numbered live claim wins, the others wait for its result (and take over when its
 owner is gone). The end-to-end test starts three workers together through the real proxy; the logic
 tests race claimers on threads through an in-process proxy.
@@ -93,7 +93,7 @@ def _recorded(study) -> bool:
 
 
 def test_of_workers_claiming_together_one_runs_the_test_and_the_others_use_its_result(proxy_url):
-    from hpolab.study.lr_claim import LRTestClaim
+    from hpolab.study.lr_test.lr_claim import LRTestClaim
 
     ran, results, start = [], [], threading.Barrier(4)
 
@@ -123,7 +123,7 @@ def test_of_workers_claiming_together_one_runs_the_test_and_the_others_use_its_r
 
 
 def test_a_claim_whose_holder_is_gone_is_taken_over(proxy_url):
-    from hpolab.study.lr_claim import CLAIM, LRTestClaim
+    from hpolab.study.lr_test.lr_claim import CLAIM, LRTestClaim
 
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -145,7 +145,7 @@ def test_a_claim_whose_holder_is_gone_is_taken_over(proxy_url):
 
 def test_waiting_for_a_live_claim_ends_with_a_clear_error(proxy_url, monkeypatch):
     from hpolab.errors import StudyError
-    from hpolab.study import lr_claim
+    from hpolab.study.lr_test import lr_claim
 
     monkeypatch.setattr(lr_claim, "HEARTBEAT_INTERVAL", 0.2)
     study = optuna.load_study(study_name="claims", storage=_client(proxy_url))
@@ -165,7 +165,7 @@ def test_waiting_for_a_live_claim_ends_with_a_clear_error(proxy_url, monkeypatch
 
 
 def test_a_silent_claim_of_another_host_is_taken_over_after_the_grace_period(proxy_url, monkeypatch):
-    from hpolab.study import lr_claim
+    from hpolab.study.lr_test import lr_claim
 
     monkeypatch.setattr(lr_claim, "GRACE_PERIOD", 1.0)
     study = optuna.load_study(study_name="claims", storage=_client(proxy_url))

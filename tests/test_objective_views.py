@@ -12,9 +12,9 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from conftest import run_cli
-from hpolab.analysis.report_data import ReportData
-from hpolab.analysis.report_figures import fig_objectives, fig_pareto, plots_for
-from hpolab.study import ranking
+from hpolab.analysis.report.data import ReportData
+from hpolab.analysis.report.figures import fig_objectives, fig_pareto, plots_for
+from hpolab.study.objectives import ranking
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*set_metric_names is experimental")
 
@@ -90,8 +90,8 @@ def test_the_figure_is_listed_after_the_front_for_several_objectives_only():
 
 
 def test_the_report_page_holds_the_figure():
-    from hpolab.analysis.report import render
-    from hpolab.analysis.report_data import gather
+    from hpolab.analysis.report.command import render
+    from hpolab.analysis.report.data import gather
 
     page = render(gather(_four_objectives()))  # no stores: Optuna's side only
     assert '<section id="objectives-parallel">' in page and '"type":"parcoords"' in page

@@ -15,9 +15,9 @@ from conftest import run_cli
 from hpolab.config.spec import load_spec
 from hpolab.errors import SpecError, UserError
 from hpolab.registry.pick import parse_rule, pick_from_front
-from hpolab.study import ranking
-from hpolab.study.objective_values import VALUES_ATTR
-from hpolab.study.spec_guard import defining_spec
+from hpolab.study.objectives import ranking
+from hpolab.study.objectives.objective_values import VALUES_ATTR
+from hpolab.study.driver.spec_guard import defining_spec
 from hpolab.train.costs import cost_metrics
 
 PARETO = "studies/digits_pareto.yaml"
@@ -139,7 +139,7 @@ def test_companion_trials_of_a_dead_driver_end_like_their_real_trial(tmp_path):
     close_orphans ends it as its (reaped) real trial ended, and leaves live ones alone."""
     import optuna
 
-    from hpolab.study.pruning import Pruning
+    from hpolab.study.objectives.pruning import Pruning
 
     spec = load_spec(PARETO)
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'optuna.db'}")
@@ -199,7 +199,7 @@ def test_the_gate_of_several_objectives_checks_every_one():
 
 
 def test_several_objectives_stop_when_trials_no_longer_join_the_front():
-    from hpolab.study.stopping import front_streak
+    from hpolab.study.objectives.stopping import front_streak
 
     dirs = ["maximize", "minimize"]
     trials = [_trial(0, [0.90, 1.0]), _trial(1, [0.95, 2.0]),  # both on the front

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpolab.study.heartbeat import why_dead
-from hpolab.study.owners import OWNER_ATTR, owner_gone, owner_record
+from hpolab.study.driver.heartbeat import why_dead
+from hpolab.study.state.owners import OWNER_ATTR, owner_gone, owner_record
 
 
 def _dead_pid() -> int:
@@ -53,8 +53,8 @@ def test_the_reaper_waits_for_the_heartbeat_of_an_owner_in_another_pid_namespace
     import optuna
 
     from hpolab.stores.optuna_storage import make_storage
-    from hpolab.study.heartbeat import reap_dead_trials
-    from hpolab.study.retry import RetryCopy
+    from hpolab.study.driver.heartbeat import reap_dead_trials
+    from hpolab.study.state.retry import RetryCopy
 
     storage = make_storage(f"sqlite:///{store / 'optuna.db'}")  # as a driver opens it: with heartbeats
     study = optuna.create_study(study_name="ns", storage=storage)
@@ -73,7 +73,7 @@ def test_a_live_owner_in_its_own_pid_namespace_is_not_reaped():
     owner record; seen from here, with the same host name, it must not look gone."""
     if shutil.which("unshare") is None:
         pytest.skip("no unshare here")
-    code = ("import json, sys, time; from hpolab.study.owners import owner_record; "
+    code = ("import json, sys, time; from hpolab.study.state.owners import owner_record; "
             "print(json.dumps(owner_record(0)), flush=True); sys.stdin.read()")
     p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

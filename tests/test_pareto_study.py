@@ -12,8 +12,8 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from conftest import run_cli
-from hpolab.study import ranking
-from hpolab.study.objective_values import VALUES_ATTR
+from hpolab.study.objectives import ranking
+from hpolab.study.objectives.objective_values import VALUES_ATTR
 
 NAME = "digits-pareto"
 # A quarter of the trials kept at each epoch after the first (percentile 25 keeps the top 25%): some are pruned.

@@ -1,7 +1,7 @@
 """Through Optuna's gRPC storage proxy (no Optuna heartbeats), a worker that dies on another host is
-reaped by the others: its hpolab heartbeat attr stops changing (study/heartbeat.py, AttrBeats).
+reaped by the others: its hpolab heartbeat attr stops changing (study/driver/heartbeat.py, AttrBeats).
 
-The "other host" is faked with HPOLAB_TEST_HOSTNAME (study/owners.py): worker A's owner records
+The "other host" is faked with HPOLAB_TEST_HOSTNAME (study/state/owners.py): worker A's owner records
 name a host that is not this one, so worker B cannot see A's pid is gone and must rely on the
 heartbeat, as it would for a worker on another machine. Before the fix B waited for A's trial forever.
 """

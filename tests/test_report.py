@@ -127,9 +127,9 @@ def assert_same_data(sql, through_clients):
 
 @pytest.mark.slow
 def test_report_on_a_finished_study(template, tmp_path):
-    from hpolab.analysis.report import _read_only
-    from hpolab.analysis.report_data import gather
-    from hpolab.analysis.report_sql import gather_sql
+    from hpolab.analysis.report.command import _read_only
+    from hpolab.analysis.report.data import gather
+    from hpolab.analysis.report.sql import gather_sql
     from hpolab.stores.paths import resolve_stores
 
     store = copy_store(template, tmp_path / "store")

@@ -11,8 +11,8 @@ import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from hpolab.analysis.report_data import ReportData
-from hpolab.analysis.report_figures import fig_parallel
+from hpolab.analysis.report.data import ReportData
+from hpolab.analysis.report.figures import fig_parallel
 
 DISTS = {"lr": FloatDistribution(1e-4, 1e-1, log=True), "act": CategoricalDistribution(["relu", "gelu", None]),
          "depth": IntDistribution(1, 4), "fixed": FloatDistribution(0, 1)}

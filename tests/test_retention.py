@@ -13,7 +13,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from conftest import run_cli
-from hpolab.study.retention import checkpoints_to_delete, model_skip_reason, top_k
+from hpolab.study.retention.retention import checkpoints_to_delete, model_skip_reason, top_k
 
 DIST = {"x": FloatDistribution(0, 1)}
 
@@ -173,7 +173,7 @@ def test_default_retention_keeps_the_top_5_best_pt_once_and_no_last_pt(defaults_
 def test_promote_of_a_top_k_trial_works_and_retention_keeps_a_promoted_trial(defaults_store):
     from types import SimpleNamespace
 
-    from hpolab.study.retention import Retention
+    from hpolab.study.retention.retention import Retention
 
     store = defaults_store
     out = run_cli("--store", str(store), "promote", "keep", check=False)
@@ -237,8 +237,8 @@ def test_retention_leaves_a_pending_retry_resumable_on_another_worker(store, tmp
     import torch
 
     from hpolab.stores.paths import Stores
-    from hpolab.study.retention import Retention
-    from hpolab.study.retry import retry_source
+    from hpolab.study.retention.retention import Retention
+    from hpolab.study.state.retry import retry_source
 
     uri, optuna_url = f"sqlite:///{store / 'mlflow.db'}", f"sqlite:///{store / 'optuna.db'}"
     client = MlflowClient(tracking_uri=uri)

@@ -15,10 +15,10 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from conftest import run_cli
-from hpolab.study.events import disagreement
-from hpolab.study.heartbeat import HEARTBEAT_ATTR, REAPED, lost_reason, reap_trial
-from hpolab.study.owners import OWNER_ATTR, owner_record
-from hpolab.study.retry import KINDS, OVERRIDES, RetryCopy
+from hpolab.study.driver.events import disagreement
+from hpolab.study.driver.heartbeat import HEARTBEAT_ATTR, REAPED, lost_reason, reap_trial
+from hpolab.study.state.owners import OWNER_ATTR, owner_record
+from hpolab.study.state.retry import KINDS, OVERRIDES, RetryCopy
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -18,7 +18,7 @@ GRID_SPACE = ("search_space={model.channels: {type: categorical, choices: [8, 16
 def _proposals(spec, n: int = 12, seed_offset: int = 0) -> list[dict]:
     """The first n configurations a study proposes with the sampler hpolab builds from `spec`
     (the spec's own search space; every trial told a value that depends on its parameters)."""
-    from hpolab.study.search_space import optuna_distributions
+    from hpolab.study.sampling.search_space import optuna_distributions
 
     study = optuna.create_study(direction="maximize", sampler=make_sampler(spec, seed_offset=seed_offset))
     dists = optuna_distributions(spec, lr_bounds=(1e-4, 1e-1))

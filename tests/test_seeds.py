@@ -10,9 +10,9 @@ from hpolab.config.samplers import make_sampler, sampler_seed
 from hpolab.config.spec import load_spec
 from hpolab.stores.optuna_storage import make_storage
 from hpolab.stores.paths import resolve_stores
-from hpolab.study.driver import Driver
-from hpolab.study.search_space import optuna_distributions
-from hpolab.study.seeds import worker_salt
+from hpolab.study.driver.driver import Driver
+from hpolab.study.sampling.search_space import optuna_distributions
+from hpolab.study.sampling.seeds import worker_salt
 
 DEFAULT = "studies/digits_cnn.yaml"
 

@@ -1,4 +1,4 @@
-"""A trial whose model export is slow does not stall the driver (study/uploads.py, tracker.py).
+"""A trial whose model export is slow does not stall the driver (study/trials/uploads.py, tracker.py).
 
 The trial process saves its model after its last epoch while the driver goes on (child_export.py);
 waiting for that save must not hold the upload thread, which every other trial's checkpoint uploads
@@ -51,7 +51,7 @@ def test_other_trials_finish_while_one_trial_s_model_export_is_slow(store, tmp_p
 
 
 def test_submit_returns_at_once_while_the_upload_thread_is_busy():
-    from hpolab.study.uploads import Uploader
+    from hpolab.study.trials.uploads import Uploader
 
     uploads, done, busy = Uploader(note=print), [], threading.Event()
     uploads.submit("a slow upload", busy.wait)
@@ -69,8 +69,8 @@ def test_submit_returns_at_once_while_the_upload_thread_is_busy():
 def test_a_model_being_saved_does_not_hold_the_upload_thread():
     import multiprocessing as mp
 
-    from hpolab.study.child_export import receive_model
-    from hpolab.study.uploads import Uploader
+    from hpolab.study.trials.child_export import receive_model
+    from hpolab.study.trials.uploads import Uploader
 
     driver_end, trial_end = mp.Pipe()
     life_read, life_write = mp.Pipe(duplex=False)

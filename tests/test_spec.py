@@ -114,7 +114,7 @@ def test_an_experiment_that_fails_to_import_is_one_line_from_the_check_and_silen
 
     # The forkserver's side on its own (in the race above the check may fail before it gets there):
     env = {**hpolab_env(), "HPOLAB_FORKSERVER_EXPERIMENT": "experiments.broken", "PYTHONPATH": str(project)}
-    preload = subprocess.run([sys.executable, "-c", "import hpolab.study.experiment_preload"], cwd=project, env=env,
+    preload = subprocess.run([sys.executable, "-c", "import hpolab.study.trials.experiment_preload"], cwd=project, env=env,
                              capture_output=True, text=True, timeout=300)
     assert preload.returncode == 0 and preload.stderr == "", preload.stderr
 

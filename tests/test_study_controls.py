@@ -18,9 +18,9 @@ from rich.console import Console
 from conftest import run_cli
 from hpolab.config.spec import load_spec
 from hpolab.errors import UserError
-from hpolab.study.progress import Progress, best_and_last
-from hpolab.study.spec_guard import check_spec, defining_spec, spec_hash
-from hpolab.study.stopping import no_improvement_streak
+from hpolab.study.driver.progress import Progress, best_and_last
+from hpolab.study.driver.spec_guard import check_spec, defining_spec, spec_hash
+from hpolab.study.objectives.stopping import no_improvement_streak
 
 SPEC = "studies/digits_cnn.yaml"
 

@@ -14,7 +14,7 @@ from conftest import ROOT, hpolab_env, run_cli
 from hpolab.stores.optuna_sql import read_studies
 from hpolab.stores.paths import resolve_stores
 from hpolab.stores.studies import _rows_from_optuna, _rows_from_sql
-from hpolab.study.ranking import best, front
+from hpolab.study.objectives.ranking import best, front
 
 DIST = {"x": FloatDistribution(0, 1)}
 

@@ -15,7 +15,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from conftest import FAULT_PROJECT, FAULT_SPEC, run_cli, start_cli, wait_for_checkpoints
-from hpolab.study.budget import trial_counts
+from hpolab.study.state.budget import trial_counts
 
 DIST = {"x": FloatDistribution(0, 1)}
 

@@ -15,7 +15,7 @@ from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, live_processes
 
 PROBE = """
 import threading
-from hpolab.study import trial_forkserver as t
+from hpolab.study.trials import trial_forkserver as t
 print(t.can_fork_server())  # not the hpolab command (a notebook, a test's own driver): never
 t.allow_fork()
 print(t.can_fork_server())
@@ -42,7 +42,7 @@ def test_the_fork_is_refused_outside_the_command_with_threads_grpc_or_when_asked
 
 NESTED = """
 import multiprocessing as mp
-from hpolab.study import trial_forkserver
+from hpolab.study.trials import trial_forkserver
 
 
 def grandchild():
@@ -115,17 +115,17 @@ def test_a_forkserver_other_code_started_first_is_replaced_by_one_with_the_trial
     import multiprocessing as mp
     from multiprocessing import forkserver
 
-    from hpolab.study import trial_forkserver
+    from hpolab.study.trials import trial_forkserver
 
     first = mp.get_context("forkserver").Process(target=time.sleep, args=(0,))
     first.start()
     first.join(120)
     foreign = forkserver._forkserver._forkserver_pid
-    assert foreign is not None and "hpolab.study.trial_process" not in Path(f"/proc/{foreign}/cmdline").read_text()
+    assert foreign is not None and "hpolab.study.trials.trial_process" not in Path(f"/proc/{foreign}/cmdline").read_text()
     try:
         trial_forkserver.start("experiments.digits_cnn", export_models=False)
         ours = forkserver._forkserver._forkserver_pid
         assert ours != foreign and foreign not in live_processes()
-        assert "hpolab.study.trial_process" in Path(f"/proc/{ours}/cmdline").read_text()  # its preload, passed by -c
+        assert "hpolab.study.trials.trial_process" in Path(f"/proc/{ours}/cmdline").read_text()  # its preload, passed by -c
     finally:
         trial_forkserver.stop_now()

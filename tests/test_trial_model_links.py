@@ -44,7 +44,7 @@ def _kept_and_deleted(store):
 
 @pytest.mark.slow
 def test_compare_names_each_trials_logged_model(pruned_store):
-    from hpolab.analysis.compare_study import load_study_table
+    from hpolab.analysis.compare.study import load_study_table
     from hpolab.stores.paths import resolve_stores
 
     client, study, kept, gone, deleted_id = _kept_and_deleted(pruned_store)
@@ -127,7 +127,7 @@ def test_report_refuses_a_ui_url_that_is_not_a_web_address(store, url):
 
 
 def test_the_ui_address_of_a_tracking_server_never_carries_its_login():
-    from hpolab.analysis.report_trials import ui_url_of
+    from hpolab.analysis.report.trials import ui_url_of
 
     assert ui_url_of("http://alice:s3cret@mlflow.example:5000/", None) == "http://mlflow.example:5000"
     assert ui_url_of("https://mlflow.example/team/", None) == "https://mlflow.example/team"

@@ -38,7 +38,7 @@ def _fail_and_retry(study: optuna.Study, retry, kind: str) -> int | None:
 
 
 def test_interrupts_and_dead_drivers_never_use_up_max_retries():
-    from hpolab.study.retry import RetryCopy
+    from hpolab.study.state.retry import RetryCopy
 
     study = optuna.create_study()
     retry = RetryCopy(1)
@@ -54,7 +54,7 @@ def test_interrupts_and_dead_drivers_never_use_up_max_retries():
 
 
 def test_a_chain_recorded_without_kinds_counts_as_before():
-    from hpolab.study.retry import RetryCopy
+    from hpolab.study.state.retry import RetryCopy
 
     study = optuna.create_study()
     t = study.ask({"x": FloatDistribution(0, 1)})
@@ -91,8 +91,8 @@ class _ExitsAfterSending:
 
 
 def test_a_result_sent_just_before_the_exit_is_not_missed(tmp_path):
-    from hpolab.study.events import TrialEvents
-    from hpolab.study.runner import Running, TrialRunner
+    from hpolab.study.driver.events import TrialEvents
+    from hpolab.study.trials.runner import Running, TrialRunner
 
     seen = []
 
@@ -116,7 +116,7 @@ def test_a_result_sent_just_before_the_exit_is_not_missed(tmp_path):
 
 
 def test_a_failed_tell_never_leaves_mlflow_saying_complete():
-    from hpolab.study.events import disagreement
+    from hpolab.study.driver.events import disagreement
 
     reaped = optuna.create_trial(state=TrialState.FAIL, params={}, distributions={},
                                  system_attrs={"hpolab.reaped": "host-b pid 7: its driver is gone"})
@@ -157,7 +157,7 @@ def test_connection_errors_are_retried_until_the_store_answers_and_others_raise_
     from sqlalchemy.exc import IntegrityError, OperationalError
 
     from hpolab.errors import StudyError
-    from hpolab.study.outage import StorageOutage, unreachable
+    from hpolab.study.state.outage import StorageOutage, unreachable
 
     assert unreachable(_refused()) is not None and unreachable(_refused(False)) is not None
     assert unreachable(OperationalError("x", {}, sqlite3.OperationalError("database is locked"))) is None  # a local file
@@ -191,8 +191,8 @@ def test_connection_errors_are_retried_until_the_store_answers_and_others_raise_
 
 
 def test_a_tell_whose_reply_was_lost_is_not_told_twice():
-    from hpolab.study.events import TrialEvents
-    from hpolab.study.runner import Running
+    from hpolab.study.driver.events import TrialEvents
+    from hpolab.study.trials.runner import Running
 
     study = optuna.create_study(direction="maximize")
     trial = study.ask({"x": FloatDistribution(0, 1)})
@@ -213,7 +213,7 @@ def test_a_tell_whose_reply_was_lost_is_not_told_twice():
 
 
 def test_retention_never_touches_the_files_of_a_running_run(store):
-    from hpolab.study.retention import Retention
+    from hpolab.study.retention.retention import Retention
 
     client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
     exp = client.create_experiment("keep", artifact_location=(store / "artifacts").as_uri())
@@ -291,9 +291,9 @@ def _states_agree(client, study) -> None:
 def test_a_trial_reaped_while_its_owner_runs_it_ends_fail_in_both_stores(store):
     from hpolab.stores import mlflow_runs as tr
     from hpolab.stores.optuna_storage import open_storage
-    from hpolab.study.heartbeat import reap_dead_trials
-    from hpolab.study.owners import OWNER_ATTR
-    from hpolab.study.retry import RetryCopy
+    from hpolab.study.driver.heartbeat import reap_dead_trials
+    from hpolab.study.state.owners import OWNER_ATTR
+    from hpolab.study.state.retry import RetryCopy
 
     # Opened before the driver starts: between trial 0's first checkpoint and the reap below, only the
     # reap itself runs (trial 0 must still be training when it is reaped, on a loaded machine too).
@@ -386,7 +386,7 @@ def test_a_run_its_killed_driver_never_linked_is_removed_by_the_driver_that_reap
     a RUNNING run that no trial points at. The next driver finds the trial still RUNNING when it
     opens (it reaps it later, in its loop); when it ends, the run is gone and both stores agree."""
     from hpolab.stores import mlflow_runs as tr
-    from hpolab.study.owners import OWNER_ATTR, owner_record
+    from hpolab.study.state.owners import OWNER_ATTR, owner_record
 
     run_cli("--store", str(store), "study", "run", FAULT_SPEC, "n_trials=1", "log_models=none", cwd=FAULT_PROJECT)
     client, study = open_study(store)

@@ -10,7 +10,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState, create_trial
 
 from hpolab.config.spec import load_spec
-from hpolab.study import warm_start
+from hpolab.study.sampling import warm_start
 
 DISTS = {"trainer.lr": FloatDistribution(3e-4, 3e-2, log=True), "model.channels": CategoricalDistribution([4, 8, 16, 32]),
          "model.depth": IntDistribution(1, 3), "model.dropout": FloatDistribution(0.0, 0.4)}

@@ -43,9 +43,9 @@ from pathlib import Path
 # What hpolab's commands import from other packages comes in through these modules (then hpolab's
 # own modules are dropped again: see above). Not the gRPC storage proxy: a process holding gRPC may
 # not fork its forkserver, and commands that use no proxy never import it.
-WARM = ["hpolab.cli", "hpolab.study.driver", "hpolab.study.trial_process", "hpolab.study.child_export",
-        "hpolab.registry.promote", "hpolab.registry.predict", "hpolab.analysis.compare", "hpolab.analysis.check",
-        "hpolab.analysis.report", "hpolab.train.lr_range_test",
+WARM = ["hpolab.cli", "hpolab.study.driver.driver", "hpolab.study.trials.trial_process", "hpolab.study.trials.child_export",
+        "hpolab.registry.promote", "hpolab.registry.predict", "hpolab.analysis.compare.command", "hpolab.analysis.check",
+        "hpolab.analysis.report.command", "hpolab.train.lr_range_test",
         # imported lazily by MLflow once a study's runs are logged (its tracing's metrics export)
         "mlflow.tracing.export.utils", "mlflow.tracing.processor.otel", "mlflow.utils.search_logged_model_utils",
         # imported by `report`'s figures when they are drawn
@@ -117,7 +117,7 @@ def _export_once() -> None:
 
     import torch
 
-    from hpolab.study import child_export
+    from hpolab.study.trials import child_export
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

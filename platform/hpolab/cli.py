@@ -182,7 +182,7 @@ def cmd_study_run(args) -> int:
     stores = _stores(args)  # first: a wrong or down store is said in seconds, before torch/mlflow are imported
     import json
 
-    from hpolab.study import trial_forkserver
+    from hpolab.study.trials import trial_forkserver
 
     # --new-study NAME: the spec under another name (JSON-quoted: a YAML scalar like `1` or `yes` stays a string)
     overrides = [*args.overrides, *([f"name={json.dumps(args.new_study)}"] if args.new_study else [])]
@@ -199,15 +199,15 @@ def cmd_study_run(args) -> int:
         if early:
             trial_forkserver.stop_before_exit()
         raise
-    from hpolab.study.runner import started_runner
+    from hpolab.study.trials.runner import started_runner
 
     runner = started_runner(spec)  # (the one started early, unless the checked spec differs)
-    from hpolab.study.driver import Driver
-    from hpolab.study.progress import Progress
+    from hpolab.study.driver.driver import Driver
+    from hpolab.study.driver.progress import Progress
 
     # `hpolab worker` joins a study that other drivers are running now: salt the sampler seed (host,
     # pid, start time, random bits: containers all run as PID 1) so workers do not propose identical trials.
-    from hpolab.study.seeds import worker_salt
+    from hpolab.study.sampling.seeds import worker_salt
 
     worker_seed = worker_salt() if args.command == "worker" else 0
     # The spec's project (the folder holding its experiments/): trial processes import the
@@ -265,7 +265,7 @@ def cmd_study_check(args) -> int:
 
 def cmd_study_prune_files(args) -> int:
     stores = _stores(args)
-    from hpolab.study.prune_files import prune_files_cmd
+    from hpolab.study.retention.prune_files import prune_files_cmd
 
     return prune_files_cmd(args, stores)
 
@@ -305,8 +305,8 @@ STORE_COMMANDS = {
     "lr-find": "hpolab.tools.lr_find:lr_find_cmd",
     "promote": "hpolab.registry.promote:promote_cmd",
     "predict": "hpolab.registry.predict:predict_cmd",
-    "compare": "hpolab.analysis.compare:compare_cmd",
-    "report": "hpolab.analysis.report:report_cmd",
+    "compare": "hpolab.analysis.compare.command:compare_cmd",
+    "report": "hpolab.analysis.report.command:report_cmd",
     "storage-proxy": "hpolab.tools.storage_proxy:storage_proxy_cmd",
 }
 

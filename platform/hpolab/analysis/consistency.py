@@ -17,12 +17,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.analysis.check_read import Study, set_tags
 from hpolab.stores.artifacts import local_artifact_dir
-from hpolab.study.budget import IMPORTED, RELEASED, trial_counts
-from hpolab.study.heartbeat import REAPED, why_dead
+from hpolab.study.state.budget import IMPORTED, RELEASED, trial_counts
+from hpolab.study.driver.heartbeat import REAPED, why_dead
 from hpolab.stores.optuna_storage import GRACE_PERIOD
 from hpolab.stores.run_roles import is_trial_run
-from hpolab.study.owners import describe, heartbeat_age, owner_gone, owner_of, owner_record, this_host
-from hpolab.study.retry import MAX_INTERRUPTS, RetryCopy, chain_kinds, interrupts_used
+from hpolab.study.state.owners import describe, heartbeat_age, owner_gone, owner_of, owner_record, this_host
+from hpolab.study.state.retry import MAX_INTERRUPTS, RetryCopy, chain_kinds, interrupts_used
 
 MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
 # Attempts that did not fail by their own doing: they are queued to resume (a retry copy).

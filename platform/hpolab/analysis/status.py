@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from hpolab.study.progress import fmt_value
+from hpolab.study.driver.progress import fmt_value
 from hpolab.stores.paths import Stores, redact
 from hpolab.stores.trial_counts import count_trials, describe
 
@@ -24,7 +24,7 @@ def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
 
     study = load_study(name, stores)  # (a UserError naming the studies there when there is no such study)
     if len(study.directions) > 1:  # several objectives: the front, not one best value
-        from hpolab.study.front_table import front_table
+        from hpolab.study.objectives.front_table import front_table
 
         trials = study.get_trials(deepcopy=False)
         console = Console(highlight=False, width=200 if not Console().is_terminal else None)
@@ -35,7 +35,7 @@ def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
                           "--all shows every trial")
         console.print(describe(count_trials(trials)))
         return 0
-    from hpolab.study import ranking
+    from hpolab.study.objectives import ranking
 
     trials = study.get_trials(deepcopy=False)
     rows = [TrialRow(t.number, t.state.name, t.value, t.params, len(t.intermediate_values), t.user_attrs.get("mlflow_run_id"),
@@ -54,14 +54,14 @@ def _read_sql(name: str, stores: Stores):
 
 def _ranked_rows(rows: list, direction: str) -> list:
     """ranking.ranked's feasible COMPLETE trials (a warm start's imported ones aside), best first."""
-    from hpolab.study import ranking  # (numpy, no Optuna)
+    from hpolab.study.objectives import ranking  # (numpy, no Optuna)
 
     return [r for r in ranking.ranked(rows, [direction]) if ranking.feasible(r)]
 
 
 def _best_row(rows: list, direction: str) -> tuple[int, float] | None:
     """ranking.best's trial: (number, value)."""
-    from hpolab.study import ranking
+    from hpolab.study.objectives import ranking
 
     top = ranking.best(rows, [direction])
     return (top.number, top.value) if top is not None else None
@@ -124,7 +124,7 @@ def _best_cell(r) -> str:
 def print_study_list(stores: Stores) -> int:
     """`hpolab study list`: one row per study in the Optuna storage."""
     from hpolab.stores.studies import list_studies
-    from hpolab.study import ranking  # (numpy, no Optuna: it decides the best and the front)
+    from hpolab.study.objectives import ranking  # (numpy, no Optuna: it decides the best and the front)
 
     rows = list_studies(stores, ranking.front, ranking.best)
     console = Console(highlight=False, width=200 if not Console().is_terminal else None)

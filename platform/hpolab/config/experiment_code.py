@@ -25,7 +25,7 @@ from types import ModuleType
 from hpolab.errors import UserError
 
 PACKAGE = "experiments"
-HASH_CHARS = 16  # of the sha256 hex digest: as the spec hash (study/spec_guard.py)
+HASH_CHARS = 16  # of the sha256 hex digest: as the spec hash (study/driver/spec_guard.py)
 
 
 @dataclass(frozen=True)

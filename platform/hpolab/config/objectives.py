@@ -168,7 +168,7 @@ def measured_metrics(spec, costs: dict[str, str] | None = None) -> list[str]:
 
 
 class WarmStart(BaseModel):
-    """Start from an earlier study in the same store (study/warm_start.py): enqueue its `top_k` best
+    """Start from an earlier study in the same store (study/sampling/warm_start.py): enqueue its `top_k` best
     configurations, and with `import_trials` add its finished trials to the sampler's history."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)

@@ -148,7 +148,7 @@ class StudySpec(_Frozen):
     lr_range_test: LRRangeTestSpec = LRRangeTestSpec()
     # Run controls (config/controls.py): known-good configurations evaluated first, and when to stop.
     enqueue: list[dict[str, Any]] = Field(default_factory=list)
-    warm_start: WarmStart | None = None  # begin from an earlier study (study/warm_start.py)
+    warm_start: WarmStart | None = None  # begin from an earlier study (study/sampling/warm_start.py)
     stop_after_no_improvement: NoImprovementStop | None = None
     # Retention (like Ray Tune's num_to_keep, Determined's checkpoint GC): which trials log a model
     # (all = COMPLETE + PRUNED; complete = COMPLETE only; none; {top_k: N} = the N best COMPLETE), and

@@ -80,13 +80,13 @@ def cmd_launch_slurm(args) -> int:
 
 def record_code(stores, spec) -> None:
     """On the submit host, before any worker starts: the study records the experiment module's hash and
-    the project it was imported from (study/code_guard.py); UserError if the study ran other code."""
+    the project it was imported from (study/driver/code_guard.py); UserError if the study ran other code."""
     import optuna
 
     from hpolab.config.experiment import load_experiment
     from hpolab.config.experiment_code import code_of
     from hpolab.stores.optuna_storage import make_storage
-    from hpolab.study.code_guard import record_at_launch
+    from hpolab.study.driver.code_guard import record_at_launch
 
     module = load_experiment(spec.experiment)  # load_spec imported it from the spec's project (the import check)
     study = optuna.create_study(storage=make_storage(stores.optuna_url), study_name=spec.name,

@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 
 from hpolab.errors import UserError
-from hpolab.study import ranking
-from hpolab.study.objective_values import VALUES_ATTR
+from hpolab.study.objectives import ranking
+from hpolab.study.objectives.objective_values import VALUES_ATTR
 
 BOUND = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(>=|<=|>|<)\s*([-+0-9.eE]+)\s*$")
 CHOOSE = re.compile(r"^\s*(min|max)\s+([A-Za-z_][\w.]*)\s*$")

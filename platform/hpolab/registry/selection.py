@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hpolab.stores.paths import Stores, redact
-from hpolab.study.ranking import feasible, primary_direction
+from hpolab.study.objectives.ranking import feasible, primary_direction
 
 
 @dataclass

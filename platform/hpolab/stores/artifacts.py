@@ -16,7 +16,7 @@ CHECKPOINTS = "checkpoints"  # the run's artifact folder: last.pt and best.pt
 
 def upload_checkpoints(client, run_id: str, folder: Path) -> None:
     """Upload every file of `folder` (last.pt, maybe best.pt) into the run's checkpoints/, then
-    remove the folder (a staging copy: see study/uploads.py)."""
+    remove the folder (a staging copy: see study/trials/uploads.py)."""
     try:
         client.log_artifacts(run_id, str(folder), CHECKPOINTS)
     finally:

@@ -7,7 +7,7 @@ study ends with n_trials + 1. The lock lives where the trials do:
 - SQLite: an exclusive `flock` on a file next to the database. SQLite is for one host, so an OS file
   lock is enough and never blocks readers of the database itself.
 - Anything else (the gRPC proxy, MySQL): no lock; the caller falls back to the optimistic check
-  (study/budget.py: `over_budget`). The context manager yields whether it holds a lock.
+  (study/state/budget.py: `over_budget`). The context manager yields whether it holds a lock.
 
 Waiting is bounded (`timeout`, default LOCK_TIMEOUT seconds, env HPOLAB_LOCK_TIMEOUT): the lock is
 tried without blocking (`pg_try_advisory_lock`, `LOCK_NB`) in a loop, so one hung holder (a worker
@@ -75,7 +75,7 @@ def budget_lock(storage, study_name: str, timeout: float | None = None) -> Itera
                     conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
                     conn.commit()
                 except SQLAlchemyError:
-                    # Its session broke (the server restarted: study/outage.py). Closing it for good
+                    # Its session broke (the server restarted: study/state/outage.py). Closing it for good
                     # ends the session, and PostgreSQL drops a session's advisory locks with it: the
                     # lock is free, and the worker's ask() stands (raising here would ask again).
                     conn.invalidate()

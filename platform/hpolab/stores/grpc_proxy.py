@@ -5,8 +5,8 @@ database connections (Optuna's own advice past a few dozen workers).
 workers then take `--storage grpc://HOST:PORT` (or OPTUNA_STORAGE). What changes for them:
 - no Optuna heartbeats (the proxy API has none): drivers beat by writing the trial system attr
   `hpolab.heartbeat` instead, and reap another host's trial once that attr stops changing
-  (study/heartbeat.py, AttrBeats); a dead worker on the same host is still recognised by its pid;
-- the budget is kept exact optimistically (see study/budget.py: `over_budget`), since a database lock
+  (study/driver/heartbeat.py, AttrBeats); a dead worker on the same host is still recognised by its pid;
+- the budget is kept exact optimistically (see study/state/budget.py: `over_budget`), since a database lock
   cannot be taken through the proxy.
 """
 

@@ -27,7 +27,7 @@ def quiet_mlflow() -> None:
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
     # A tracking DB that cannot be reached: MLflow logs each failed call with a traceback, then raises
-    # it; the driver retries it (study/outage.py) or reports it in one line, so the log is only noise.
+    # it; the driver retries it (study/state/outage.py) or reports it in one line, so the log is only noise.
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 

@@ -1,4 +1,4 @@
-"""A trial's final model in MLflow: the folder its trial process saved (study/child_export.py), or,
+"""A trial's final model in MLflow: the folder its trial process saved (study/trials/child_export.py), or,
 where there is none, rebuilt here from its best checkpoint; logged with signature and example."""
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from typing import Any
 from hpolab.stores.sqlite_read import snapshot
 
 KNOWN_SCHEMAS = {"v3.2.0.a"}
-IMPORTED = "hpolab.imported_from"  # system attr of a trial a warm start imported (study/budget.py uses this one)
+IMPORTED = "hpolab.imported_from"  # system attr of a trial a warm start imported (study/state/budget.py uses this one)
 _INF = {"INF_POS": math.inf, "INF_NEG": -math.inf}
 _INTERMEDIATE = {"NAN": math.nan, **_INF}  # an intermediate value may also be NaN
 # The trial system attrs ranking and counting (trial_counts.py) read: Optuna's constraints (its old

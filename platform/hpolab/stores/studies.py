@@ -57,7 +57,7 @@ def _storage_or_none(stores: Stores) -> optuna.storages.BaseStorage | None:
 
 
 # A study of several objectives prunes through a companion study in the same storage
-# (study/pruning.py); it is part of its study, never listed as one. '~' is not allowed in study names.
+# (study/objectives/pruning.py); it is part of its study, never listed as one. '~' is not allowed in study names.
 COMPANION_SUFFIX = "~pruning"
 
 
@@ -76,7 +76,7 @@ def list_studies(stores: Stores, front: Callable[[list, list], list] | None = No
                  best: Callable[[list, list], object] | None = None) -> list[StudyRow]:
     """One row per study in the Optuna storage (sorted by name). The metric comes from the study's
     `metric` attr, else the MLflow parent run's params (the spec is logged there), found via the
-    study's `mlflow_parent_run_id`. study/ranking.py, which this layer cannot import, decides:
+    study's `mlflow_parent_run_id`. study/objectives/ranking.py, which this layer cannot import, decides:
     `best(trials, directions)` gives a one-objective study's best trial (feasible, its own: None
     without `best`), `front(trials, directions)` the feasible Pareto front of one of several.
     Counts are trial_counts.py's (the budget's). An embedded store is read with plain SQL when its

@@ -1,4 +1,4 @@
-"""How a study's trials count: one rule for the budget (study/budget.py: what `n_trials` means),
+"""How a study's trials count: one rule for the budget (study/state/budget.py: what `n_trials` means),
 the progress line, `study list` and `study status` -- so they all say the same numbers.
 
 A trial counts under its state (complete, pruned, fail, running, waiting), except:

@@ -1,13 +1,13 @@
 """`hpolab lr-find SPEC`: the LR range test run in this process, logged to the study's experiment.
 
-The work is `hpolab.study.lr_range` (shared with the driver); this is the command around it.
+The work is `hpolab.study.lr_test.lr_range` (shared with the driver); this is the command around it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from hpolab.study.lr_range import RUN_NAME, LRRangeResult, log_to_mlflow, run_lr_find, summary_text
+from hpolab.study.lr_test.lr_range import RUN_NAME, LRRangeResult, log_to_mlflow, run_lr_find, summary_text
 
 
 def find_study_run(client, stores, spec) -> tuple[str, str | None]:

@@ -1,7 +1,7 @@
 """The fault project's MLP whose model export is slow in one trial (for the upload-thread tests).
 
 When HPOLAB_TEST_SLOW_EXPORT_DIR is set, the first trial process that builds its model to save it
-(study/child_export.py: save_trial_model, after the trial's last epoch) claims the file `slow` there,
+(study/trials/child_export.py: save_trial_model, after the trial's last epoch) claims the file `slow` there,
 writes its trial folder into it, sleeps HPOLAB_TEST_SLOW_EXPORT_S seconds (default 20), then writes
 `slow.done` with the time it woke (time.time()). Every other build, training included, is the plain MLP.
 """

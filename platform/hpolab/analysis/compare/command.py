@@ -17,10 +17,10 @@ from __future__ import annotations
 import re
 
 # The names below were all defined here before the split; they stay importable from here.
-from hpolab.analysis.compare_render import fmt_cell, json_value, print_study, short_names, to_records  # noqa: F401
-from hpolab.analysis.compare_runs import print_runs, runs_frame
-from hpolab.analysis.compare_sql import sql_study_table
-from hpolab.analysis.compare_study import StudyTable, load_study_table, select, study_frame, study_metric, tracking_client  # noqa: F401
+from hpolab.analysis.compare.render import fmt_cell, json_value, print_study, short_names, to_records  # noqa: F401
+from hpolab.analysis.compare.runs import print_runs, runs_frame
+from hpolab.analysis.compare.sql import sql_study_table
+from hpolab.analysis.compare.study import StudyTable, load_study_table, select, study_frame, study_metric, tracking_client  # noqa: F401
 from hpolab.stores.paths import Stores
 
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")

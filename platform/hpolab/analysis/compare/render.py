@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from hpolab.analysis.compare_study import StudyTable
+from hpolab.analysis.compare.study import StudyTable
 
 FAIL_REASON_WIDTH = 48  # characters of the fail reason shown in the table (csv/json have all of it)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from hpolab.analysis.compare_render import console_for, fmt_cell, json_value, render_markdown, write_machine_readable
+from hpolab.analysis.compare.render import console_for, fmt_cell, json_value, render_markdown, write_machine_readable
 
 
 def runs_frame(client, run_ids: list[str]) -> tuple[pd.DataFrame, list[str]]:

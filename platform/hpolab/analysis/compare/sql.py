@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpolab.analysis.compare_study import StudyTable, table_of, top_numbers
+from hpolab.analysis.compare.study import StudyTable, table_of, top_numbers
 from hpolab.stores import mlflow_sql, optuna_sql
 from hpolab.stores.paths import Stores
 from hpolab.stores.sqlite_read import sqlite_path

@@ -14,8 +14,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from hpolab.study.objective_values import VALUES_ATTR
-from hpolab.study.ranking import primary_direction
+from hpolab.study.objectives.objective_values import VALUES_ATTR
+from hpolab.study.objectives.ranking import primary_direction
 from hpolab.stores.paths import Stores, sqlite_file
 
 MODEL_COLUMNS = ("model_id", "model_name", "model_uri")  # the trial's logged model (trial_model)
@@ -228,7 +228,7 @@ def table_of(study, metric: str, runs: dict[str, tuple[dict, dict]], found: bool
 def _pareto_columns(study, trials, rows: list[dict], objectives: list[str]) -> list[str]:
     """Several objectives: `rank` (1 = best, ranking.py's order: Pareto rank, feasible first), `front`
     (yes / knee) and each objective's value, added to `rows`; the column names."""
-    from hpolab.study import ranking
+    from hpolab.study.objectives import ranking
 
     dirs = ranking.directions_of(study)
     order = {t.number: i for i, t in enumerate(ranking.ranked(trials, dirs), start=1)}

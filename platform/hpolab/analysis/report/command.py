@@ -23,11 +23,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hpolab.analysis import report_html as H
-from hpolab.analysis.report_data import TOP_ROWS, ReportData, best_number, gather
-from hpolab.analysis.report_figures import plots_for, PLOTS, quiet
-from hpolab.analysis.report_sql import gather_sql
-from hpolab.analysis.report_trials import model_cell, problem_trials, run_cell, top_trials, trial_row, ui_url_of
+from hpolab.analysis.report import html as H
+from hpolab.analysis.report.data import TOP_ROWS, ReportData, best_number, gather
+from hpolab.analysis.report.figures import plots_for, PLOTS, quiet
+from hpolab.analysis.report.sql import gather_sql
+from hpolab.analysis.report.trials import model_cell, problem_trials, run_cell, top_trials, trial_row, ui_url_of
 from hpolab.stores.paths import Stores
 
 ARTIFACT_DIR = "report"  # on the study's parent run: report/<study>.html
@@ -91,13 +91,13 @@ def _summary_cards(data: ReportData, trials: list, best: int | None) -> str:
 
 
 def _objectives(data: ReportData) -> list[tuple[str, str]]:
-    from hpolab.study.ranking import directions_of
+    from hpolab.study.objectives.ranking import directions_of
 
     return list(zip(data.study.metric_names or [], directions_of(data.study)))
 
 
 def _front_size(data: ReportData) -> int:
-    from hpolab.study import ranking
+    from hpolab.study.objectives import ranking
 
     return len(ranking.front(data.study.get_trials(deepcopy=False), ranking.directions_of(data.study)))
 

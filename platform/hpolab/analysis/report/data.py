@@ -30,7 +30,7 @@ class ReportData:
     client: Any = None  # MlflowClient, None when the tracking store is unreachable
     experiment_id: str | None = None
     parent_run: Any = None
-    table: Any = None  # hpolab.analysis.compare_study.StudyTable
+    table: Any = None  # hpolab.analysis.compare.study.StudyTable
     lr_test: dict[str, Any] | None = None  # {"lr": [...], "loss": [...], "smoothed": [...], "attr": {...}, "run_id": ...}
     promotion: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # what could not be read (shown in the footer)
@@ -43,21 +43,21 @@ class ReportData:
 
 def best_number(data: ReportData) -> int | None:
     """The best trial (several objectives: the knee of the feasible Pareto front; ranking.py)."""
-    from hpolab.study import ranking
+    from hpolab.study.objectives import ranking
 
     best = ranking.best(data.study.get_trials(deepcopy=False), ranking.directions_of(data.study))
     return best.number if best is not None else None
 
 
 def gather(study, stores: Stores | None = None, client=None) -> ReportData:
-    from hpolab.analysis.compare_study import study_frame, study_metric, top_numbers
-    from hpolab.study.ranking import primary_direction
+    from hpolab.analysis.compare.study import study_frame, study_metric, top_numbers
+    from hpolab.study.objectives.ranking import primary_direction
 
     problems: list[str] = []
     experiment_id, parent = None, None
     if client is None and stores is not None:
         try:
-            from hpolab.analysis.compare_study import tracking_client
+            from hpolab.analysis.compare.study import tracking_client
 
             client = tracking_client(stores)
         except Exception as e:  # the report still has Optuna's side

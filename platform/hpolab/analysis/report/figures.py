@@ -10,7 +10,7 @@ import math
 import warnings
 from typing import Any
 
-from hpolab.analysis.report_data import ReportData, best_number
+from hpolab.analysis.report.data import ReportData, best_number
 
 STATE_COLORS = {"COMPLETE": "#2b6cb0", "PRUNED": "#dd8a1a", "FAIL": "#c53030", "RUNNING": "#718096", "WAITING": "#a0aec0"}
 
@@ -45,7 +45,7 @@ def _target(data: ReportData) -> dict[str, Any]:
     recorded value -- Optuna needs a `target` for a multi-objective study."""
     if not _multi(data):
         return {"target_name": data.metric}
-    from hpolab.study.objective_values import VALUES_ATTR
+    from hpolab.study.objectives.objective_values import VALUES_ATTR
 
     return {"target_name": data.metric, "target": lambda t: float((t.user_attrs.get(VALUES_ATTR) or {}).get(data.metric, math.nan))}
 
@@ -82,8 +82,8 @@ def fig_objectives(data: ReportData) -> tuple[Any, str | None]:
     line per COMPLETE trial of this study, coloured by kind (KIND_COLORS)."""
     if not _multi(data):
         return None, "This study has one objective; see the optimization history."
-    from hpolab.study import ranking
-    from hpolab.study.budget import IMPORTED
+    from hpolab.study.objectives import ranking
+    from hpolab.study.state.budget import IMPORTED
 
     directions = ranking.directions_of(data.study)
     trials = [t for t in _complete(data) if t.values is not None and len(t.values) == len(directions)
@@ -112,7 +112,7 @@ def fig_objectives(data: ReportData) -> tuple[Any, str | None]:
 def fig_hypervolume(data: ReportData) -> tuple[Any, str | None]:
     if not _multi(data):
         return None, "This study has one objective; see the optimization history."
-    from hpolab.study import ranking
+    from hpolab.study.objectives import ranking
 
     history = ranking.hypervolume_history(data.study.get_trials(deepcopy=False), ranking.directions_of(data.study))
     if len(history) < 2:
@@ -157,7 +157,7 @@ def _summarised_curves(fig, rest: list) -> None:
 
 def _curve_trials(data: ReportData) -> list:
     """The trials with their epochs' values. Several objectives: those values were reported to the
-    companion pruning study (study/pruning.py), matched back by its `hpolab.trial` attr."""
+    companion pruning study (study/objectives/pruning.py), matched back by its `hpolab.trial` attr."""
     trials = data.study.get_trials(deepcopy=False)
     if not _multi(data):
         return trials
@@ -179,7 +179,7 @@ def _curve_trials(data: ReportData) -> list:
 def fig_learning_curves(data: ReportData) -> tuple[Any, str | None]:
     import plotly.graph_objects as go
 
-    from hpolab.study.ranking import top_k
+    from hpolab.study.objectives.ranking import top_k
 
     trials = [t for t in _curve_trials(data) if t.intermediate_values]
     if not trials:

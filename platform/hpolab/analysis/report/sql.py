@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hpolab.analysis.compare_sql import first_runs, live_models
-from hpolab.analysis.compare_study import table_of, top_numbers
-from hpolab.analysis.report_data import LR_KEYS, LR_RUN_NAME, TOP_ROWS, ReportData, lr_curve, registered
+from hpolab.analysis.compare.sql import first_runs, live_models
+from hpolab.analysis.compare.study import table_of, top_numbers
+from hpolab.analysis.report.data import LR_KEYS, LR_RUN_NAME, TOP_ROWS, ReportData, lr_curve, registered
 from hpolab.stores import mlflow_sql
 from hpolab.stores.sqlite_read import sqlite_path
 from hpolab.stores.paths import Stores
-from hpolab.study.ranking import primary_direction
+from hpolab.study.objectives.ranking import primary_direction
 
 
 def gather_sql(study, stores: Stores) -> ReportData | None:

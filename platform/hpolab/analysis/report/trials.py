@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from hpolab.analysis import report_html as H
-from hpolab.analysis.report_data import TOP_ROWS, ReportData
+from hpolab.analysis.report import html as H
+from hpolab.analysis.report.data import TOP_ROWS, ReportData
 
 UI_URL_EXAMPLE = "http://127.0.0.1:5000"  # what `hpolab ui` serves by default
 
@@ -78,8 +78,8 @@ def trial_row(data: ReportData, number: int):
 
 
 def top_trials(data: ReportData) -> str:
-    from hpolab.analysis.compare_render import short_names
-    from hpolab.analysis.compare_study import select
+    from hpolab.analysis.compare.render import short_names
+    from hpolab.analysis.compare.study import select
 
     t = data.table
     if t is None or t.frame.empty or not (t.frame["state"] == "COMPLETE").any():
@@ -131,6 +131,6 @@ def _text(v):
 
 
 def _py(v):
-    from hpolab.analysis.compare_render import json_value
+    from hpolab.analysis.compare.render import json_value
 
     return json_value(v)

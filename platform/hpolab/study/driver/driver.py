@@ -51,31 +51,31 @@ from hpolab.stores.budget_lock import budget_lock
 from hpolab.stores.optuna_storage import make_storage
 from hpolab.stores.paths import Stores, ensure_local
 from hpolab.config.samplers import make_pruner, make_sampler, sampler_seed
-from hpolab.study import warm_start
-from hpolab.study.pruning import Pruning
-from hpolab.study.ranking import directions_of
-from hpolab.study.progress import Progress
+from hpolab.study.sampling import warm_start
+from hpolab.study.objectives.pruning import Pruning
+from hpolab.study.objectives.ranking import directions_of
+from hpolab.study.driver.progress import Progress
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.environment import capture_environment
-from hpolab.study.budget import FINISHED, FailureStreak, count_existing_trials, may_start_another, over_budget, release, trial_counts
-from hpolab.study.heartbeat import HEARTBEAT_ATTR, AttrBeats, Heartbeats, others_running, reap_dead_trials
-from hpolab.study.lr_step import ensure_lr_range_test, lr_bounds
-from hpolab.study.outage import StorageOutage
-from hpolab.study.owners import owner_gone, owner_of, owner_record
-from hpolab.study.parent_run import close_parent_run, fail_parent_run, open_parent_run
-from hpolab.study.events import TrialEvents
-from hpolab.study.repair import close_orphan_runs
-from hpolab.study.retention import Retention
-from hpolab.study.retry import RetryCopy
-from hpolab.study.seeds import worker_salt
-from hpolab.study.runner import Running, TrialRunner, runner_for
-from hpolab.study.search_space import optuna_distributions
-from hpolab.study.signals import StopSignals
-from hpolab.study.enqueue import enqueue_known_good
-from hpolab.study.spec_guard import check_spec, record_spec
-from hpolab.study.code_guard import check_code, record_code
-from hpolab.study.stopping import NoImprovementStop
-from hpolab.study.tracker import TrialTracker, retry_source
+from hpolab.study.state.budget import FINISHED, FailureStreak, count_existing_trials, may_start_another, over_budget, release, trial_counts
+from hpolab.study.driver.heartbeat import HEARTBEAT_ATTR, AttrBeats, Heartbeats, others_running, reap_dead_trials
+from hpolab.study.lr_test.lr_step import ensure_lr_range_test, lr_bounds
+from hpolab.study.state.outage import StorageOutage
+from hpolab.study.state.owners import owner_gone, owner_of, owner_record
+from hpolab.study.driver.parent_run import close_parent_run, fail_parent_run, open_parent_run
+from hpolab.study.driver.events import TrialEvents
+from hpolab.study.state.repair import close_orphan_runs
+from hpolab.study.retention.retention import Retention
+from hpolab.study.state.retry import RetryCopy
+from hpolab.study.sampling.seeds import worker_salt
+from hpolab.study.trials.runner import Running, TrialRunner, runner_for
+from hpolab.study.sampling.search_space import optuna_distributions
+from hpolab.study.driver.signals import StopSignals
+from hpolab.study.sampling.enqueue import enqueue_known_good
+from hpolab.study.driver.spec_guard import check_spec, record_spec
+from hpolab.study.driver.code_guard import check_code, record_code
+from hpolab.study.objectives.stopping import NoImprovementStop
+from hpolab.study.trials.tracker import TrialTracker, retry_source
 
 __all__ = ["Driver", "FINISHED", "Outcome", "Running", "optuna_distributions", "trial_counts"]
 

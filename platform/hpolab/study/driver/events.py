@@ -31,16 +31,16 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpolab.study.budget import FINISHED, FailureStreak, trial_counts
+from hpolab.study.state.budget import FINISHED, FailureStreak, trial_counts
 from hpolab.errors import StudyError
-from hpolab.study import objective_values
-from hpolab.study.heartbeat import REAPED, beat, lost_reason
-from hpolab.study.outage import passthrough
-from hpolab.study.progress import Progress
-from hpolab.study.pruning import Pruning
-from hpolab.study.retry import RetryCopy
-from hpolab.study.runner import Running, TrialRunner, next_message
-from hpolab.study.tracker import TrialTracker
+from hpolab.study.objectives import objective_values
+from hpolab.study.driver.heartbeat import REAPED, beat, lost_reason
+from hpolab.study.state.outage import passthrough
+from hpolab.study.driver.progress import Progress
+from hpolab.study.objectives.pruning import Pruning
+from hpolab.study.state.retry import RetryCopy
+from hpolab.study.trials.runner import Running, TrialRunner, next_message
+from hpolab.study.trials.tracker import TrialTracker
 
 
 class TrialEvents:

@@ -27,10 +27,10 @@ import optuna
 from optuna.trial import TrialState
 
 from hpolab.stores.optuna_storage import GRACE_PERIOD, HEARTBEAT_INTERVAL
-from hpolab.study.outage import passthrough
-from hpolab.study.owners import age_since_start, describe, heartbeat_age, owner_gone, owner_of, owner_record
-from hpolab.study.retry import RetryCopy
-from hpolab.study.runner import Running
+from hpolab.study.state.outage import passthrough
+from hpolab.study.state.owners import age_since_start, describe, heartbeat_age, owner_gone, owner_of, owner_record
+from hpolab.study.state.retry import RetryCopy
+from hpolab.study.trials.runner import Running
 
 # We call Optuna's heartbeat API from an ask/tell driver on purpose (its built-in heartbeat only
 # covers Study.optimize); its "experimental" and "use with optimize" warnings are noise here.

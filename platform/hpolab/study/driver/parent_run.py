@@ -67,7 +67,7 @@ def close_parent_run(client, parent_run_id: str, study: optuna.Study, spec: Stud
 
 def _best_tags(client, parent_run_id: str, study: optuna.Study, spec: StudySpec) -> dict[str, str]:
     tags = {}
-    from hpolab.study import ranking
+    from hpolab.study.objectives import ranking
 
     best = ranking.best(study.get_trials(deepcopy=False), ranking.directions_of(study))  # (feasible, not imported)
     if best is not None:
@@ -88,7 +88,7 @@ def front_tags(client, parent_run_id: str, study: optuna.Study, spec: StudySpec)
     import json
     import tempfile
 
-    from hpolab.study import ranking
+    from hpolab.study.objectives import ranking
 
     names, directions = [o.metric for o in spec.objective_list], ranking.directions_of(study)
     trials = study.get_trials(deepcopy=False)

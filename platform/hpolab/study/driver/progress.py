@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from hpolab.study import ranking
+from hpolab.study.objectives import ranking
 
 
 class Progress:
@@ -86,7 +86,7 @@ class Progress:
         if self.quiet:
             return
         if spec.is_multi_objective:
-            from hpolab.study.front_table import front_table
+            from hpolab.study.objectives.front_table import front_table
 
             self.console.print(front_table(study, spec.name, f"{counts['finished']}/{spec.n_trials} finished"))
             self._print_elapsed(spec)

@@ -33,8 +33,8 @@ from optuna.trial import TrialState
 from hpolab.config.spec import StudySpec, spec_to_yaml
 from hpolab.errors import UserError
 from hpolab.stores import mlflow_runs as tr
-from hpolab.study.lr_step import lr_bounds
-from hpolab.study.search_space import optuna_distributions
+from hpolab.study.lr_test.lr_step import lr_bounds
+from hpolab.study.sampling.search_space import optuna_distributions
 
 DEFINING = ("experiment", "metric", "direction", "objectives", "pruning", "constraints", "search_space", "sampler",
             "pruner", "seed", "trainer", "model", "data", "lr_range_test")

@@ -30,7 +30,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from hpolab.study.lifeline import watch_lifeline
+from hpolab.study.trials.lifeline import watch_lifeline
 from hpolab.train.lr_range_test import LRRangeResult, bounds_from_lr_range_test, lr_range_test, rule_suggestions
 
 RUN_NAME = "lr-range-test"

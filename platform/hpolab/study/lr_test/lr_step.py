@@ -26,8 +26,8 @@ from hpolab.errors import StudyError
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.budget_lock import budget_lock
 from hpolab.stores.paths import Stores
-from hpolab.study.lr_claim import LRTestClaim
-from hpolab.study.runner import TrialRunner, spawn_with_lifeline
+from hpolab.study.lr_test.lr_claim import LRTestClaim
+from hpolab.study.trials.runner import TrialRunner, spawn_with_lifeline
 
 
 def lr_bounds(study: optuna.Study) -> tuple[float, float] | None:
@@ -45,7 +45,7 @@ def _run_child(spec: StudySpec, out_dir: Path, runner: TrialRunner, project_dir:
                tick: Callable[[], None] = lambda: None) -> tuple[str, dict[str, Any]] | None:
     """Run the test in a child process; its one message, ("done" | "fail", info), or None when a
     second Ctrl-C/SIGTERM stopped it. `tick` is called about every second while it runs (a claim's beat)."""
-    from hpolab.study import lr_range as lr_find  # lazily: it pulls in torch; only a study with the test needs it
+    from hpolab.study.lr_test import lr_range as lr_find  # lazily: it pulls in torch; only a study with the test needs it
 
     job = lr_find.make_job(spec, out_dir, project_dir=project_dir, threads=runner.cpus(),
                            cuda_device=runner.devices_for(runner.least_used_gpu([])))
@@ -122,7 +122,7 @@ def _run_by_claim(study: optuna.Study, note: Callable[[str], None], aborting: Ca
 def _run_and_record(spec: StudySpec, study: optuna.Study, stores: Stores, runner: TrialRunner, project_dir: Path,
                     client, experiment_id: str, parent_run_id: str,
                     note: Callable[[str], None], aborting: Callable[[], bool], tick: Callable[[], None] = lambda: None) -> None:
-    from hpolab.study import lr_range as lr_find  # lazily: it pulls in torch; only a study with the test needs it
+    from hpolab.study.lr_test import lr_range as lr_find  # lazily: it pulls in torch; only a study with the test needs it
 
     out_dir = lr_find.default_out_dir(stores, spec)
     msg = _run_child(spec, out_dir, runner, project_dir, note, aborting, tick)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from hpolab.study import ranking
-from hpolab.study.objective_values import VALUES_ATTR
+from hpolab.study.objectives import ranking
+from hpolab.study.objectives.objective_values import VALUES_ATTR
 
 
 def _fmt(v) -> str:

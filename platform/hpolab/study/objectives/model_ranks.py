@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from hpolab.study import ranking
+from hpolab.study.objectives import ranking
 
 RANK, PARETO_RANK, ON_FRONT = "hpolab.rank", "hpolab.pareto_rank", "hpolab.on_front"
 

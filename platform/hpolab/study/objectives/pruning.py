@@ -23,8 +23,8 @@ from optuna.trial import TrialState
 
 from hpolab.config.samplers import make_pruner
 from hpolab.stores.studies import COMPANION_SUFFIX
-from hpolab.study.objective_values import VALUES_ATTR
-from hpolab.study.outage import passthrough
+from hpolab.study.objectives.objective_values import VALUES_ATTR
+from hpolab.study.state.outage import passthrough
 
 
 

@@ -22,8 +22,8 @@ import optuna
 from optuna.trial import TrialState
 
 from hpolab.config.spec import StudySpec
-from hpolab.study.budget import IMPORTED
-from hpolab.study.ranking import feasible, front, improves, losses
+from hpolab.study.state.budget import IMPORTED
+from hpolab.study.objectives.ranking import feasible, front, improves, losses
 from hpolab.stores import mlflow_runs as tr
 
 

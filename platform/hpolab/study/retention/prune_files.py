@@ -23,7 +23,7 @@ from hpolab.errors import UserError
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.artifacts import CHECKPOINTS
 from hpolab.stores.paths import Stores
-from hpolab.study.retention import Retention, promoted_in, tidy_finished
+from hpolab.study.retention.retention import Retention, promoted_in, tidy_finished
 
 
 @dataclass

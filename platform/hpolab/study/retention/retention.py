@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterable
 from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.stores import mlflow_runs as tr
-from hpolab.study import ranking
-from hpolab.study.model_ranks import rank_tags
+from hpolab.study.objectives import ranking
+from hpolab.study.objectives.model_ranks import rank_tags
 from hpolab.stores.artifacts import CHECKPOINTS, delete_checkpoints, delete_logged_model
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)

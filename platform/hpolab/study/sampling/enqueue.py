@@ -19,8 +19,8 @@ import optuna
 from hpolab.config.spec import StudySpec
 from hpolab.errors import SpecError
 from hpolab.stores.budget_lock import budget_lock
-from hpolab.study.budget import trial_counts
-from hpolab.study.search_space import optuna_distributions
+from hpolab.study.state.budget import trial_counts
+from hpolab.study.sampling.search_space import optuna_distributions
 
 
 def enqueue_known_good(study: optuna.Study, storage, spec: StudySpec, lr_bounds: tuple[float, float] | None,

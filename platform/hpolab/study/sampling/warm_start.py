@@ -32,9 +32,9 @@ from hpolab.config.spec import study_name_from
 from hpolab.errors import UserError
 from hpolab.stores.budget_lock import budget_lock
 from hpolab.stores.studies import is_companion
-from hpolab.study import ranking
-from hpolab.study.budget import IMPORTED
-from hpolab.study.search_space import optuna_distributions
+from hpolab.study.objectives import ranking
+from hpolab.study.state.budget import IMPORTED
+from hpolab.study.sampling.search_space import optuna_distributions
 
 DONE_ATTR = "hpolab.warm_start"
 

@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import TrialState
 
 from hpolab.stores.run_roles import is_trial_run
-from hpolab.study.owners import owner_gone, owner_of
+from hpolab.study.state.owners import owner_gone, owner_of
 
 
 def close_orphan_runs(client, experiment_id: str, study: optuna.Study, close_run: Callable, note: Callable[[str], None]) -> int:

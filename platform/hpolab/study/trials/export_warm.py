@@ -18,7 +18,7 @@ from mlflow.telemetry import set_telemetry_client  # noqa: E402
 
 set_telemetry_client()
 
-from hpolab.study import child_export  # noqa: E402  (after the setting above)
+from hpolab.study.trials import child_export  # noqa: E402  (after the setting above)
 
 try:
     child_export.warm()

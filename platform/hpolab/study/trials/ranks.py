@@ -30,7 +30,7 @@ from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
 
-from hpolab.study.lifeline import ORPHAN_EXIT_CODE, watch_lifeline
+from hpolab.study.trials.lifeline import ORPHAN_EXIT_CODE, watch_lifeline
 
 STORE_TIMEOUT_S = 1800.0  # rendezvous and every collective; a backstop: a dead rank ends the others at once
 

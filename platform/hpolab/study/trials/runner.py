@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterable
 
 import optuna
 
-from hpolab.study import trial_forkserver
-from hpolab.study.gpus import physical_devices, trial_indices
+from hpolab.study.trials import trial_forkserver
+from hpolab.study.trials.gpus import physical_devices, trial_indices
 from hpolab.train.cpus import available_cpus
 
 
@@ -198,7 +198,7 @@ class TrialRunner:
             # DDP trials (devices > 1) leave their model to the driver (its fallback export)
             "export_model": self.export_models and int(r.config["trainer"].get("devices", 1)) == 1,
         }
-        from hpolab.study import trial_entry  # not trial_process: that one imports torch._dynamo (seconds)
+        from hpolab.study.trials import trial_entry  # not trial_process: that one imports torch._dynamo (seconds)
 
         r.process, r.conn, r.lifeline = spawn_with_lifeline(
             self.context(), trial_entry.run, f"trial-{r.number}",

@@ -26,13 +26,13 @@ from hpolab.stores.artifacts import upload_checkpoints
 from hpolab.stores.code_artifacts import log_code
 from hpolab.stores.model_links import link_trial_metrics, trial_model_name, trial_model_tags
 from hpolab.stores.models import log_saved_model, log_trial_model
-from hpolab.study.child_export import answer_child, receive_model
-from hpolab.study.model_ranks import apply_rank_tags
-from hpolab.study.outage import passthrough
-from hpolab.study.retention import Retention, tidy_finished
-from hpolab.study.retry import RetrySource, retry_source  # noqa: F401  (re-exported: the driver imports them here)
-from hpolab.study.runner import Running
-from hpolab.study.uploads import Uploader, stage_checkpoints, upload_due
+from hpolab.study.trials.child_export import answer_child, receive_model
+from hpolab.study.objectives.model_ranks import apply_rank_tags
+from hpolab.study.state.outage import passthrough
+from hpolab.study.retention.retention import Retention, tidy_finished
+from hpolab.study.state.retry import RetrySource, retry_source  # noqa: F401  (re-exported: the driver imports them here)
+from hpolab.study.trials.runner import Running
+from hpolab.study.trials.uploads import Uploader, stage_checkpoints, upload_due
 
 MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
 REAPER_CLOSE_WAIT = 30.0  # seconds a reaped trial's owner waits for the reaper's close of its run

@@ -12,6 +12,6 @@ from typing import Any
 
 
 def run(conn, lifeline, job: dict[str, Any]) -> None:
-    from hpolab.study import trial_process
+    from hpolab.study.trials import trial_process
 
     trial_process.run(conn, lifeline, job)

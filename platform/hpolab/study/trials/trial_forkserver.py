@@ -49,10 +49,10 @@ def allow_fork() -> None:
 def preload(export_models: bool) -> list[str]:
     """What the forkserver imports before it forks anything (the experiment through experiment_preload.py,
     which reads its name from the environment: see start)."""
-    modules = ["hpolab.study.trial_process", "hpolab.study.experiment_preload"]
+    modules = ["hpolab.study.trials.trial_process", "hpolab.study.trials.experiment_preload"]
     if export_models:  # MLflow imported and torch.export warm in every trial (child_export.py)
-        modules.append("hpolab.study.export_warm")
-    modules.append("hpolab.study.forkserver_exit")  # last: its atexit handler runs first
+        modules.append("hpolab.study.trials.export_warm")
+    modules.append("hpolab.study.trials.forkserver_exit")  # last: its atexit handler runs first
     return modules
 
 

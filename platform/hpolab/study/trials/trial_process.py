@@ -30,8 +30,8 @@ from typing import Any
 import torch  # imported here so the forkserver that preloads this module has torch warm
 import torch._dynamo  # noqa: F401  -- torch.optim's constructors import it lazily (~3 s); pay it once, in the forkserver
 
-from hpolab.study.child_export import offer_export
-from hpolab.study.lifeline import ORPHAN_EXIT_CODE, watch_lifeline
+from hpolab.study.trials.child_export import offer_export
+from hpolab.study.trials.lifeline import ORPHAN_EXIT_CODE, watch_lifeline
 from hpolab.train import NonFiniteLossError, fit, seed_everything
 from hpolab.train.config import trainer_config
 from hpolab.train.tasks import task_for
@@ -57,7 +57,7 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
         sys.path.insert(0, project_dir)
     devices = int(job["config"]["trainer"].get("devices", 1))
     if devices > 1:  # one process per device (DDP); this process relays between rank 0 and the driver
-        from hpolab.study.ranks import run_ranks
+        from hpolab.study.trials.ranks import run_ranks
 
         run_ranks(conn, lifeline, job, devices, sys.modules[__name__])
         return

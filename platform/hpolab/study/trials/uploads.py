@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from hpolab.study.outage import passthrough
+from hpolab.study.state.outage import passthrough
 
 # The queue is unbounded: a full queue would make submit() block the driver's loop, and with it
 # every running trial's epochs (a trial waits for its reply). A slow artifact store therefore falls
