@@ -199,7 +199,7 @@ def _fabricated(number: int, values, state="COMPLETE", constraints=None):
 
 
 def test_rank_tags_follow_ranking_for_one_and_several_objectives():
-    from hpolab.study.objectives.model_ranks import rank_tags
+    from hpolab.study.objectives.ranking import rank_tags
 
     one = [_fabricated(0, [0.5]), _fabricated(1, [0.9]), _fabricated(2, None, "PRUNED"), _fabricated(3, [0.7])]
     order = [t.number for t in ranking.ranked(one, "maximize")]
@@ -220,7 +220,7 @@ def test_rank_tags_follow_ranking_for_one_and_several_objectives():
 def test_a_rank_pass_skips_a_model_deleted_since_its_search(store, monkeypatch):
     """Another worker's retention may delete a model between the pass's search and its tag write."""
     from hpolab.stores import model_links
-    from hpolab.study.objectives.model_ranks import apply_rank_tags
+    from hpolab.study.objectives.ranking import apply_rank_tags
 
     client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
     exp = client.create_experiment("s", artifact_location=(store / "artifacts").as_uri())

@@ -24,7 +24,7 @@ def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
 
     study = load_study(name, stores)  # (a UserError naming the studies there when there is no such study)
     if len(study.directions) > 1:  # several objectives: the front, not one best value
-        from hpolab.study.objectives.front_table import front_table
+        from hpolab.study.objectives.ranking import front_table
 
         trials = study.get_trials(deepcopy=False)
         console = Console(highlight=False, width=200 if not Console().is_terminal else None)

@@ -86,7 +86,7 @@ class Progress:
         if self.quiet:
             return
         if spec.is_multi_objective:
-            from hpolab.study.objectives.front_table import front_table
+            from hpolab.study.objectives.ranking import front_table
 
             self.console.print(front_table(study, spec.name, f"{counts['finished']}/{spec.n_trials} finished"))
             self._print_elapsed(spec)

@@ -15,6 +15,10 @@ Whether a new value improves on the best so far (the progress line, stop_after_n
 asked here too (`improves`). This module imports no Optuna (only numpy): `study list` and `study
 status` rank the rows they read with plain SQL through it. A trial is anything with `number`,
 `state` (a TrialState or its name), `values`, `system_attrs` and `constraints`.
+
+Two readings of the same ranking live here too, so that one module decides best: the rank tags of a
+study's logged trial models (`rank_tags`, `apply_rank_tags`) and the table of a study with several
+objectives (`front_table`).
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import numpy as np
+from rich.table import Table
 
 from hpolab.stores.optuna_sql import IMPORTED
+from hpolab.study.objectives.objective_values import VALUES_ATTR
 
 
 def directions_of(study) -> list[str]:
@@ -222,3 +228,90 @@ def hypervolume_history(trials: Sequence, directions: str | Sequence) -> list[tu
         current = front(current + [t], names)
         out.append((t.number, hypervolume(current, names, reference)))
     return out
+
+
+# The rank tags of a study's logged trial models, as the trials rank above: one objective,
+# `hpolab.rank` (1 = best); several, `hpolab.pareto_rank` (0 = the feasible front, "infeasible" for a
+# trial that violates a constraint) and `hpolab.on_front`. A trial that is not COMPLETE (a PRUNED
+# one's model under `log_models: all`) has none. Ranks change as trials finish: retention's passes
+# (during the study and at its end) rewrite the tags of the models still kept, one write per model
+# and only where a value changed.
+RANK, PARETO_RANK, ON_FRONT = "hpolab.rank", "hpolab.pareto_rank", "hpolab.on_front"
+
+
+def rank_tags(trials: Iterable, directions: str | Sequence) -> dict[int, dict[str, str | None]]:
+    """Trial number -> the rank tags its model should carry (None: the tag should not be there)."""
+    trials = list(trials)
+    names = [directions] if isinstance(directions, str) else list(directions)
+    order = ranked(trials, names)
+    empty = {RANK: None, PARETO_RANK: None, ON_FRONT: None}
+    out: dict[int, dict[str, str | None]] = {t.number: dict(empty) for t in trials}
+    if len(names) == 1:
+        for i, t in enumerate(order):
+            out[t.number][RANK] = str(i + 1)
+        return out
+    ok = [t for t in order if feasible(t)]
+    ranks = pareto_ranks(losses(ok, names)) if ok else []
+    on_front = {t.number for t in front(ok, names)}
+    for t, r in zip(ok, ranks):
+        out[t.number].update({PARETO_RANK: str(int(r)), ON_FRONT: str(t.number in on_front).lower()})
+    for t in order:
+        if not feasible(t):
+            out[t.number].update({PARETO_RANK: "infeasible", ON_FRONT: "false"})
+    return out
+
+
+def apply_rank_tags(client, experiment_id: str, study: str, tags: dict[int, dict[str, str | None]]) -> int:
+    """Rewrite the rank tags of the study's live trial models where they differ; how many changed."""
+    from mlflow.exceptions import MlflowException
+
+    from hpolab.stores.model_links import set_changed_tags, study_models, trial_model_of
+
+    changed = 0
+    for model in study_models(client, experiment_id):
+        number = trial_model_of(model, study)
+        if number is None or number not in tags:
+            continue
+        try:
+            changed += set_changed_tags(client, model, tags[number])
+        except MlflowException:  # another worker's retention deleted it since the search: nothing to tag
+            if _live(client, model.model_id):
+                raise
+    return changed
+
+
+def _live(client, model_id: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_logged_model(model_id).status is not None
+    except MlflowException:
+        return False
+
+
+# The table of a study with several objectives: its COMPLETE trials best-first, each objective's
+# value (a PRUNED trial's as measured), whether it is on the front, feasibility -- what the driver
+# prints at the end and `study status` shows.
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def front_table(study, name: str, title_extra: str = "", limit: int | None = None) -> Table:
+    names = study.metric_names or [f"objective {i}" for i in range(len(study.directions))]
+    directions = directions_of(study)
+    trials = study.get_trials(deepcopy=False)
+    best_first = ranked(trials, directions)
+    marks = front_marks(trials, directions)
+    table = Table(title=f"study {name} ({', '.join(f'{n} {d}' for n, d in zip(names, directions))})"
+                  + (f": {title_extra}" if title_extra else ""))
+    bounded = sorted({m for t in trials for m in (t.user_attrs.get(VALUES_ATTR) or {})} - set(names))  # constraints' own metrics
+    for col in ("trial", "state", *names, *bounded, "front", "feasible"):
+        table.add_column(col, justify="left" if col in ("state", "front", "feasible") else "right")
+    shown = best_first + [t for t in trials if t.state.name in ("PRUNED", "FAIL", "RUNNING")]
+    for t in shown[:limit] if limit else shown:
+        recorded = t.user_attrs.get(VALUES_ATTR) or {}
+        values = list(t.values) if t.values is not None and len(t.values) == len(names) else [recorded.get(n) for n in names]
+        ok = "" if not t.constraints else ("yes" if feasible(t) else "no")
+        table.add_row(str(t.number), t.state.name, *[_fmt(v) for v in values], *[_fmt(recorded.get(m)) for m in bounded],
+                      marks.get(t.number, ""), ok)
+    return table

@@ -8,7 +8,7 @@ attempts of a kept trial. Deleting is idempotent and marked on the run (`hpolab.
 `hpolab.model_deleted`), so any worker can do it once the run is closed; a run still RUNNING (another
 worker may still be uploading or logging its model) is left for a later pass. A trial someone
 promoted keeps its files whatever its rank (promote runs name it: `hpolab.trial_run_id`). The same
-passes rewrite the rank tags of the models still kept (model_ranks.py) where a rank changed.
+passes rewrite the rank tags of the models still kept (ranking.py) where a rank changed.
 
 Checkpoints by purpose (tidy_finished): `last.pt` is for resuming, so it lives only while the trial
 can still be resumed (running, or FAIL with a retry to come); a COMPLETE or PRUNED trial loses it (trial
@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.stores import mlflow_runs as tr
 from hpolab.study.objectives import ranking
-from hpolab.study.objectives.model_ranks import rank_tags
+from hpolab.study.objectives.ranking import rank_tags
 from hpolab.stores.artifacts import CHECKPOINTS, delete_checkpoints, delete_logged_model
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -92,7 +92,7 @@ class Retention:
         return model_skip_reason(self.log_models, state, in_top_k, number)
 
     def rank_tags(self, force: bool = False) -> dict[int, dict[str, str | None]] | None:
-        """The rank tags of the trial models (model_ranks.py), read on the driver's thread; None when
+        """The rank tags of the trial models (ranking.py), read on the driver's thread; None when
         they are what the last pass wrote (`force`: the last pass, which may see models logged since)."""
         if self.log_models == "none":  # no model to tag
             return None

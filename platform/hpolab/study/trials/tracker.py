@@ -27,7 +27,7 @@ from hpolab.stores.code_artifacts import log_code
 from hpolab.stores.model_links import link_trial_metrics, trial_model_name, trial_model_tags
 from hpolab.stores.models import log_saved_model, log_trial_model
 from hpolab.study.trials.child_export import answer_child, receive_model
-from hpolab.study.objectives.model_ranks import apply_rank_tags
+from hpolab.study.objectives.ranking import apply_rank_tags
 from hpolab.study.state.outage import passthrough
 from hpolab.study.retention.retention import Retention, tidy_finished
 from hpolab.study.state.retry import RetrySource, retry_source  # noqa: F401  (re-exported: the driver imports them here)
