@@ -97,11 +97,11 @@ class Named(_Frozen):
 
 
 class LRRangeTestSpec(_Frozen):
-    enabled: bool = False
-    min_lr: float = 1e-7
-    max_lr: float = 10.0
-    num_steps: int = Field(default=100, ge=5)
-    mode: Literal["exp", "linear"] = "exp"
+    enabled: bool = Field(default=False, description="run an LR range test before the first trial (its bounds may set a float search range)")
+    min_lr: float = Field(default=1e-7, description="the sweep's first LR")
+    max_lr: float = Field(default=10.0, description="the sweep's last LR")
+    num_steps: int = Field(default=100, ge=5, description="optimizer steps of the sweep, one LR each")
+    mode: Literal["exp", "linear"] = Field(default="exp", description="how the LR grows from min_lr to max_lr")
     smoothing: float = Field(default=0.05, gt=0, lt=1)  # EMA weight of the newest loss
     diverge_factor: float = Field(default=4.0, gt=1)  # stop once smoothed loss > this x its best
 
@@ -122,40 +122,40 @@ RETENTION_WORDS = {"log_models": ("all", "complete", "none"), "keep_checkpoints"
 
 
 class StudySpec(_Frozen):
-    name: str
-    experiment: str
-    metric: str = "val_acc"
-    direction: Literal["maximize", "minimize"] = "maximize"
+    name: str = Field(description="the study's name: its Optuna study and MLflow experiment")
+    experiment: str = Field(description="the experiment module: a name in experiments/ or a dotted import path")
+    metric: str = Field(default="val_acc", description="the metric the study optimises (one objective)")
+    direction: Literal["maximize", "minimize"] = Field(default="maximize", description="whether larger or smaller values of metric are better")
     # Several objectives, the one pruned on, constraints (config/objectives.py); metric/direction
     # are then the pruning metric's, filled in from these.
-    objectives: list[Objective] | None = None
-    pruning: Pruning | None = None
-    constraints: list[Constraint] = Field(default_factory=list)
+    objectives: list[Objective] | None = Field(default=None, description="several objectives (a Pareto front); replaces metric/direction")
+    pruning: Pruning | None = Field(default=None, description="several objectives: the one reported each epoch and pruned on")
+    constraints: list[Constraint] = Field(default_factory=list, description="bounds on metrics; only feasible trials can be best")
     n_trials: int = Field(default=20, ge=1)  # total budget of finished trials, not "n more"
     timeout: float | None = Field(default=None, gt=0)  # seconds for this driver's session
     trial_timeout: float | None = Field(default=None, gt=0)  # seconds per trial, then FAIL
-    parallel: int = Field(default=1, ge=1)
+    parallel: int = Field(default=1, ge=1, description="trials this driver runs at once, each in its own process")
     max_retries: int = Field(default=1, ge=0)  # retries after a trial's own failure (OOM, trial_timeout)
     max_interrupts: int = Field(default=10, ge=0)  # retries after interrupts, dead drivers, reaps (per configuration)
     max_failures: int | None = Field(default=5, ge=1)  # stop after this many failed trials in a row (null: never)
-    seed: int = 0
-    sampler: Named = Named(type="tpe")
-    pruner: Named = Named(type="median")
-    trainer: TrainConfig = TrainConfig()
-    model: dict[str, Any] = Field(default_factory=dict)
-    data: dict[str, Any] = Field(default_factory=dict)
-    search_space: dict[str, Distribution] = Field(default_factory=dict)
-    lr_range_test: LRRangeTestSpec = LRRangeTestSpec()
+    seed: int = Field(default=0, description="the study's seed: the sampler's and each trial's are derived from it")
+    sampler: Named = Field(default=Named(type="tpe"), description="the Optuna sampler")
+    pruner: Named = Field(default=Named(type="median"), description="the Optuna pruner")
+    trainer: TrainConfig = Field(default=TrainConfig(), description="the training routine's options")
+    model: dict[str, Any] = Field(default_factory=dict, description="values for the experiment's MODEL_DEFAULTS keys")
+    data: dict[str, Any] = Field(default_factory=dict, description="values for the experiment's DATA_DEFAULTS keys")
+    search_space: dict[str, Distribution] = Field(default_factory=dict, description="what the sampler chooses: trainer.<key>, model.<key> or data.<key> -> a distribution")
+    lr_range_test: LRRangeTestSpec = Field(default=LRRangeTestSpec(), description="the LR range test before the first trial")
     # Run controls (config/controls.py): known-good configurations evaluated first, and when to stop.
-    enqueue: list[dict[str, Any]] = Field(default_factory=list)
-    warm_start: WarmStart | None = None  # begin from an earlier study (study/sampling/warm_start.py)
-    stop_after_no_improvement: NoImprovementStop | None = None
+    enqueue: list[dict[str, Any]] = Field(default_factory=list, description="known-good configurations (search_space path -> value) evaluated first")
+    warm_start: WarmStart | None = Field(default=None, description="begin from an earlier study in the same store")  # begin from an earlier study (study/sampling/warm_start.py)
+    stop_after_no_improvement: NoImprovementStop | None = Field(default=None, description="stop once this many finished trials in a row brought no improvement")
     # Retention (like Ray Tune's num_to_keep, Determined's checkpoint GC): which trials log a model
     # (all = COMPLETE + PRUNED; complete = COMPLETE only; none; {top_k: N} = the N best COMPLETE), and
     # whose last.pt/best.pt (trial folder + uploaded checkpoints/) survive once the trial has finished.
     # Default {top_k: 5}: a study of thousands of trials keeps a bounded store (README, "Retention").
-    log_models: Union[Literal["all", "complete", "none"], TopK] = TopK(top_k=5)
-    keep_checkpoints: Union[Literal["all"], TopK] = TopK(top_k=5)
+    log_models: Union[Literal["all", "complete", "none"], TopK] = Field(default=TopK(top_k=5), description="which trials log a model: all (COMPLETE + PRUNED), complete, none, or {top_k: N} (the N best COMPLETE)")
+    keep_checkpoints: Union[Literal["all"], TopK] = Field(default=TopK(top_k=5), description="which trials keep last.pt/best.pt once finished (all, or {top_k: N})")
     # Seconds between uploads of a running trial's last.pt to its run's checkpoints/ (latest only),
     # so a retry on any worker can resume it; 0 = after every epoch; null = only when it is retried.
     checkpoint_upload_every: float | None = Field(default=30.0, ge=0)

@@ -1,0 +1,183 @@
+"""The names hpolab writes to MLflow (tags, params, metrics) and Optuna (attributes): the table
+docs/reference/mlflow.md is made from (scripts/reference_docs.py).
+
+Most names are string literals at the place that writes them. `written_names()` finds every such
+literal in the package's source (`hpolab.*`, `optuna.*`, `mlflow.*`), without importing it, and
+tests/test_reference_docs.py fails when a name is written but missing here, or listed here but no
+longer written: a new tag needs a line below.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "platform" / "hpolab"
+
+TR, PR, PROM, LR, MOD, VER = "trial run", "parent run", "promote run", "lr run", "model", "version"
+SA, TA = "study attr", "trial attr"
+
+# literal in the code -> (name shown, where, meaning)
+NAMES = {
+    "hpolab.amp": ("hpolab.amp", TR, "the AMP mode the trial trained with"),
+    "hpolab.best_": ("hpolab.best_<metric>", f"{TR}, {PR}", "the best value of a metric (a trial's best epoch; the study's best trial)"),
+    "hpolab.best_epoch": ("hpolab.best_epoch", TR, "the epoch the trial's value, best.pt and logged model come from"),
+    "hpolab.best_rule": ("hpolab.best_rule", PR, "several objectives: how the best trial was chosen (the front's knee)"),
+    "hpolab.best_run_id": ("hpolab.best_run_id", PR, "the best trial's run"),
+    "hpolab.best_trial": ("hpolab.best_trial", PR, "the best trial's number"),
+    "hpolab.checkpoint_epoch": ("hpolab.checkpoint_epoch", TR, "the epoch of the last.pt uploaded to checkpoints/"),
+    "hpolab.checkpoints_deleted": ("hpolab.checkpoints_deleted", TR, "why the trial's checkpoints are gone (retention, prune-files)"),
+    "hpolab.class_names": ("hpolab.class_names", f"{PROM}, {VER}", "the class names (JSON list) predict reports"),
+    "hpolab.closed_by": ("hpolab.closed_by", PR, "who closed the parent run when its driver could not"),
+    "hpolab.code_file": ("hpolab.code_file", f"{SA}, {TR}", "the experiment module's file name"),
+    "hpolab.code_hash": ("hpolab.code_hash", f"{SA}, {TR}", "sha256 (16 hex digits) of the experiment module the study ran"),
+    "hpolab.data": ("hpolab.data", VER, "the trial's data config (JSON)"),
+    "hpolab.device": ("hpolab.device", TR, "the device the trial trained on"),
+    "hpolab.driver_error": ("hpolab.driver_error", PR, "the error that stopped the driver"),
+    "hpolab.epochs_run": ("hpolab.epochs_run", TR, "epochs the trial trained"),
+    "hpolab.experiment": ("hpolab.experiment", f"{TR}, {PROM}, {VER}", "the experiment module"),
+    "hpolab.export_onnx": ("hpolab.export_onnx", VER, "the ONNX export's artifact path"),
+    "hpolab.export_torchscript": ("hpolab.export_torchscript", VER, "the TorchScript export's artifact path"),
+    "hpolab.fail_hint": ("hpolab.fail_hint", TR, "what to try after a failure (e.g. a non-finite loss)"),
+    "hpolab.fail_kind": ("hpolab.fail_kind", TR, "the kind of failure (error, OOM, timeout, dead driver, ...)"),
+    "hpolab.fail_reason": ("hpolab.fail_reason", f"{TR}, {PROM}", "why the trial (or promotion) failed, one line"),
+    "hpolab.feasible": ("hpolab.feasible", TR, "constraints: whether the trial meets every one"),
+    "hpolab.gate": ("hpolab.gate", VER, "several objectives: the gate's values of every objective"),
+    "hpolab.gate_metric": ("hpolab.gate_metric", VER, "the metric the promotion gate compared on the test split"),
+    "hpolab.heartbeat": ("hpolab.heartbeat", TA, "the running trial's last heartbeat (proxy stores)"),
+    "hpolab.imported_from": ("hpolab.imported_from", TA, "a trial a warm start imported: where from"),
+    "hpolab.last_checkpoint": ("hpolab.last_checkpoint", TR, "last.pt deleted once the trial finished (nothing resumes it)"),
+    "hpolab.lr_test.reason": ("hpolab.lr_test.reason", LR, "how the LR range test chose its bounds"),
+    "hpolab.lr_test.warning": ("hpolab.lr_test.warning", LR, "a warning about the LR range test's curve"),
+    "hpolab.lr_test_claim": ("hpolab.lr_test_claim", TA, "which worker runs the study's LR range test"),
+    "hpolab.model_config": ("hpolab.model_config", VER, "the trial's model config (JSON)"),
+    "hpolab.model_deleted": ("hpolab.model_deleted", f"{TR}, {VER}", "why the trial's logged model is gone (retention, prune-files)"),
+    "hpolab.model_error": ("hpolab.model_error", TR, "logging the trial's model failed: why"),
+    "hpolab.model_id": ("hpolab.model_id", f"{TR}, {VER}", "the trial's logged model id"),
+    "hpolab.model_skipped": ("hpolab.model_skipped", TR, "why no model was logged (log_models)"),
+    "hpolab.model_uri": ("hpolab.model_uri", f"{TR}, {VER}", "the trial's logged model URI (models:/m-...)"),
+    "hpolab.multilabel_threshold": ("hpolab.multilabel_threshold", f"{PROM}, {VER}", "multilabel: the probability threshold"),
+    "hpolab.n_trials": ("hpolab.n_trials", PR, "the study's budget of finished trials"),
+    "hpolab.num_classes": ("hpolab.num_classes", f"{PROM}, {VER}", "the number of classes"),
+    "hpolab.objective.": ("hpolab.objective.<name>", VER, "several objectives: the gate's value of each"),
+    "hpolab.objectives": ("hpolab.objectives", TA, "several objectives: the trial's values"),
+    "hpolab.on_front": ("hpolab.on_front", MOD, "several objectives: whether the trial is on the feasible Pareto front"),
+    "hpolab.onnx_exporter": ("hpolab.onnx_exporter", VER, "the ONNX exporter used"),
+    "hpolab.onnx_max_abs_diff": ("hpolab.onnx_max_abs_diff", VER, "largest |ONNX - PyTorch| on the test inputs"),
+    "hpolab.optuna_disagreed": ("hpolab.optuna_disagreed", TR, "the state Optuna holds differs from the one told"),
+    "hpolab.orphan": ("hpolab.orphan", TR, "a run no trial points at (closed by study check --repair)"),
+    "hpolab.owner": ("hpolab.owner", TA, "the driver (host, pid) running the trial"),
+    "hpolab.pareto_front": ("hpolab.pareto_front", PR, "several objectives: the trial numbers on the front"),
+    "hpolab.pareto_rank": ("hpolab.pareto_rank", MOD, "several objectives: the trial's front (0 = the feasible front, or infeasible)"),
+    "hpolab.pick": ("hpolab.pick", VER, "several objectives: the pick rule and why this trial"),
+    "hpolab.previous_champion": ("hpolab.previous_champion", VER, "the version that held the alias before"),
+    "hpolab.project_dir": ("hpolab.project_dir", SA, "the project folder the experiment was found in"),
+    "hpolab.promote_run_id": ("hpolab.promote_run_id", VER, "the promote run that registered the version"),
+    "hpolab.pruned_at_epoch": ("hpolab.pruned_at_epoch", TR, "the epoch the pruner stopped the trial"),
+    "hpolab.rank": ("hpolab.rank", MOD, "the trial's rank in its study (1 = best)"),
+    "hpolab.raw_input_dtype": ("hpolab.raw_input_dtype", f"{PROM}, {VER}", "numpy dtype of a raw input, e.g. float32"),
+    "hpolab.raw_input_shape": ("hpolab.raw_input_shape", f"{PROM}, {VER}", "shape of one raw input (JSON list, no batch axis)"),
+    "hpolab.reaped": ("hpolab.reaped", TA, "a trial another driver failed as dead: by whom and why"),
+    "hpolab.registered_model": ("hpolab.registered_model", f"{PROM}, {MOD}", "the registered model name"),
+    "hpolab.registered_version": ("hpolab.registered_version", PROM, "the version the promotion registered"),
+    "hpolab.released": ("hpolab.released", TA, "a trial given back unrun: the budget was already full"),
+    "hpolab.resume_error": ("hpolab.resume_error", TR, "why a retry could not resume from a checkpoint"),
+    "hpolab.resume_source": ("hpolab.resume_source", TR, "where the resumed checkpoint came from"),
+    "hpolab.resumed_after_epoch": ("hpolab.resumed_after_epoch", TR, "the epoch a retry resumed after"),
+    "hpolab.resumed_from": ("hpolab.resumed_from", TR, "the checkpoint a retry resumed from"),
+    "hpolab.retried_as_trial": ("hpolab.retried_as_trial", TR, "the trial number that continues this attempt"),
+    "hpolab.retry_kind": ("hpolab.retry_kind", TR, "why this attempt is a retry"),
+    "hpolab.retry_kinds": ("hpolab.retry_kinds", TA, "why each earlier attempt ended"),
+    "hpolab.retry_of_run": ("hpolab.retry_of_run", TR, "the run of the attempt this one continues"),
+    "hpolab.retry_of_trial": ("hpolab.retry_of_trial", TR, "the trial this attempt continues"),
+    "hpolab.role": ("hpolab.role", "every run", "what the run is: trial, study, promote, lr_range_test"),
+    "hpolab.sampler_seed": ("hpolab.sampler_seed", TR, "the sampler's seed in this driver"),
+    "hpolab.seed": ("hpolab.seed", VER, "the trial's seed"),
+    "hpolab.selection_metric": ("hpolab.selection_metric", VER, "the metric the best trial was selected by"),
+    "hpolab.serving_model_uri": ("hpolab.serving_model_uri", PROM, "the serving model's URI"),
+    "hpolab.spec": ("hpolab.spec", SA, "the study's recorded spec"),
+    "hpolab.spec_hash": ("hpolab.spec_hash", f"{SA}, {PR}", "hash of the recorded spec"),
+    "hpolab.spec_version": ("hpolab.spec_version", f"{SA}, {PR}", "the number of accepted spec changes"),
+    "hpolab.state": ("hpolab.state", f"{TR}, {MOD}", "the trial's state: RUNNING, COMPLETE, PRUNED, FAIL"),
+    "hpolab.state_repaired": ("hpolab.state_repaired", TR, "the state tag study check --repair replaced"),
+    "hpolab.stop": ("hpolab.stop", SA, "why the study stopped early (stop_after_no_improvement)"),
+    "hpolab.stop_reason": ("hpolab.stop_reason", f"{PR}, {TR}", "why the study (or the trial) stopped"),
+    "hpolab.study": ("hpolab.study", VER, "the study the version comes from"),
+    "hpolab.task": ("hpolab.task", f"{PROM}, {VER}", "classification, regression, multilabel or custom"),
+    "hpolab.tell_error": ("hpolab.tell_error", TR, "telling Optuna the trial's result failed: why"),
+    "hpolab.test_": ("hpolab.test_<metric>", VER, "the test-split metrics of the promotion gate"),
+    "hpolab.test_fingerprint": ("hpolab.test_fingerprint", f"{PROM}, {VER}", "sha256 of the test split's inputs and labels"),
+    "hpolab.torch_threads": ("hpolab.torch_threads", TR, "torch threads of the trial process"),
+    "hpolab.torchscript_max_abs_diff": ("hpolab.torchscript_max_abs_diff", VER, "largest |TorchScript - PyTorch| on the test inputs"),
+    "hpolab.trainer_overrides": ("hpolab.trainer_overrides", TR, "trainer values a retry changed (e.g. after an OOM)"),
+    "hpolab.trial": ("hpolab.trial", TA, "the trial number (on a pruning companion trial)"),
+    "hpolab.trial_model_uri": ("hpolab.trial_model_uri", VER, "the trial's own logged model"),
+    "hpolab.trial_number": ("hpolab.trial_number", f"{MOD}, {VER}", "the trial's number"),
+    "hpolab.trial_run_id": ("hpolab.trial_run_id", VER, "the trial run the version was promoted from"),
+    "hpolab.trials_": ("hpolab.trials_<state>", PR, "the study's trial counts by state"),
+    "hpolab.violated": ("hpolab.violated", TR, "constraints: the ones the trial breaks"),
+    "hpolab.warm_start": ("hpolab.warm_start", f"{SA}, {PR}", "the warm start done (what was enqueued, imported)"),
+    "hpolab.warm_start_from": ("hpolab.warm_start_from", f"{TA}, {TR}", "the earlier study's trial this configuration came from"),
+    "hpolab.worker_seed": ("hpolab.worker_seed", TR, "the driver's seed"),
+    "optuna.study": ("optuna.study", f"{TR}, {PR}, {PROM}, {LR}, {MOD}", "the study's name"),
+    "optuna.trial_number": ("optuna.trial_number", f"{TR}, {PROM}", "the trial's number (a promote run: the trial promoted)"),
+    "mlflow.note.content": ("mlflow.note.content", LR, "the LR range test's summary (MLflow's run description)"),
+    "mlflow.parentRunId": ("mlflow.parentRunId", f"{TR}, {PROM}, {LR}", "the study's parent run (MLflow's nesting)"),
+}
+
+# Literals of these prefixes that are no MLflow/Optuna names: files, modules, Kubernetes labels.
+NOT_NAMES = {"hpolab.cli", "mlflow.db", "optuna.db", "mlflow.pytorch", "mlflow.sql", "mlflow.store.db.utils",
+             "mlflow.pyfunc", "mlflow.entities", "mlflow.tracking", "mlflow.exceptions", "optuna.storages",
+             "optuna.trial", "optuna.samplers", "optuna.pruners"}
+
+# Epoch metrics whose line in train/loop.py carries no comment.
+EPOCH_NOTES = {"grad_norm_max": "largest global L2 norm of the gradients over the epoch's optimizer steps, before clipping"}
+
+PARAMS = [
+    "- A trial run's params are its full resolved config, flattened with dots: `seed`, `metric`, `direction`, "
+    "`trainer.<key>` (every key of [`trainer`](spec.md)), `model.<key>` and `data.<key>` (the experiment's "
+    "defaults with the spec's values and the sampled ones); several objectives add `objectives` and `cost_metrics`.",
+    "- The parent run's params are the spec, flattened the same way, without `search_space` and `enqueue` "
+    "(the run's `spec.yaml` artifact holds the whole spec); the LR range test adds its chosen bounds.",
+    "- A trial's logged model carries its run's params.",
+]
+
+METRICS = [
+    "- Per epoch, on each trial run: the metrics of the table below, with the task's `val_*` metrics (the "
+    "study metric among them; classification: `val_acc`) after `val_loss`.",
+    "- Once, after training, when objectives or constraints name them: the cost metrics of the table below "
+    "and the experiment's own (`COSTS`).",
+    "- On the parent run: `best_<metric>`; several objectives: `hypervolume` per finished trial.",
+    "- On a logged model: the run's metrics of the epoch its weights come from; on a serving model and the "
+    "trial's model after promotion: the gate's `test_*` metrics.",
+]
+
+
+def _is_module_path(name: str) -> bool:
+    parts = name.split(".")
+    if parts[0] != "hpolab" or len(parts) < 3:
+        return False
+    target = PACKAGE.parent.joinpath(*parts)
+    return target.with_suffix(".py").is_file() or (target / "__init__.py").is_file()
+
+
+def written_names() -> dict[str, set[str]]:
+    """Every `hpolab.*` / `optuna.*` / `mlflow.*` name in a string literal of the package -> its modules."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE.parent).with_suffix("").as_posix().replace("/", ".")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                continue
+            v = node.value
+            if re.fullmatch(r"(hpolab|optuna|mlflow)\.[A-Za-z_][\w.]*", v) and v not in NOT_NAMES and not _is_module_path(v):
+                found.setdefault(v, set()).add(module)
+    return found
+
+
+def epoch_metrics() -> list[tuple[str, str]]:
+    """(name, meaning) of hpolab.train.loop.BASE_METRICS, read from its source (no torch import)."""
+    src = (PACKAGE / "train" / "loop.py").read_text()
+    body = re.search(r"^BASE_METRICS = \((.*?)^\)", src, re.S | re.M).group(1)
+    return [(m.group(1), (m.group(2) or EPOCH_NOTES.get(m.group(1), "")).strip()) for m in re.finditer(r'^\s*"(\w+)",(?:\s*#\s*(.*))?$', body, re.M)]
