@@ -188,3 +188,107 @@ def test_read_paths_do_not_import_heavy_libraries():
     out = subprocess.run([sys.executable, "-c", code, json.dumps(LIGHT_MODULES)], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, check=True).stdout
     assert json.loads(out) == {m: [] for m in LIGHT_MODULES}
+
+
+# study/ and analysis/ are split into sub-packages by idea. Each says in its __init__ docstring what it
+# owns and what it may import; the __init__ holds nothing else (no re-exports, no import-time work).
+SPLIT_PACKAGES = ("study", "analysis")
+MAX_STUDY_ENTRIES = 10
+# study's sub-packages, bottom first: each may import its own or earlier ones, never later ones.
+STUDY_ORDER = ["state", "objectives", "sampling", "retention", "trials", "lr_test", "driver"]
+# analysis: report may use compare; nothing else in analysis imports either.
+ANALYSIS_ALLOWED = {("report", "compare")}
+
+
+def init_offenders(root: Path = PKG, packages=SPLIT_PACKAGES) -> list[str]:
+    """Sub-packages (folders with .py files) of `packages` under `root` without an __init__.py, or
+    whose __init__ is not a docstring alone."""
+    offenders = []
+    for top in packages:
+        for folder in sorted(p for p in (root / top).iterdir() if p.is_dir() and any(p.glob("*.py"))):
+            where = folder.relative_to(root)
+            init = folder / "__init__.py"
+            if not init.exists():
+                offenders.append(f"{where}: no __init__.py")
+                continue
+            body = ast.parse(init.read_text()).body
+            if not body or not ast.get_docstring(ast.Module(body=body, type_ignores=[])):
+                offenders.append(f"{where}/__init__.py: no docstring")
+            elif len(body) > 1:
+                offenders.append(f"{where}/__init__.py: more than a docstring")
+    return offenders
+
+
+def test_split_packages_have_a_docstring_init_and_nothing_else():
+    offenders = init_offenders()
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_the_init_check_names_offenders(tmp_path):
+    # The check above must be able to fail: a sub-package without __init__, one without docstring, one re-exporting.
+    for name, init in [("bare", None), ("mute", "x = 1\n"), ("busy", '"""Owns x."""\nfrom os import path\n'),
+                       ("good", '"""Owns y; imports nothing."""\n')]:
+        (tmp_path / "study" / name).mkdir(parents=True)
+        (tmp_path / "study" / name / "m.py").write_text("")
+        if init is not None:
+            (tmp_path / "study" / name / "__init__.py").write_text(init)
+    assert init_offenders(tmp_path, ("study",)) == [
+        "study/bare: no __init__.py", "study/busy/__init__.py: more than a docstring", "study/mute/__init__.py: no docstring"]
+
+
+def top_entries(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name != "__pycache__")
+
+
+def test_study_has_few_top_level_entries():
+    entries = top_entries(PKG / "study")
+    assert len(entries) <= MAX_STUDY_ENTRIES, f"study/ has {len(entries)} entries: {entries}"
+
+
+def test_the_entry_count_sees_files_and_folders(tmp_path):
+    # The check above must be able to fail: files and folders count, __pycache__ does not.
+    for name in ("__pycache__", "driver", "trials"):
+        (tmp_path / name).mkdir()
+    for name in ("__init__.py", "flat.py"):
+        (tmp_path / name).write_text("")
+    assert top_entries(tmp_path) == ["__init__.py", "driver", "flat.py", "trials"]
+
+
+def sub_package_offenders(graph: dict[str, set[str]]) -> list[str]:
+    """Imports between study's sub-packages that point up STUDY_ORDER, and imports of analysis.compare
+    or analysis.report from elsewhere in analysis (report -> compare allowed)."""
+    rank = {name: i for i, name in enumerate(STUDY_ORDER)}
+
+    def part(m: str) -> tuple[str, str] | None:
+        parts = m.split(".")
+        return (parts[1], parts[2]) if len(parts) > 3 else (parts[1], "") if len(parts) > 2 else None
+
+    offenders = []
+    for m, deps in graph.items():
+        for n in deps:
+            a, b = part(m), part(n)
+            if not a or not b or a[0] != b[0] or a[1] == b[1]:
+                continue
+            if a[0] == "study" and rank.get(b[1], -1) > rank.get(a[1], len(STUDY_ORDER)):
+                offenders.append(f"{m} -> {n}")
+            if a[0] == "analysis" and b[1] in ("compare", "report") and (a[1], b[1]) not in ANALYSIS_ALLOWED:
+                offenders.append(f"{m} -> {n}")
+    return sorted(offenders)
+
+
+def test_sub_packages_import_down_their_order():
+    offenders = sub_package_offenders(import_graph())
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_the_sub_package_check_names_offenders():
+    # The check above must be able to fail: made-up imports up the study order and into report.
+    graph = {"hpolab.study.objectives.ranking": {"hpolab.study.driver.driver", "hpolab.study.state.budget"},
+             "hpolab.study.driver.driver": {"hpolab.study.trials.runner"},
+             "hpolab.analysis.compare.command": {"hpolab.analysis.report.data"},
+             "hpolab.analysis.status": {"hpolab.analysis.compare.study"},
+             "hpolab.analysis.report.command": {"hpolab.analysis.compare.study"}}
+    assert sub_package_offenders(graph) == [
+        "hpolab.analysis.compare.command -> hpolab.analysis.report.data",
+        "hpolab.analysis.status -> hpolab.analysis.compare.study",
+        "hpolab.study.objectives.ranking -> hpolab.study.driver.driver"]
