@@ -1,6 +1,7 @@
 """The docs site builds with `mkdocs build --strict` (no broken link or anchor, no page outside the nav)
 and its nav lists every page under docs/. Fast: a build of the site takes a few seconds."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,8 @@ def _mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
         pytest.skip(f"{MKDOCS} is missing: install the docs extra (scripts/setup docs)")
     return subprocess.run(
         [str(MKDOCS), "build", "--strict", "--config-file", str(config), "--site-dir", str(site)],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # Material's banner about its successor, on every build
 
 
 def _copy_site_sources(dest: Path) -> Path:
