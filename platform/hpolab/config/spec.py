@@ -153,7 +153,7 @@ class StudySpec(_Frozen):
     # Retention (like Ray Tune's num_to_keep, Determined's checkpoint GC): which trials log a model
     # (all = COMPLETE + PRUNED; complete = COMPLETE only; none; {top_k: N} = the N best COMPLETE), and
     # whose last.pt/best.pt (trial folder + uploaded checkpoints/) survive once the trial has finished.
-    # Default {top_k: 5}: a study of thousands of trials keeps a bounded store (README, "Retention").
+    # Default {top_k: 5}: a study of thousands of trials keeps a bounded store.
     log_models: Union[Literal["all", "complete", "none"], TopK] = Field(default=TopK(top_k=5), description="which trials log a model: all (COMPLETE + PRUNED), complete, none, or {top_k: N} (the N best COMPLETE)")
     keep_checkpoints: Union[Literal["all"], TopK] = Field(default=TopK(top_k=5), description="which trials keep last.pt/best.pt once finished (all, or {top_k: N})")
     # Seconds between uploads of a running trial's last.pt to its run's checkpoints/ (latest only),
@@ -253,7 +253,7 @@ def _messages(err: ValidationError) -> list[str]:
     for e in err.errors():
         msg = e["msg"]
         if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-            msg = "unknown key (check the spelling; see README 'Study spec')"
+            msg = "unknown key (check the spelling; see docs/reference/spec.md)"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         loc = _pretty_loc(e["loc"])
