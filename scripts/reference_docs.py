@@ -94,6 +94,12 @@ def _meaning(cls, name: str, description: str | None) -> str:
     return text
 
 
+def _text(s: str) -> str:
+    """Free text for a table cell: `|` escaped, and `<word>` outside backticks shown as written (not as HTML)."""
+    parts = s.replace("|", "\\|").split("`")
+    return "`".join(p if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(parts))
+
+
 def _plain(v):
     if isinstance(v, BaseModel):
         return v.model_dump(mode="json", by_alias=True)
@@ -190,7 +196,7 @@ def spec_page() -> str:
              "key you choose.\n",
              "| key | type | default | allowed | meaning |", "| --- | --- | --- | --- | --- |"]
     for path, text, default, values, meaning in _spec_rows(StudySpec):
-        cells = [f"`{path}`", text.replace("|", "\\|"), default.replace("|", "\\|"), values, meaning.replace("|", "\\|")]
+        cells = [f"`{path}`", text.replace("|", "\\|"), default.replace("|", "\\|"), values, _text(meaning)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -226,7 +232,7 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
             notes.append("one of " + ", ".join(f"`{c}`" for c in a.choices))
         if a.default not in (None, False) and not (a.nargs == "*" and a.default == []):
             notes.append(f"default `{a.default}`")
-        help_ = (a.help or "").replace("|", "\\|")
+        help_ = _text(a.help or "")
         name = name.replace("|", "\\|")
         rows.append(f"| {name} | {'; '.join(notes)} | {help_} |")
     return rows
@@ -260,11 +266,11 @@ def exit_codes_page() -> str:
     lines = [HEADER.format(src="hpolab.errors"), "# Exit codes\n", "| code | name | meaning |", "| --- | --- | --- |"]
     for m in re.finditer(r"^(EXIT_\w+) = (\d+)(?:\s*#\s*(.*))?$", src, re.M):
         meaning = m.group(3) or ("success" if m.group(1) == "EXIT_OK" else "")
-        lines.append(f"| {m.group(2)} | `{m.group(1)}` | {meaning} |")
+        lines.append(f"| {m.group(2)} | `{m.group(1)}` | {_text(meaning)} |")
     lines += ["", "## Errors and their codes\n", "| error | meaning |", "| --- | --- |"]
     for name, cls in vars(errors).items():
         if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == errors.__name__:
-            lines.append(f"| `{name}` | {inspect.getdoc(cls).splitlines()[0]} |")
+            lines.append(f"| `{name}` | {_text(inspect.getdoc(cls).splitlines()[0])} |")
     from hpolab import cli
 
     lines += ["", "## As the command line says it\n", *(f"> {line}" if line else ">" for line in inspect.getdoc(cli).splitlines())]
@@ -285,12 +291,12 @@ def mlflow_page() -> str:
              "(Optuna user or system attributes). A name ending in `<...>` is a prefix.\n",
              "| name | where | meaning |", "| --- | --- | --- |"]
     for _, (shown, kind, meaning) in sorted(NAMES.items()):
-        lines.append(f"| `{shown}` | {kind} | {meaning} |")
+        lines.append(f"| `{shown}` | {kind} | {_text(meaning)} |")
     from hpolab.config.objectives import COST_METRICS
 
     lines += ["", "## Params\n", *PARAMS, "", "## Metrics\n", *METRICS, "", "| metric | when | meaning |", "| --- | --- | --- |"]
-    lines += [f"| `{name}` | every epoch | {meaning} |" for name, meaning in epoch_metrics()]
-    lines += [f"| `{name}` | after training | {meaning} |" for name, meaning in COST_METRICS.items()]
+    lines += [f"| `{name}` | every epoch | {_text(meaning)} |" for name, meaning in epoch_metrics()]
+    lines += [f"| `{name}` | after training | {_text(meaning)} |" for name, meaning in COST_METRICS.items()]
     return "\n".join(lines) + "\n"
 
 
