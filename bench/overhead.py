@@ -13,7 +13,7 @@ wall time of a whole command, as a user pays it: `hpolab study run ...` vs
    max_epochs for trials of about --lengths seconds (or give --epochs explicitly).
 2. For each length: --repeats rounds of [baseline, hpolab parallel=1, hpolab parallel=2], the order
    reversed every other round (ABBA...) so a drift in machine load hits both sides; medians per side.
-3. Ratio table (hpolab wall / baseline wall) with the issue #13 targets, and a per-trial
+3. Ratio table (hpolab wall / baseline wall) with the targets, and a per-trial
    attribution of where each side's time goes, read back from what the stores record.
 The machine load (os.getloadavg, 1/5/15 min) is printed before each measurement: a run started on
 a busy machine shows.
@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = "studies/digits_cnn.yaml"
 # Identical on both sides: what makes the two runs train the same configurations.
 COMMON = ["sampler={type: random}", "pruner={type: none}", "trainer.early_stopping_patience=null"]
-# Targets: hpolab wall / baseline wall, keyed by (parallel, trial length in s). Issue #13: models
-# logged on both sides. Issue #22: a baseline that logs no model, hpolab with log_models none or its default.
+# Targets: hpolab wall / baseline wall, keyed by (parallel, trial length in s). Models
+# logged on both sides; or a baseline that logs no model, hpolab with log_models none or its default.
 TARGETS = {(1, 2.0): 1.10, (1, 0.5): 1.25, (2, 2.0): 0.85}
 TARGETS_NO_MODELS = {(1, 2.0): 1.10, (2, 2.0): 0.80}
 TARGETS_DEFAULT_MODELS = {(1, 2.0): 1.20, (2, 2.0): 0.80}
@@ -259,7 +259,7 @@ def main() -> int:
                     help="log no models on either side (needs an hpolab with a log_models: spec key)")
     ap.add_argument("--hpolab-default-models", action="store_true",
                     help="hpolab keeps its default model logging (no log_models= override) whatever the baseline "
-                         "does: with --no-log-models, issue 22's 'default logging vs a loop that logs none'")
+                         "does: with --no-log-models, 'default logging vs a loop that logs none'")
     ap.add_argument("--keep", action="store_true", help="keep the temporary stores (their path is printed)")
     ap.add_argument("--json", type=Path, help="also write every measurement here (e.g. bench/results/overhead.json)")
     args = ap.parse_args()

@@ -1,4 +1,4 @@
-"""Pruning in a study of several objectives (issue 18): what it saves, and what it costs the front.
+"""Pruning in a study of several objectives: what it saves, and what it costs the front.
 
     PYTHONPATH=platform .venv/bin/python bench/pareto.py [--trials 16] [--epochs 8] [--parallel 2] [--rounds 1] [--json FILE]
 

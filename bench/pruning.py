@@ -5,7 +5,7 @@
 Runs the digits study (studies/digits_cnn.yaml) twice per seed through the real CLI, each in a
 fresh temporary store, with the same sampler seed: once with `pruner: none`, once with the chosen
 pruner. Early stopping is switched off in both so that only the pruner saves epochs. Prints total
-epochs trained, wall time and best validation accuracy, and their ratios. Target (issue #4):
+epochs trained, wall time and best validation accuracy, and their ratios. Target:
 >= 2.5x fewer epochs for <= 0.5 points lower best accuracy.
 """
 

@@ -1,4 +1,4 @@
-"""Scale benchmark (issue 21): a store of N real finished trials, then what reading it back costs.
+"""Scale benchmark: a store of N real finished trials, then what reading it back costs.
 
     PYTHONPATH=platform .venv/bin/python bench/scale.py [--trials 1000] [--parallel 2] [--store DIR]
         [--reuse] [--json FILE]

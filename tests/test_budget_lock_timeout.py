@@ -1,4 +1,4 @@
-"""The budget lock gives up after a bounded wait with a clear error (issue 20, defect 10).
+"""The budget lock gives up after a bounded wait with a clear error.
 
 A hung holder (here: another connection / file descriptor that took the lock and never lets go)
 must not stall every worker: the waiter raises StudyError naming the lock within its timeout, on a

@@ -91,7 +91,7 @@ def test_compare_state_top_sort_and_formats(template, capsys):
     assert [r["trial"] for r in json.loads(out)] == [2]
     code, out, _ = _main(capsys, "--store", store, "compare", STUDY, "--format", "json", "--top", "1")
     assert [r["trial"] for r in json.loads(out)] == [best]
-    # --top K reads only the K shown trials' runs (issue 21): the row still carries its run's metrics
+    # --top K reads only the K shown trials' runs: the row still carries its run's metrics
     top = json.loads(out)[0]
     assert top["run_id"] == study.best_trial.user_attrs["mlflow_run_id"] and top["metrics.val_loss"] is not None
     # --sort takes a column, a param's short path or an MLflow metric; losses sort ascending

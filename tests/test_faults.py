@@ -1,4 +1,4 @@
-"""Faults a real cluster throws (issue 11): real CLI, real processes, real signals.
+"""Faults a real cluster throws: real CLI, real processes, real signals.
 
 Each test is one fault: a child dying while the driver answers it, SIGTERM, an immediate restart
 after the driver was SIGKILLed, OOM and timeout retries that continue as new attempts, the failure

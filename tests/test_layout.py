@@ -165,7 +165,7 @@ def test_the_size_check_names_offenders(tmp_path):
     ]
 
 
-# What reading a study may import (issue 21: torch costs seconds, MLflow seconds more). Not a timing:
+# What reading a study may import (torch costs seconds, MLflow seconds more). Not a timing:
 # which libraries a module pulls in at import time.
 LIGHT_MODULES = {
     "hpolab.cli": ("torch", "mlflow", "optuna", "pandas"),

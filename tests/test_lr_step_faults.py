@@ -1,4 +1,4 @@
-"""The study's LR range test under signals and several workers (issue 20, defects 4 and 9).
+"""The study's LR range test under signals and several workers.
 
 - SIGTERM to the driver's whole process group while the LR range test runs (a terminal closing,
   `docker stop`, a scheduler's preemption): exit 143, the parent run KILLED (not FAILED), and the

@@ -1,4 +1,4 @@
-"""The champion travels (issue 22): `mlflow.pyfunc.load_model("models:/NAME@champion")` in a fresh
+"""The champion travels: `mlflow.pyfunc.load_model("models:/NAME@champion")` in a fresh
 `python -I` in an empty folder (hpolab and the experiments blocked from import) and `mlflow models
 serve` answering a real HTTP request both give exactly what `hpolab predict` prints: for a classifier
 the class, its label and one probability per class; for multi-label the 0/1 labels at the study's

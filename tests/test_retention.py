@@ -1,4 +1,4 @@
-"""Retention (issue 13): `log_models` and `keep_checkpoints`, as Ray Tune's num_to_keep and
+"""Retention: `log_models` and `keep_checkpoints`, as Ray Tune's num_to_keep and
 Determined's checkpoint GC. Logic on fabricated trials, then the real CLI on a tiny study."""
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def test_log_models_none_logs_no_model_and_all_keeps_every_checkpoint(store):
         assert not any((store / "trials" / "keep" / f"trial-{n}" / name).exists() for name in ("last.pt", "best.pt"))
 
 
-# ---------------------------------------------------------------- the default retention (issue 21)
+# ---------------------------------------------------------------- the default retention
 
 DEFAULTS = ["studies/digits_cnn.yaml", "name=keep", "n_trials=7", "parallel=2", "trainer.max_epochs=1",
             "pruner={type: none}", "sampler={type: random}", "checkpoint_upload_every=0"]

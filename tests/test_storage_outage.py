@@ -1,4 +1,4 @@
-"""A temporary storage outage (issue 20, item 5): PostgreSQL restarts in the middle of a study.
+"""A temporary storage outage: PostgreSQL restarts in the middle of a study.
 
 The real CLI runs a tiny study whose Optuna storage is a real PostgreSQL server (MLflow on the
 embedded SQLite store, the usual set-up of a shared Optuna database). Once a trial is RUNNING and

@@ -129,7 +129,7 @@ def test_missing_checkpoint_uploaded_again_or_recorded(store, capsys):
     run = client.get_run(t.user_attrs["mlflow_run_id"])
     best = store / "artifacts" / run.info.run_id / "artifacts" / "checkpoints" / "best.pt"
     local = store / "trials" / STUDY / f"trial-{t.number}" / "best.pt"
-    shutil.copy(best, local)  # the trial folder's copy: deleted once uploaded (issue 21), an older store has it
+    shutil.copy(best, local)  # the trial folder's copy: deleted once uploaded, an older store has it
     best.unlink()
     assert_found_then_repaired(store, capsys, "no checkpoints/best.pt")
     assert best.is_file()  # the local trial folder still had it: uploaded again

@@ -1,4 +1,4 @@
-"""Tasks (issue 10): the loss, the metrics and the served predictions follow the experiment's TASK.
+"""Tasks: the loss, the metrics and the served predictions follow the experiment's TASK.
 
 Unit layer: the task objects and fit() on fabricated tensors (tiny, in-process). End-to-end layer: the
 shipped regression and multi-label examples through the real CLI (study with pruning -> promote ->

@@ -1,4 +1,4 @@
-"""One state per trial in both stores (issue 20): Optuna's state is the truth MLflow records.
+"""One state per trial in both stores: Optuna's state is the truth MLflow records.
 
 Logic first (fabricated trials, pipes and runs; real Optuna and MLflow stores), then the real CLI in
 tests/fault_project: a trial reaped while its owner still runs it, a study metric that is never
@@ -71,7 +71,7 @@ def test_a_chain_recorded_without_kinds_counts_as_before():
 
 class _ExitsAfterSending:
     """A child process that sends its result and exits in the moment between the driver's drain of
-    its pipe and its is_alive() check (the race of issue 20, item 8)."""
+    its pipe and its is_alive() check (a race seen in a suite run)."""
 
     def __init__(self, child_conn, msg):
         self.child_conn, self.msg, self.exitcode = child_conn, msg, 0

@@ -1,4 +1,4 @@
-"""Checkpoints travel through the MLflow artifact store (issue 14): no shared filesystem needed.
+"""Checkpoints travel through the MLflow artifact store: no shared filesystem needed.
 
 Two workers share the Optuna and MLflow databases (SQLite on this host, standing in for PostgreSQL and
 an MLflow server) but each keeps its own `--store`, so worker 2 cannot see worker 1's trial folders.

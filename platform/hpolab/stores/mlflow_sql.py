@@ -1,5 +1,5 @@
 """The MLflow side of an embedded store with plain SQL, for `compare`, `study check` and `report`: no
-MLflow import (issue 21).
+MLflow import.
 
 Importing MLflow and opening its SQLAlchemy store costs about 4 s of CPU on this machine before a
 run is read: more than `compare --top 10` may take in all. For a local `sqlite:///…/mlflow.db` the

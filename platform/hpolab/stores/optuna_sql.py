@@ -1,5 +1,5 @@
 """The Optuna side of an embedded store with plain SQL, for `study list`, `study status`, `compare`,
-`study check` and `report` (issue 21).
+`study check` and `report`.
 
 Importing Optuna and opening its RDBStorage (SQLAlchemy's ORM and the alembic version check) costs
 about 1.5 s of CPU before the first row is read; `study list` then needs only a few columns of every

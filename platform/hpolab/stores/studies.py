@@ -101,7 +101,7 @@ def _rows_from_optuna(stores: Stores, front: Callable[[list, list], list] | None
     if storage is None:
         return []
     # One read of each study's trials (optuna.get_all_study_summaries would read them all again,
-    # deep-copied, just for the best value and the start time: issue 21).
+    # deep-copied, just for the best value and the start time).
     studies = sorted(storage.get_all_studies(), key=lambda s: s.study_name)
     clients: list = []
     rows = []

@@ -33,7 +33,7 @@ def compare_cmd(args, stores: Stores) -> int:
     ids = [t for t in targets if RUN_ID.match(t)]
     if len(targets) == 1 and not ids:
         # --top K by the study metric: only the K shown trials' runs are read; an embedded store with
-        # plain SQL, without importing MLflow (issue 21)
+        # plain SQL, without importing MLflow
         top = (args.state, args.top) if args.top and not args.sort else None
         table = sql_study_table(targets[0], stores, top) or load_study_table(targets[0], stores, top=top)
         df = select(table, state=args.state, sort=args.sort, top=args.top)

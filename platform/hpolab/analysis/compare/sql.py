@@ -1,4 +1,4 @@
-"""`compare NAME`'s table of an embedded store, read with plain SQL (issue 21).
+"""`compare NAME`'s table of an embedded store, read with plain SQL.
 
 Both databases of a local store are SQLite files: the study is read with optuna_sql.read_study and
 the runs with mlflow_sql.read_runs, then the same table_of() as through Optuna and MLflow builds the

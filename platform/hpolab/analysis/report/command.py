@@ -278,7 +278,7 @@ def render(data: ReportData) -> str:
 def _read_only(study, stores: Stores):
     """The study, for reading: Optuna's plots ask for `study.trials` / `get_trials()`, a deep copy of
     every trial on each call; the report never changes a trial, so it hands them the same objects
-    (issue 21: four copies of 1,000 trials took about 2.5 s of a report). On an embedded store they
+    (four copies of 1,000 trials took about 2.5 s of a report). On an embedded store they
     are read once with plain SQL (optuna_sql.read_study: 0.1 s instead of 0.5 s for 1,000 trials)."""
     import optuna
 
@@ -314,7 +314,7 @@ def write_report(name: str, stores: Stores, out: Path | None = None, ui_url: str
 def log_report(data: ReportData, path: Path, stores: Stores) -> str | None:
     """Log the report on the study's parent run as report/<study>.html; returns the artifact path.
     A run whose artifacts are a local folder (an embedded store) gets the file copied there, as
-    MLflow's local artifact repository does, without importing MLflow (issue 21); any other goes
+    MLflow's local artifact repository does, without importing MLflow; any other goes
     through MlflowClient."""
     if data.parent_run is None:
         return None

@@ -75,7 +75,7 @@ def gather(study, stores: Stores | None = None, client=None) -> ReportData:
             except Exception:
                 problems.append(f"the study's parent run {parent_id} is not in the tracking store")
     metric = study_metric(study, client, experiment_id)
-    # Runs of what the page shows only: the top complete trials and the failed ones (issue 21)
+    # Runs of what the page shows only: the top complete trials and the failed ones
     table = study_frame(study, client, experiment_id, metric=metric, only=top_numbers(study, metric, "complete", TOP_ROWS, ("FAIL",)))
     counts = Counter(t.state.name for t in study.get_trials(deepcopy=False))
     data = ReportData(study, metric, primary_direction(study, metric), counts, client, experiment_id, parent, table, problems=problems)

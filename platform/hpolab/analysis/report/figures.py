@@ -136,7 +136,7 @@ def fig_history(data: ReportData) -> tuple[Any, str | None]:
 
 
 # Curves drawn one by one (hover per trial); the others of a state share one faint trace, so the
-# page of a study of thousands of trials stays a few MB (issue 21).
+# page of a study of thousands of trials stays a few MB.
 FULL_CURVES = 20
 
 
@@ -240,7 +240,7 @@ def fig_importances(data: ReportData) -> tuple[Any, str | None]:
 
     try:
         # 16 trees of depth <= 6 instead of 64 unbounded ones: the cost stops growing with the number
-        # of trials (issue 21). On 1,000 real trials: 0.34 s instead of 48 s (depth 8: 2.4 s), every
+        # of trials. On 1,000 real trials: 0.34 s instead of 48 s (depth 8: 2.4 s), every
         # importance within 0.02 of the default forest's, the same ranking.
         evaluator = FanovaImportanceEvaluator(n_trees=16, max_depth=6, seed=0)
         fig = plot_param_importances(data.study, evaluator=evaluator, **_target(data))
@@ -252,7 +252,7 @@ def fig_importances(data: ReportData) -> tuple[Any, str | None]:
 
 def fig_parallel(data: ReportData) -> tuple[Any, str | None]:
     """The metric and each sampled parameter that varies, one line per COMPLETE trial: one plotly
-    Parcoords trace (Optuna 5's plot draws one Scatter per trial: 1,000 trials took 1.3 s, issue 21)."""
+    Parcoords trace (Optuna 5's plot draws one Scatter per trial: 1,000 trials took 1.3 s)."""
     complete = _complete(data)
     params = _varying_params(complete)
     target = _target(data).get("target") or (lambda t: t.value)

@@ -1,4 +1,4 @@
-"""The report's data of an embedded store, read with plain SQL (issue 21): no MLflow import.
+"""The report's data of an embedded store, read with plain SQL: no MLflow import.
 
 report_data.gather reads the MLflow side through MlflowClient: importing MLflow and opening its store
 took about 3.5 s of a 1,000-trial report. For two local SQLite files this reads the same things with
