@@ -4,4 +4,4 @@ Import-light on purpose: importing `hpolab` does no work and pulls in neither to
 tracking stack; each subpackage imports what it needs.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
