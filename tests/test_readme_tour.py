@@ -63,3 +63,38 @@ def test_the_tour_runs_on_a_fresh_store(tmp_path, store):
         proc = run_cli(*args, "--store", str(store), cwd=work)  # raises with the output unless it exits 0
     assert "prob_" in proc.stdout, "the tour's last command (predict) printed no probabilities"
     assert (store / "reports" / "digits-cnn.html").is_file()
+
+
+def _documented_hpolab_lines() -> list[tuple[str, str]]:
+    """Every hpolab command line in a ```bash block of README.md and docs/ (the page, the line)."""
+    found = []
+    for page in [README, *sorted((ROOT / "docs").rglob("*.md"))]:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+            text = block.replace("\\\n", " ")  # a command continued over several lines is one line
+            for line in text.splitlines():
+                words = line.strip()
+                if re.match(r"(\.venv/bin/)?hpolab\s", words):
+                    found.append((str(page.relative_to(ROOT)), words))
+    return found
+
+
+def test_every_documented_hpolab_command_parses():
+    """Each command line the README and the docs show is one the CLI accepts (commands, options, their
+    values' form): a renamed option or a misspelled command fails here, not in a reader's shell."""
+    from hpolab.cli import parse_args
+
+    lines = _documented_hpolab_lines()
+    assert len(lines) > 30, "found too few documented commands: the block pattern no longer matches the docs"
+    bad = []
+    for page, line in lines:
+        try:
+            argv = shlex.split(re.sub(r"\[(-[^]]*)\]", r"\1", line), comments=True)  # a synopsis' [--option] counts
+        except ValueError as e:
+            bad.append(f"{page}: {line} ({e})")
+            continue
+        try:
+            parse_args(argv[1:])
+        except SystemExit as e:
+            if e.code != 0:
+                bad.append(f"{page}: {line}")
+    assert not bad, "documented commands the CLI refuses:\n" + "\n".join(bad)
