@@ -22,10 +22,10 @@ README = ROOT / "README.md"
 CHEAP = ["n_trials=3", "trainer.max_epochs=2"]  # appended to the tour's `study run` only
 
 
-def tour_commands() -> list[list[str]]:
+def tour_commands(page: Path = README, heading: str = "## A five-minute tour") -> list[list[str]]:
     """The tour's command lines, split as a shell would (comments dropped)."""
-    text = README.read_text()
-    section = text.split("\n## A five-minute tour", 1)[1].split("\n## ", 1)[0]
+    text = page.read_text()
+    section = text.split("\n" + heading, 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
     assert block, "README.md: the five-minute tour has no ```bash block"
     return [shlex.split(line, comments=True) for line in block.group(1).splitlines() if line.strip()]
@@ -44,6 +44,10 @@ def test_readme_is_short_its_tour_parses_and_its_links_exist():
     parser = build_parser()
     for argv in hpolab:
         parser.parse_args(argv[1:])  # a misspelled command or option exits 2 here
+    # The getting-started page shows the same tour (and `hpolab ui`, which serves until stopped): the slow
+    # test below, which runs the README's, runs its commands too.
+    guide = tour_commands(ROOT / "docs" / "getting-started.md", "## The five-minute tour")
+    assert [argv for argv in guide if argv[:2] != [".venv/bin/hpolab", "ui"]] == commands
     for target in re.findall(r"\]\(([^)#]+)\)", README.read_text()):
         if "://" not in target:
             assert (ROOT / target).exists(), f"README.md links {target}, which does not exist"
