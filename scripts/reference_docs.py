@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import inspect
 import json
 import os
@@ -66,6 +67,7 @@ NOTES = {
 # spec.md
 
 
+@functools.cache  # read once per model, not once per field
 def _comments(cls) -> tuple[dict[str, str], dict[str, str]]:
     """Field name -> the comment on its line, and -> the comment block right above it, in cls's source."""
     trailing: dict[str, str] = {}

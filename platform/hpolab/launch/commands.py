@@ -110,5 +110,10 @@ def cmd_launch_k8s(args) -> int:
                         "(the pods run the spec by its path inside the image, e.g. studies/x.yaml)")
     command = WorkerCommand(["hpolab"], spec_path, tuple(args.overrides), store="/work/mlruns")
     paths = k8s.write_manifests(Path(args.out), spec.name, command, opts)
-    print(k8s.next_steps(paths, spec.name, opts))
+    secret = None
+    if opts.with_stores:  # the stores' passwords, for the Secret: written here, beside the manifests
+        from hpolab.launch.k8s_secret import write_stores_env
+
+        secret = write_stores_env(Path(args.out))
+    print(k8s.next_steps(paths, spec.name, opts, secret))
     return 0

@@ -117,24 +117,23 @@ def write_manifests(out: Path, study: str, command: WorkerCommand, o: K8sOptions
     return paths
 
 
-def _secret_step(out: Path, o: K8sOptions) -> list[str]:
+def _secret_step(o: K8sOptions, secret: tuple[Path, bool] | None) -> list[str]:
     create = f"kubectl -n {o.namespace} create secret generic {o.secret} --from-env-file="
-    if not o.with_stores:
+    if secret is None:
         return [f"1. the stores' URLs go in Secret {o.secret} (keys {', '.join(STORE_KEYS)}; MLFLOW_TRACKING_USERNAME/PASSWORD",
                 "   if the MLflow server has a login), from a file, not a command line:",
                 f"   {create}stores.env"]
-    from hpolab.launch.k8s_secret import write_stores_env
-
-    path, new = write_stores_env(out)
+    path, new = secret
     said = "wrote it with generated passwords" if new else "kept it: the stores were created with its passwords"
     return [f"1. the Secret {o.secret}: {path} ({said}; mode 600, ignored by git; keep it private):",
             f"   {create}{path}"]
 
 
-def next_steps(paths: list[Path], study: str, o: K8sOptions) -> str:
+def next_steps(paths: list[Path], study: str, o: K8sOptions, secret: tuple[Path, bool] | None = None) -> str:
+    """What to do with the manifests. secret: (the stores.env written for --with-stores, whether it is new)."""
     return "\n".join([
         f"wrote {', '.join(str(p) for p in paths)}",
-        *_secret_step(paths[0].parent, o),
+        *_secret_step(o, secret),
         f"2. kubectl create namespace {o.namespace}  (once), then: kubectl apply -f {paths[0].parent}",
         f"3. follow: kubectl -n {o.namespace} get pods -l hpolab.dev/study={job_name(study)}; "
         f"kubectl -n {o.namespace} logs -f job/{job_name(study)}; hpolab study status {study} (with the same stores)",

@@ -45,20 +45,23 @@ def read_dotenv(path: Path) -> dict[str, str]:
     return out
 
 
+def _from_env_or_dotenv(keys, cwd: Path | None) -> dict[str, str | None]:
+    """Each key's value in the environment, else in ./.env (read once), else None."""
+    dotenv = read_dotenv((cwd or Path.cwd()) / ".env")
+    return {k: os.environ.get(k) or dotenv.get(k) for k in keys}
+
+
 def launch_stores(store: str | None, storage: str | None, tracking_uri: str | None,
                   cwd: Path | None = None) -> Stores:
     """The stores workers get: flags, then the environment, then ./.env."""
-    dotenv = read_dotenv((cwd or Path.cwd()) / ".env")
-    return resolve_stores(store or os.environ.get("HPOLAB_STORE") or dotenv.get("HPOLAB_STORE"),
-                          storage or os.environ.get("OPTUNA_STORAGE") or dotenv.get("OPTUNA_STORAGE"),
-                          tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or dotenv.get("MLFLOW_TRACKING_URI"))
+    found = _from_env_or_dotenv(("HPOLAB_STORE", "OPTUNA_STORAGE", "MLFLOW_TRACKING_URI"), cwd)
+    return resolve_stores(store or found["HPOLAB_STORE"], storage or found["OPTUNA_STORAGE"],
+                          tracking_uri or found["MLFLOW_TRACKING_URI"])
 
 
 def launch_credentials(cwd: Path | None = None) -> dict[str, str]:
     """MLflow's credential variables the workers get: the environment's, else ./.env's (as the stores)."""
-    dotenv = read_dotenv((cwd or Path.cwd()) / ".env")
-    found = {k: os.environ.get(k) or dotenv.get(k) for k in CREDENTIAL_VARS}
-    return {k: v for k, v in found.items() if v}
+    return {k: v for k, v in _from_env_or_dotenv(CREDENTIAL_VARS, cwd).items() if v}
 
 
 def follow_flags(stores: Stores, cwd: Path) -> tuple[str, list[str]]:
