@@ -252,9 +252,8 @@ def rank_tags(trials: Iterable, directions: str | Sequence) -> dict[int, dict[st
         return out
     ok = [t for t in order if feasible(t)]
     ranks = pareto_ranks(losses(ok, names)) if ok else []
-    on_front = {t.number for t in front(ok, names)}
-    for t, r in zip(ok, ranks):
-        out[t.number].update({PARETO_RANK: str(int(r)), ON_FRONT: str(t.number in on_front).lower()})
+    for t, r in zip(ok, ranks):  # rank 0 among the feasible trials is the front
+        out[t.number].update({PARETO_RANK: str(int(r)), ON_FRONT: str(int(r) == 0).lower()})
     for t in order:
         if not feasible(t):
             out[t.number].update({PARETO_RANK: "infeasible", ON_FRONT: "false"})

@@ -91,23 +91,24 @@ class Retention:
 
         return model_skip_reason(self.log_models, state, in_top_k, number)
 
-    def rank_tags(self, force: bool = False) -> dict[int, dict[str, str | None]] | None:
+    def rank_tags(self, trials: list, force: bool = False) -> dict[int, dict[str, str | None]] | None:
         """The rank tags of the trial models (ranking.py), read on the driver's thread; None when
         they are what the last pass wrote (`force`: the last pass, which may see models logged since)."""
         if self.log_models == "none":  # no model to tag
             return None
-        tags = rank_tags(self.study.get_trials(deepcopy=False), self.direction)
+        tags = rank_tags(trials, self.direction)
         if tags == self._ranked and not force:
             return None
         self._ranked = tags
         return tags
 
-    def plan(self) -> list[tuple[str, int, str | None, Path]]:
+    def plan(self, trials: list | None = None) -> list[tuple[str, int, str | None, Path]]:
         """(what, trial number, run id, trial folder) to delete now: what = "model" | "checkpoints".
         Read on the driver's thread (Optuna); the deletes run on the upload thread (purge)."""
         if not self.active:
             return []
-        trials = self.study.get_trials(deepcopy=False)
+        if trials is None:  # (the tracker passes the trials it read for the rank tags too)
+            trials = self.study.get_trials(deepcopy=False)
         todo: list[tuple[str, int]] = []
         if not isinstance(self.log_models, str):
             kept = set(top_k(trials, self.log_models.top_k, self.direction))

@@ -105,6 +105,7 @@ class TrialRunner:
         self.export_models = export_models  # the spec logs models: a trial saves its own (child_export.py)
         self._ctx = None
         self._n_gpus: int | None = None
+        self._cpus: int | None = None
         self._retired: list[tuple[Any, int | None]] = []  # (process, gpu) of finished trials still exiting
 
     def retire(self, r: Running) -> None:
@@ -139,8 +140,11 @@ class TrialRunner:
 
     def cpus(self) -> int:
         """The CPUs this driver may use: its affinity mask capped by its cgroup's quota (train/cpus.py),
-        not the machine's cores (a Slurm task bound to 4 of 64, a container with a 4-CPU quota)."""
-        return available_cpus()
+        not the machine's cores (a Slurm task bound to 4 of 64, a container with a 4-CPU quota).
+        Read once: it reads cgroup files, and a driver's CPUs do not change while it runs."""
+        if self._cpus is None:
+            self._cpus = available_cpus()
+        return self._cpus
 
     def threads_per_trial(self) -> int:
         """Torch threads of each trial: the driver's CPUs shared by the `parallel` trials."""

@@ -216,10 +216,13 @@ class TrialTracker:
         return tags
 
     def _retain(self, last: bool = False) -> None:
-        items = self.retention.plan() if self.retention else []
+        if not self.retention:
+            return
+        trials = self.retention.study.get_trials(deepcopy=False)  # one read for the plan and the ranks
+        items = self.retention.plan(trials)
         if items:
             self.uploads.submit("retention", self.retention.purge, self.client, items)
-        ranks = self.retention.rank_tags(force=last) if self.retention else None
+        ranks = self.retention.rank_tags(trials, force=last)
         if ranks is not None:  # after the deletes: only the models still kept are tagged
             self.uploads.submit("model ranks", apply_rank_tags, self.client, self.experiment_id, self.study_name, ranks)
 

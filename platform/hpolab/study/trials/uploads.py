@@ -97,12 +97,6 @@ class Uploader:
             finally:
                 self._queue.task_done()
 
-    def flush(self) -> None:
-        """Wait until every queued job (and every `after`'s) is done."""
-        self.settle()
-        if self._thread is not None:
-            self._queue.join()
-
     def close(self) -> None:
         """Finish every queued job (and every `after`'s), then stop the thread (the driver's exit:
         normal, Ctrl-C, error)."""
