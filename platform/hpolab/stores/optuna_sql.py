@@ -75,7 +75,6 @@ class StudyData:
     directions: list[str]  # "minimize" | "maximize", by objective
     user_attrs: dict[str, Any]
     metric_names: list[str] | None
-    counts: dict[str, int] = field(default_factory=dict)  # lower-case state -> trials
     last_activity: datetime | None = None
     complete: list[tuple[int, list[float], dict[str, Any]]] = field(default_factory=list)  # (number, values, system attrs)
     trials: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)  # every trial: (number, state, marks counted)
@@ -98,10 +97,9 @@ def _read(con: sqlite3.Connection) -> list[StudyData]:
         studies[sid].user_attrs[key] = json.loads(value)
     for sid, value in con.execute("SELECT study_id, value_json FROM study_system_attributes WHERE key = 'study:metric_names'"):
         studies[sid].metric_names = json.loads(value)
-    for sid, state, n, last_start, last_end in con.execute(
-            "SELECT study_id, state, COUNT(*), MAX(datetime_start), MAX(datetime_complete) FROM trials GROUP BY study_id, state"):
+    for sid, last_start, last_end in con.execute(
+            "SELECT study_id, MAX(datetime_start), MAX(datetime_complete) FROM trials GROUP BY study_id"):
         s = studies[sid]
-        s.counts[state.lower()] = n
         for stamp in (last_start, last_end):
             if stamp is not None:
                 when = _local(stamp)
