@@ -14,8 +14,8 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from hpolab.stores import mlflow_sql, model_links_read, optuna_sql
-from hpolab.stores.paths import Stores
-from hpolab.stores.sqlite_read import sqlite_path
+from hpolab.stores.model_links import study_models
+from hpolab.stores.paths import Stores, sqlite_file
 
 
 @dataclass
@@ -70,7 +70,7 @@ def read_study(name: str, stores: Stores) -> Study:
 
 
 def _read_sql(name: str, stores: Stores) -> Study | None:
-    optuna_db, mlflow_db = sqlite_path(stores.optuna_url), sqlite_path(stores.tracking_uri)
+    optuna_db, mlflow_db = sqlite_file(stores.optuna_url), sqlite_file(stores.tracking_uri)
     if optuna_db is None or mlflow_db is None or not optuna_db.is_file():
         return None
     study = optuna_sql.read_study(optuna_db, name)
@@ -105,13 +105,7 @@ def _read_through_clients(name: str, stores: Stores) -> Study:
             token = page.token
             if not token:
                 break
-        token = None
-        while True:
-            page = client.search_logged_models([exp.experiment_id], max_results=1000, page_token=token)
-            models.update((m.model_id, m) for m in page)
-            token = page.token
-            if not token:
-                break
+        models = {m.model_id: m for m in study_models(client, exp.experiment_id)}
     return Study(name, stores, exp.experiment_id if exp else None, runs, models, study.get_trials(deepcopy=False),
                  study.user_attrs.get("mlflow_parent_run_id"), opened={"study": study, "client": client},
                  links=model_links_read.from_models(models.values()), metric_names=study.metric_names)

@@ -46,9 +46,9 @@ def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
 
 def _read_sql(name: str, stores: Stores):
     from hpolab.stores.optuna_sql import read_trials
-    from hpolab.stores.sqlite_read import sqlite_path
+    from hpolab.stores.paths import sqlite_file
 
-    path = sqlite_path(stores.optuna_url)
+    path = sqlite_file(stores.optuna_url)
     return read_trials(path, name) if path is not None else None
 
 

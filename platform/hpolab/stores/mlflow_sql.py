@@ -18,7 +18,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpolab.stores.sqlite_read import snapshot
+from hpolab.stores.sqlite_read import has_columns, snapshot
 
 # table -> the columns read from it
 COLUMNS = {
@@ -76,9 +76,7 @@ REPORT_COLUMNS = {
 
 def _snapshot(path: Path, columns: dict[str, set[str]] = COLUMNS):
     """None unless every table has the columns read from it."""
-    def readable(con: sqlite3.Connection) -> bool:
-        return all(cols <= {row[1] for row in con.execute(f"PRAGMA table_info({table})")} for table, cols in columns.items())
-    return snapshot(path, readable)
+    return snapshot(path, has_columns(columns))
 
 
 def read_runs(path: Path, experiment: str, run_ids: list[str] | None = None, deleted: bool = False,

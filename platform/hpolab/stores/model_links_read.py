@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from hpolab.stores.sqlite_read import snapshot
+from hpolab.stores.sqlite_read import has_columns, snapshot
 
 COLUMNS = {"logged_models": {"model_id", "experiment_id", "name", "lifecycle_stage"},
            "logged_model_tags": {"model_id", "tag_key", "tag_value"},
@@ -27,12 +27,9 @@ class ModelLinks:
 
 def read_sql(path: Path, experiment_id: str) -> dict[str, ModelLinks] | None:
     """Model id -> its links, for the experiment's live models; None when the file cannot be read here."""
-    def readable(con: sqlite3.Connection) -> bool:
-        return all(cols <= {row[1] for row in con.execute(f"PRAGMA table_info({t})")} for t, cols in COLUMNS.items())
-
     live = "SELECT model_id FROM logged_models WHERE experiment_id = ? AND lifecycle_stage != 'deleted'"
     try:
-        with snapshot(path, readable) as con:
+        with snapshot(path, has_columns(COLUMNS)) as con:
             if con is None:
                 return None
             exp = (int(experiment_id),)

@@ -1,5 +1,5 @@
-"""Reading an embedded store's SQLite databases directly (optuna_sql.py, mlflow_sql.py): the file of a
-`sqlite:///PATH` URL, and one read-only snapshot of it."""
+"""Reading an embedded store's SQLite databases directly (optuna_sql.py, mlflow_sql.py): one read-only
+snapshot of a database file (the file of a `sqlite:///PATH` URL: paths.sqlite_file)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,6 @@ import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
-
-from hpolab.stores.paths import sqlite_file
-
-
-def sqlite_path(url: str) -> Path | None:
-    """The database file of a `sqlite:///PATH[?QUERY]` URL (its query ignored); None for any other URL."""
-    return sqlite_file(url)
 
 
 @contextmanager
@@ -34,3 +27,10 @@ def snapshot(path: Path, readable: Callable[[sqlite3.Connection], bool]) -> Iter
         yield con if readable(con) else None
     finally:
         con.close()
+
+
+def has_columns(columns: dict[str, set[str]]) -> Callable[[sqlite3.Connection], bool]:
+    """A `readable` check for snapshot(): every table has the columns a reader reads from it."""
+    def readable(con: sqlite3.Connection) -> bool:
+        return all(cols <= {row[1] for row in con.execute(f"PRAGMA table_info({table})")} for table, cols in columns.items())
+    return readable

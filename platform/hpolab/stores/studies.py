@@ -82,9 +82,9 @@ def list_studies(stores: Stores, front: Callable[[list, list], list] | None = No
     Counts are trial_counts.py's (the budget's). An embedded store is read with plain SQL when its
     schema is known (optuna_sql.py: no Optuna)."""
     from hpolab.stores.optuna_sql import read_studies
-    from hpolab.stores.sqlite_read import sqlite_path
+    from hpolab.stores.paths import sqlite_file
 
-    path = sqlite_path(stores.optuna_url)
+    path = sqlite_file(stores.optuna_url)
     if path is not None:
         if not path.is_file():
             return []

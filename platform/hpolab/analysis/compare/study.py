@@ -16,6 +16,7 @@ import pandas as pd
 
 from hpolab.study.objectives.objective_values import VALUES_ATTR
 from hpolab.study.objectives.ranking import primary_direction
+from hpolab.stores.model_links import study_models
 from hpolab.stores.paths import Stores, sqlite_file
 
 MODEL_COLUMNS = ("model_id", "model_name", "model_uri")  # the trial's logged model (trial_model)
@@ -90,14 +91,8 @@ def logged_models(client, experiment_id: str | None) -> dict[str, str] | None:
     keeps every trial's model may have thousands); None when they cannot be read."""
     if client is None or experiment_id is None:
         return None
-    out, token = {}, None
     try:
-        while True:
-            page = client.search_logged_models([experiment_id], max_results=1000, page_token=token)
-            out.update((m.model_id, m.name) for m in page)
-            token = page.token
-            if not token:
-                return out
+        return {m.model_id: m.name for m in study_models(client, experiment_id)}
     except Exception:  # an older server without logged models: the run tags alone say which model
         return None
 

@@ -283,9 +283,9 @@ def _read_only(study, stores: Stores):
     import optuna
 
     from hpolab.stores.optuna_sql import read_study
-    from hpolab.stores.sqlite_read import sqlite_path
+    from hpolab.stores.paths import sqlite_file
 
-    path = sqlite_path(stores.optuna_url)
+    path = sqlite_file(stores.optuna_url)
     snapshot = read_study(path, study.study_name) if path is not None else None
 
     class ReadOnlyStudy(optuna.Study):
