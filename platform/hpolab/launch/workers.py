@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpolab.errors import UserError
-from hpolab.stores.paths import Stores, redact, resolve_stores
+from hpolab.stores.paths import DEFAULT_STORE, Stores, default_urls, redact, resolve_stores
 
 STORE_VARS = ("OPTUNA_STORAGE", "MLFLOW_TRACKING_URI", "HPOLAB_STORE")
 # Passed to workers through the scheduler's environment (never written into a script or manifest).
@@ -70,10 +70,11 @@ def follow_flags(stores: Stores, cwd: Path) -> tuple[str, list[str]]:
     so a printed command never holds a password."""
     flags: list[str] = []
     notes: list[str] = []
-    if stores.root != (cwd / "mlruns").resolve():
+    if stores.root != (cwd / DEFAULT_STORE).resolve():
         flags += ["--store", shlex.quote(str(stores.root))]
-    for flag, var, url, default in (("--storage", "OPTUNA_STORAGE", stores.optuna_url, f"sqlite:///{stores.root / 'optuna.db'}"),
-                                    ("--tracking-uri", "MLFLOW_TRACKING_URI", stores.tracking_uri, f"sqlite:///{stores.root / 'mlflow.db'}")):
+    optuna_default, tracking_default = default_urls(stores.root)
+    for flag, var, url, default in (("--storage", "OPTUNA_STORAGE", stores.optuna_url, optuna_default),
+                                    ("--tracking-uri", "MLFLOW_TRACKING_URI", stores.tracking_uri, tracking_default)):
         if url == default:
             continue
         if has_secret(url):

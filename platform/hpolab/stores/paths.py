@@ -81,10 +81,19 @@ def redact(text: str) -> str:
     return _QUERY_SECRET.sub(lambda m: f"{m['head']}***", text)
 
 
+DEFAULT_STORE = "mlruns"  # the embedded store's folder, relative to the working directory
+
+
+def default_urls(root: Path) -> tuple[str, str]:
+    """The embedded store's (Optuna storage, MLflow tracking URI) in the folder `root`."""
+    return f"sqlite:///{root / 'optuna.db'}", f"sqlite:///{root / 'mlflow.db'}"
+
+
 def resolve_stores(store: str | None = None, storage: str | None = None, tracking_uri: str | None = None) -> Stores:
-    root = Path(store or os.environ.get("HPOLAB_STORE") or "mlruns").resolve()
-    optuna_url = storage or os.environ.get("OPTUNA_STORAGE") or f"sqlite:///{root / 'optuna.db'}"
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
+    root = Path(store or os.environ.get("HPOLAB_STORE") or DEFAULT_STORE).resolve()
+    default_optuna, default_tracking = default_urls(root)
+    optuna_url = storage or os.environ.get("OPTUNA_STORAGE") or default_optuna
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking
     return Stores(root=root, optuna_url=optuna_url, tracking_uri=uri, artifact_location=artifact_root(uri))
 
 
