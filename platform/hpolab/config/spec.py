@@ -330,14 +330,21 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> StudySpec
         raw = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
         raise SpecError(source, [f"not valid YAML: {e}"]) from None
+    return spec_from_mapping(raw, source, parse_overrides(overrides or []), search_from=p.resolve().parent)
+
+
+def spec_from_mapping(raw: Any, source: str, overrides: dict[str, Any] | None = None, search_from: Path | None = None) -> StudySpec:
+    """A spec from a mapping (a spec file's YAML, or a dict given in Python) with the same checks and
+    SpecErrors as a file. `overrides`: dotted key -> value; `search_from`: where its project is looked
+    for (the spec file's folder; None: the working directory only)."""
     if not isinstance(raw, dict):
         raise SpecError(source, ["the top level must be a mapping of keys (name:, experiment:, ...)"])
-    raw = apply_overrides(raw, parse_overrides(overrides or []))
+    raw = apply_overrides(raw, overrides or {})
     try:
         spec = StudySpec.model_validate(raw)
     except ValidationError as e:
         raise SpecError(source, _messages(e)) from None
-    problems = _check_experiment(spec, search_from=p.resolve().parent)
+    problems = _check_experiment(spec, search_from=search_from)
     problems += check_named(spec)
     problems += check_enqueue(spec.search_space, spec.enqueue)
     if problems:
