@@ -1,0 +1,285 @@
+"""Own-loop overhead: a plain PyTorch loop under hpolab vs the same loop under Optuna + MLflow by hand.
+
+    PYTHONPATH=platform .venv/bin/python bench/own_loop_overhead.py [--trials 12] [--repeats 3]
+        [--length 2.0 | --epochs N] [--spec studies/digits_own_loop.yaml] [--json bench/results/own_loop.json]
+
+The loop is the experiment's own `train(config, trial)` (experiments/digits_own_loop.py: its own
+optimizer, schedule and checkpoints), run twice per round, each in a fresh temporary store:
+
+(a) by hand, as a practitioner who uses Optuna and MLflow writes it (`--hand` mode of this script, one
+    process): `optuna.create_study(...).optimize(objective)`; the objective opens a child run
+    `trial-<n>` under a parent run, logs the resolved config as params, and hands the loop a small
+    trial object whose `report` logs the epoch's metrics in one batch (step = epoch) and reports the
+    study metric to Optuna, whose `checkpoint` writes last.pt (uploaded to `checkpoints/` at the end,
+    as hpolab keeps it), and whose `log_model` keeps the model, logged after the loop with
+    `mlflow.pytorch.log_model` (signature + input example), as hpolab logs it by default.
+(b) `hpolab study run SPEC` with the same trials, parallel 1, the same seeded random sampler, no pruner.
+
+Each measurement is the wall time of a whole command, as a user pays it. Rounds alternate the order
+(ABBA...) so a drift of the machine's load hits both sides; medians are reported. A short
+calibration of (a) sets max_epochs for trials of about --length seconds (--epochs skips it). Per trial:
+(hpolab wall - hand wall) / trials, and the mean Optuna trial duration (start -> complete, trial 0
+left out: it pays one-off imports) read back from each side's optuna.db.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = "studies/digits_own_loop.yaml"
+# Identical on both sides: the same configurations, every trial runs all its epochs.
+COMMON = ["sampler={type: random}", "pruner={type: none}"]
+TARGET = 1.10  # hpolab wall / hand-written wall at trials of ~2 s, parallel 1
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "platform"))
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.2f} / {five:.2f} / {fifteen:.2f} (1/5/15 min, {os.cpu_count()} cores)"
+
+
+# ------------------------------------------------------------------ (a) the hand-written side
+
+
+class HandTrial:
+    """The trial object a practitioner writes for their loop: MLflow + Optuna calls, nothing else.
+    Same members as hpolab's own-loop trial, so the same train() runs unchanged."""
+
+    def __init__(self, trial, client, run_id: str, config: dict, folder: Path, metric: str):
+        import torch
+
+        self.number, self.params, self.config = trial.number, dict(trial.params), config
+        self.device, self.dir, self.start_epoch = torch.device("cpu"), folder, 1
+        self._trial, self._client, self._run_id, self._metric = trial, client, run_id, metric
+        self.values: list[float] = []  # the study metric per epoch
+        self.model = self.example = None
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def report(self, epoch: int, metrics: dict[str, float], checkpoint: dict | None = None) -> bool:
+        from mlflow.entities import Metric
+
+        if checkpoint is not None:
+            self.checkpoint(checkpoint)
+        ts = int(time.time() * 1000)
+        self._client.log_batch(self._run_id, metrics=[Metric(k, float(v), ts, epoch) for k, v in metrics.items()])
+        if self._metric in metrics:
+            self.values.append(float(metrics[self._metric]))
+            self._trial.report(self.values[-1], epoch)
+        return self._trial.should_prune()
+
+    def checkpoint(self, state: dict) -> None:
+        import torch
+
+        tmp = self.dir / "last.pt.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, self.dir / "last.pt")  # atomic: a crash never leaves half a checkpoint
+
+    def restore(self) -> dict | None:
+        return None  # no retries by hand
+
+    def log_model(self, model, input_example) -> None:
+        import copy
+
+        self.model, self.example = copy.deepcopy(model).to("cpu").eval(), input_example.detach().to("cpu")
+
+
+def hand_main(argv: list[str]) -> int:
+    """(a): one process, Optuna's study.optimize, MLflow by hand. Writes a JSON summary."""
+    ap = argparse.ArgumentParser(prog="own_loop_overhead.py --hand")
+    ap.add_argument("--store", type=Path, required=True)
+    ap.add_argument("--spec", type=Path, default=ROOT / SPEC)
+    ap.add_argument("--summary", type=Path, required=True)
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args(argv)
+
+    import logging
+
+    import mlflow
+    import mlflow.pytorch
+    import optuna
+    import torch
+    from mlflow import MlflowClient
+    from mlflow.entities import Param
+    from mlflow.models import infer_signature
+
+    from baseline_loop import flatten, make_sampler, pip_requirements, suggest
+    from hpolab.config.experiment import load_experiment
+    from hpolab.config.spec import load_spec
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    spec = load_spec(args.spec, args.overrides)
+    exp = load_experiment(spec.experiment, search_from=args.spec.parent)
+    store = args.store.resolve()
+    store.mkdir(parents=True, exist_ok=True)
+    tracking_uri = f"sqlite:///{store / 'mlflow.db'}"
+    mlflow.set_tracking_uri(tracking_uri)
+    client = MlflowClient(tracking_uri)
+    experiment_id = client.create_experiment(spec.name, artifact_location=(store / "artifacts").as_uri())
+    mlflow.set_experiment(experiment_id=experiment_id)
+    study = optuna.create_study(storage=f"sqlite:///{store / 'optuna.db'}", study_name=spec.name,
+                                direction=spec.direction, sampler=make_sampler(spec))
+    parent_id = client.create_run(experiment_id, run_name=spec.name, tags={"optuna.study": spec.name}).info.run_id
+    train_seconds: list[float] = []
+
+    def objective(trial: optuna.Trial) -> float:
+        config = spec.resolved_config(exp, suggest(trial, spec.search_space))
+        run_id = client.create_run(experiment_id, run_name=f"trial-{trial.number}", tags={
+            "mlflow.parentRunId": parent_id, "optuna.study": spec.name, "optuna.trial_number": str(trial.number)}).info.run_id
+        trial.set_user_attr("mlflow_run_id", run_id)
+        client.log_batch(run_id, params=[Param(k, v) for k, v in flatten(config).items()])
+        hand = HandTrial(trial, client, run_id, config, store / "trials" / f"trial-{trial.number}", spec.metric)
+        t0 = time.perf_counter()
+        exp.train(config, hand)
+        train_seconds.append(time.perf_counter() - t0)
+        if (hand.dir / "last.pt").exists():
+            client.log_artifact(run_id, str(hand.dir / "last.pt"), "checkpoints")
+        if hand.model is not None:
+            with torch.inference_mode():
+                out = hand.model(hand.example)
+            with mlflow.start_run(run_id=run_id):
+                mlflow.pytorch.log_model(hand.model, name="model", input_example=hand.example.numpy(),
+                                         signature=infer_signature(hand.example.numpy(), out.numpy()),
+                                         pip_requirements=pip_requirements())
+        client.set_terminated(run_id, "FINISHED")
+        return max(hand.values) if spec.direction == "maximize" else min(hand.values)
+
+    study.optimize(objective, n_trials=spec.n_trials)
+    client.set_terminated(parent_id, "FINISHED")
+    epochs = spec.trainer.max_epochs
+    args.summary.write_text(json.dumps({"train_seconds": train_seconds, "epochs": epochs, "best_value": study.best_value}))
+    print(f"by hand: {len(study.trials)} trials, mean train() {statistics.mean(train_seconds):.2f} s, best {study.best_value:.4f}")
+    return 0
+
+
+# ------------------------------------------------------------------ one measurement each
+
+
+def timed(cmd: list[str], log: Path) -> float:
+    t0 = time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.exit(f"own_loop_overhead: {' '.join(cmd[:5])} ... failed with exit code {proc.returncode}; see {log}")
+    return wall
+
+
+def run_side(side: str, store: Path, spec: str, trials: int, epochs: int) -> dict:
+    overrides = [f"n_trials={trials}", f"trainer.max_epochs={epochs}", *COMMON]
+    store.mkdir(parents=True)
+    if side == "hand":
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--hand", "--store", str(store), "--spec", str(ROOT / spec),
+               "--summary", str(store / "summary.json"), *overrides]
+    else:
+        cmd = [str(Path(sys.executable).with_name("hpolab")), "--store", str(store), "study", "run", spec, "parallel=1", *overrides]
+    wall = timed(cmd, store.parent / f"{store.name}.log")
+    m = {"side": side, "wall": wall, "store": str(store), **read_trials(store)}
+    if side == "hand":
+        m["train_seconds"] = json.loads((store / "summary.json").read_text())["train_seconds"]
+    return m
+
+
+def read_trials(store: Path) -> dict:
+    """Per-trial durations (Optuna start -> complete, s), states and params, from the side's optuna.db."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = f"sqlite:///{store / 'optuna.db'}"
+    (summary,) = optuna.get_all_study_summaries(storage)
+    trials = sorted(optuna.load_study(study_name=summary.study_name, storage=storage).trials, key=lambda t: t.number)
+    return {
+        "states": [t.state.name for t in trials],
+        "durations": [(t.datetime_complete - t.datetime_start).total_seconds() for t in trials if t.datetime_complete],
+        "params": [t.params for t in trials],
+    }
+
+
+def calibrate(workdir: Path, spec: str) -> float:
+    """Seconds per epoch of the loop here: 3 trials x 4 epochs by hand (trial 0 pays lazy imports)."""
+    m = run_side("hand", workdir / "calibration", spec, trials=3, epochs=4)
+    return statistics.mean(m["train_seconds"][1:]) / 4
+
+
+def report(runs: list[dict], trials: int, epochs: int) -> str:
+    def med(side: str, key: str) -> float:
+        return statistics.median(m[key] for m in runs if m["side"] == side)
+
+    for m in runs:
+        m["trial_mean"] = statistics.mean(m["durations"][1:] or m["durations"])
+    hand, hp = med("hand", "wall"), med("hpolab", "wall")
+    ratio = hp / hand
+    lines = [
+        "| side | wall (median) | wall per trial | Optuna trial duration (mean of trials 1..n-1) |",
+        "| --- | --- | --- | --- |",
+        f"| by hand (Optuna optimize + MLflow) | {hand:.1f} s | {hand / trials:.2f} s | {med('hand', 'trial_mean'):.2f} s |",
+        f"| hpolab study run, parallel 1 | {hp:.1f} s | {hp / trials:.2f} s | {med('hpolab', 'trial_mean'):.2f} s |",
+        "",
+        f"overhead per trial: {(hp - hand) / trials:+.2f} s wall, {med('hpolab', 'trial_mean') - med('hand', 'trial_mean'):+.2f} s "
+        f"trial duration; ratio hpolab / by hand: {ratio:.2f}x (target <= {TARGET:.2f}x: {'met' if ratio <= TARGET else 'NOT met'}); "
+        f"{trials} trials x {epochs} epochs",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--hand"]:
+        return hand_main(sys.argv[2:])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=12, help="trials per study (both sides)")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds (each: both sides, order alternating); medians reported")
+    ap.add_argument("--length", type=float, default=2.0, help="target trial length, s of training (sets max_epochs)")
+    ap.add_argument("--epochs", type=int, help="max_epochs per trial, skipping the calibration")
+    ap.add_argument("--spec", default=SPEC, help="an own-loop study spec, relative to the project root")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary stores (their path is printed)")
+    ap.add_argument("--json", type=Path, help="also write every measurement here")
+    args = ap.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="hpolab-own-loop-overhead-"))
+    print(f"stores under {workdir}; {args.trials} trials per study; spec {args.spec}")
+    epochs = args.epochs
+    if epochs is None:
+        print(f"calibrating (by hand, 3 trials x 4 epochs); {load()}")
+        per_epoch = calibrate(workdir, args.spec)
+        epochs = max(1, round(args.length / per_epoch))
+        print(f"  {per_epoch:.3f} s per epoch -> ~{args.length:g} s trials: {epochs} epochs")
+    runs: list[dict] = []
+    for rep in range(args.repeats):
+        plan = ["hand", "hpolab"] if rep % 2 == 0 else ["hpolab", "hand"]  # ABBA
+        for side in plan:
+            print(f"  round {rep + 1}: {side:7} {load()}", end="", flush=True)
+            m = run_side(side, workdir / f"rep{rep}-{side}", args.spec, args.trials, epochs)
+            print(f"  -> {m['wall']:.1f} s ({', '.join(sorted(set(m['states'])))})")
+            runs.append(m)
+            if not args.keep:
+                shutil.rmtree(m["store"], ignore_errors=True)
+    if any(m["params"] != runs[0]["params"] for m in runs):
+        print("WARNING: the two sides trained different configurations (params differ); the ratio is not comparable")
+    print(f"\n## Own loop: hpolab / by hand, medians of {args.repeats} rounds\n")
+    print(report(runs, args.trials, epochs))
+    print(f"\n{load()} at the end")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"epochs": epochs, "trials": args.trials, "runs": runs}, indent=1, default=str))
+    if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
