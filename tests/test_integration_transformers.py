@@ -1,0 +1,153 @@
+"""hpolab.integrations.transformers: a Hugging Face TrainerCallback over the own-loop trial.
+
+Unit tests drive real `transformers.Trainer`s on a tiny BERT built from a config (no download) with a
+recording trial (tests/recording_trial.py): the epochs and `eval_*` metrics reported, the stop honoured,
+the checkpoint folder packed into the report and unpacked into a resumed train() that continues the same
+curve. The studies at the end run experiments/tiny_text_hf.py through the real CLI.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+pytest.importorskip("transformers", reason="the transformers extra is not installed (pip install hpolab[transformers])")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments  # noqa: E402
+from transformers.trainer_callback import PrinterCallback  # noqa: E402
+
+from hpolab.integrations.transformers import HpolabCallback, LogitsModel, pack_folder, resume_folder, unpack_folder  # noqa: E402
+from recording_trial import RecordingTrial  # noqa: E402
+
+VOCAB, LENGTH = 24, 9
+
+
+def _dataset(n: int, seed: int) -> list[dict]:
+    ids = np.random.default_rng(seed).integers(2, VOCAB, size=(n, LENGTH))
+    labels = (ids < 13).sum(1) > LENGTH // 2  # more low tokens than high ones
+    return [{"input_ids": torch.tensor(i), "labels": torch.tensor(int(y))} for i, y in zip(ids, labels)]
+
+
+def _model() -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    return BertForSequenceClassification(BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                                    intermediate_size=32, max_position_embeddings=LENGTH, num_labels=2))
+
+
+def _accuracy(pred) -> dict[str, float]:
+    return {"accuracy": float((pred.predictions.argmax(-1) == pred.label_ids).mean())}
+
+
+def _train(trial, epochs: int, **args) -> Trainer:
+    options = dict(eval_strategy="epoch", save_strategy="epoch", logging_strategy="epoch", num_train_epochs=epochs, learning_rate=3e-3,
+                   per_device_train_batch_size=32, report_to="none", use_cpu=True, seed=0, disable_tqdm=True, save_total_limit=1)
+    options.update(args)
+    trainer = Trainer(model=_model(), args=TrainingArguments(output_dir=str(trial.dir / "hf"), **options), train_dataset=_dataset(128, 0),
+                      eval_dataset=_dataset(64, 1), compute_metrics=_accuracy, callbacks=[HpolabCallback(trial)])
+    trainer.remove_callback(PrinterCallback)
+    trainer.train(resume_from_checkpoint=resume_folder(trial))
+    return trainer
+
+
+class Killed(Exception):
+    pass
+
+
+class KilledAfter(RecordingTrial):
+    """A trial whose process dies right after its report of epoch `kill_at` (checkpoint saved)."""
+
+    def __init__(self, folder, kill_at: int):
+        super().__init__(folder)
+        self.kill_at = kill_at
+
+    def report(self, epoch, metrics, checkpoint=None):
+        stop = super().report(epoch, metrics, checkpoint)
+        if epoch == self.kill_at:
+            raise Killed
+        return stop
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_each_evaluation_is_reported_with_its_epoch_metrics_and_checkpoint_folder(tmp_path):
+    trial = RecordingTrial(tmp_path)
+    trainer = _train(trial, 3)
+    assert trial.epochs == [1, 2, 3]
+    for _, metrics in trial.reports:
+        assert {"eval_loss", "eval_accuracy", "train_loss"} <= set(metrics) and all(k == "train_loss" or k.startswith("eval_") for k in metrics)
+    assert [e for e, _ in trial.saved] == [1, 2, 3]  # each with its epoch's report
+    state = trial.load(trial.saved[-1][1])
+    step = trainer.state.global_step
+    assert state["folder"] == f"checkpoint-{step}"
+    written = tmp_path / "hf" / f"checkpoint-{step}"
+    assert {"trainer_state.json", "optimizer.pt", "scheduler.pt", "model.safetensors"} <= set(state["files"])
+    assert state["files"] == {p.relative_to(written).as_posix(): p.read_bytes() for p in written.rglob("*") if p.is_file()}
+
+
+def test_a_true_report_stops_training_after_that_epoch(tmp_path):
+    trial = RecordingTrial(tmp_path, stop_at=2)
+    trainer = _train(trial, 5)
+    assert trial.epochs == [1, 2]
+    assert trainer.state.epoch == 2.0
+
+
+def test_a_packed_folder_unpacks_to_the_same_files(tmp_path):
+    src = tmp_path / "checkpoint-8"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.json").write_text("{}")
+    (src / "sub" / "w.bin").write_bytes(bytes(range(256)))
+    out = unpack_folder(RecordingTrial.load(_serialized(pack_folder(src))), tmp_path / "back")
+    assert out == tmp_path / "back" / "checkpoint-8"
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == {p.relative_to(src): p.read_bytes() for p in src.rglob("*") if p.is_file()}
+
+
+def _serialized(state: dict) -> bytes:
+    from hpolab.train.checkpoint import serialize_checkpoint
+
+    return serialize_checkpoint(state)
+
+
+def test_a_resumed_train_continues_the_same_curve_from_the_restored_folder(tmp_path):
+    whole = RecordingTrial(tmp_path / "whole")
+    _train(whole, 4)
+    first = KilledAfter(tmp_path / "first", kill_at=2)
+    with pytest.raises(Killed):
+        _train(first, 4)
+    assert resume_folder(first) is None  # a first attempt: train() starts from scratch
+    again = RecordingTrial(tmp_path / "again", restored=first.saved[-1][1], start_epoch=3)
+    _train(again, 4)
+    assert (tmp_path / "again" / "hf-resume" / first.load(first.saved[-1][1])["folder"] / "trainer_state.json").is_file()
+    assert again.epochs == [3, 4]
+    keys = ("eval_loss", "eval_accuracy", "train_loss")  # (not eval_runtime: a wall time)
+    for (e1, m1), (e2, m2) in zip(whole.reports[2:], again.reports):
+        assert e1 == e2 and [m1[k] for k in keys] == pytest.approx([m2[k] for k in keys], rel=1e-5)
+
+
+def test_evaluation_other_than_per_epoch_is_refused_with_the_setting_to_use(tmp_path):
+    with pytest.raises(ValueError, match=r"eval_strategy='epoch'"):
+        _train(RecordingTrial(tmp_path), 1, eval_strategy="no", save_strategy="no")
+
+
+def test_logits_model_takes_ids_and_returns_the_logits():
+    model = _model().eval()
+    ids = torch.tensor([d["input_ids"].tolist() for d in _dataset(3, 2)])
+    with torch.no_grad():
+        assert torch.equal(LogitsModel(model)(ids), model(input_ids=ids).logits)
+
+
+def test_import_without_transformers_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    monkeypatch.delitem(sys.modules, "hpolab.integrations.transformers")
+    with pytest.raises(ModuleNotFoundError) as raised:
+        import hpolab.integrations.transformers  # noqa: F401
+    assert str(raised.value) == "hpolab.integrations.transformers needs transformers: pip install hpolab[transformers]"
+    assert raised.value.__suppress_context__
