@@ -22,6 +22,7 @@ SA, TA = "study attr", "trial attr"
 NAMES = {
     "hpolab.amp": ("hpolab.amp", TR, "the AMP mode the trial trained with"),
     "hpolab.best_": ("hpolab.best_<metric>", f"{TR}, {PR}", "the best value of a metric (a trial's best epoch; the study's best trial)"),
+    "hpolab.best_checkpoint_missing": ("hpolab.best_checkpoint_missing", TR, "an own training loop did not checkpoint its best epoch: no best.pt"),
     "hpolab.best_epoch": ("hpolab.best_epoch", TR, "the epoch the trial's value, best.pt and logged model come from"),
     "hpolab.best_rule": ("hpolab.best_rule", PR, "several objectives: how the best trial was chosen (the front's knee)"),
     "hpolab.best_run_id": ("hpolab.best_run_id", PR, "the best trial's run"),

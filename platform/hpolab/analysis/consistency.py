@@ -239,7 +239,7 @@ def _artifact_problems(s: Study, t: FrozenTrial, run) -> list[Problem]:
     # last.pt: uploaded while it ran (hpolab.checkpoint_epoch); best.pt: logged when it ended (hpolab.best_epoch)
     # A finished trial's last.pt is deleted on purpose (hpolab.last_checkpoint): nothing resumes it.
     wanted = {"last.pt": None if "hpolab.last_checkpoint" in tags else tags.get("hpolab.checkpoint_epoch"),
-              "best.pt": tags.get("hpolab.best_epoch")}
+              "best.pt": None if "hpolab.best_checkpoint_missing" in tags else tags.get("hpolab.best_epoch")}
     for name, epoch in wanted.items():
         if (epoch or "0") in ("0", "None") or "hpolab.checkpoints_deleted" in tags or _has_checkpoint(s, run, name):
             continue

@@ -126,6 +126,12 @@ def _short_name(name: str) -> str:
     return name[len(PACKAGE) + 1 :] if name.startswith(PACKAGE + ".") else name
 
 
+def is_own_loop(module: ModuleType) -> bool:
+    """The experiment brings its own training loop: it defines train(config, trial) and no build_model
+    (with both, the platform's routine trains it)."""
+    return callable(getattr(module, "train", None)) and not hasattr(module, "build_model")
+
+
 def locate_experiment(name: str, search_from: str | Path) -> tuple[Path, str] | None:
     """Where load_experiment(name, search_from) imports the experiment from, found without importing
     anything: (project root, module name), or None when it is not a file of a project's

@@ -15,7 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from hpolab.config.controls import NoImprovementStop, check_enqueue
-from hpolab.config.experiment import load_experiment, project_root_of
+from hpolab.config.experiment import is_own_loop, load_experiment, project_root_of
+from hpolab.config.own_loop_checks import own_loop_problems
 from hpolab.config.overrides import apply_overrides, parse_overrides  # noqa: F401  (tests import it from here)
 from hpolab.config.objectives import Constraint, Objective, Pruning, WarmStart, declared_costs, experiment_cost_problems, fill_primary, measured_metrics, objective_problems
 from hpolab.config.samplers import check_named
@@ -217,8 +218,9 @@ class StudySpec(_Frozen):
             "metric": self.metric,
             "direction": self.direction,
             "trainer": self.trainer_dict(),
-            "model": {**experiment.MODEL_DEFAULTS, **self.model},
-            "data": {**experiment.DATA_DEFAULTS, **self.data},
+            # (an own training loop may declare no defaults: then the spec's keys pass as given)
+            "model": {**getattr(experiment, "MODEL_DEFAULTS", {}), **self.model},
+            "data": {**getattr(experiment, "DATA_DEFAULTS", {}), **self.data},
         }
         if self.objectives or self.constraints:  # (a one-metric study's config stays as it always was)
             cfg["objectives"] = [o.metric for o in self.objective_list]
@@ -275,30 +277,36 @@ def _check_experiment(spec: StudySpec, search_from: Path | None = None) -> list[
     except Exception as e:  # an experiment that fails to import is a spec problem the user must see
         return [f"experiment: importing {spec.experiment!r} failed: {type(e).__name__}: {e}"]
     spec._project_dir = project_root_of(exp)
+    own = is_own_loop(exp)
+    if not own and not hasattr(exp, "build_model") and not hasattr(exp, "train"):
+        return [f"experiment: {spec.experiment} defines neither train(config, trial) (your own training loop) nor "
+                "build_model and load_data (the platform's routine); define one of them (see experiments/README.md)"]
     problems = []
-    for attr in ("MODEL_DEFAULTS", "DATA_DEFAULTS", "load_data", "build_model"):
+    for attr in () if own else ("MODEL_DEFAULTS", "DATA_DEFAULTS", "load_data", "build_model"):
         if not hasattr(exp, attr):
             problems.append(f"experiment: {spec.experiment} has no {attr} (see experiments/README.md)")
     if problems:
         return problems
-    for section, defaults in (("model", exp.MODEL_DEFAULTS), ("data", exp.DATA_DEFAULTS)):
-        for key in getattr(spec, section):
+    # None: any key (an own loop without MODEL_DEFAULTS / DATA_DEFAULTS takes the spec's as given)
+    declared = {"model": getattr(exp, "MODEL_DEFAULTS", None), "data": getattr(exp, "DATA_DEFAULTS", None)}
+    for section, defaults in declared.items():
+        for key in getattr(spec, section) if defaults is not None else ():
             if key not in defaults:
                 problems.append(f"{section}.{key}: unknown key for experiment {spec.experiment} (known: {', '.join(sorted(defaults)) or 'none'})")
     trainer_keys = set(spec.trainer_dict())
     for path, dist in spec.search_space.items():
         section, _, key = path.partition(".")
-        known = {"trainer": trainer_keys, "model": set(exp.MODEL_DEFAULTS), "data": set(exp.DATA_DEFAULTS)}.get(section)
-        if known is None or not key:
+        known = {"trainer": trainer_keys, **{k: set(v) if v is not None else None for k, v in declared.items()}}.get(section, ())
+        if known == () or not key:
             problems.append(f"search_space.{path}: must be trainer.<key>, model.<key> or data.<key>")
-        elif key not in known:
+        elif known is not None and key not in known:
             problems.append(f"search_space.{path}: {section} has no key {key!r} (known: {', '.join(sorted(known))})")
         if isinstance(dist, FloatDist) and dist.from_lr_range_test and not spec.lr_range_test.enabled:
             problems.append(
                 f"search_space.{path}: from_lr_range_test needs the range test; set lr_range_test.enabled: true "
                 "(or give low/high)"
             )
-    return problems + _check_task(spec, exp)
+    return problems + (own_loop_problems(spec, exp) if own else _check_task(spec, exp))
 
 
 def _check_task(spec: StudySpec, exp: ModuleType) -> list[str]:

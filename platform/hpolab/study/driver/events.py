@@ -198,6 +198,10 @@ class TrialEvents:
         }
         if info["best_checkpoint"]:
             self.tracker.log_file(r.run_id, info["best_checkpoint"], "checkpoints")
+        elif info.get("own_loop") and info["best_epoch"]:  # (study check then expects no best.pt)
+            tags["hpolab.best_checkpoint_missing"] = f"train() did not call trial.checkpoint at its best epoch ({info['best_epoch']})"
+        if info.get("pruned_by_train") and r.pruned_at is None:  # an own loop raised optuna.TrialPruned itself
+            r.pruned_at = int(info["epochs_run"])
         if self.spec is not None:  # objectives/constraints: values, constraints, cost metrics
             tags.update(objective_values.record(self.spec, r.trial, info.get("objectives"), self.guard))
             measured = r.config.get("cost_metrics") or []  # built in and the experiment's own

@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -72,13 +72,21 @@ def save_trial_model(experiment, config: dict[str, Any], summary: dict[str, Any]
     """The trial's best checkpoint as an MLflow model folder in `trial_dir` (written under a temporary
     name, then renamed: the driver never sees half a model). Returns its path. Its requirements pin
     the versions installed here, the ones this trial trained with (the env.* tags of its run)."""
-    from hpolab.stores.models import model_from_checkpoint, pip_requirements
+    from hpolab.stores.models import model_from_checkpoint
 
     model = model_from_checkpoint(experiment, config, summary)
+    return save_model_folder(model, trial_dir, summary["input_example"], summary["output_example"])
+
+
+def save_model_folder(model, trial_dir: Path, input_example: np.ndarray, output_example: np.ndarray) -> Path:
+    """`model` as the MLflow model folder `trial_dir`/model (written under a temporary name, then
+    renamed), with the installed versions as its requirements. Returns its path."""
+    from hpolab.stores.models import pip_requirements
+
     final = trial_dir / MODEL_DIR
     partial = Path(tempfile.mkdtemp(prefix=".model-", dir=trial_dir))
     try:
-        save_model(model, partial / MODEL_DIR, summary["input_example"], summary["output_example"], pip_requirements({}))
+        save_model(model, partial / MODEL_DIR, input_example, output_example, pip_requirements({}))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(partial / MODEL_DIR, final)
     finally:
@@ -86,11 +94,13 @@ def save_trial_model(experiment, config: dict[str, Any], summary: dict[str, Any]
     return final
 
 
-def offer_export(conn, job: dict[str, Any], summary: dict[str, Any] | None) -> None:
+def offer_export(conn, job: dict[str, Any], summary: dict[str, Any] | None, save: Callable[[Path], Path] | None = None) -> None:
     """After ("done", summary): wait for the driver's decision and save the model if it asks.
 
     Only a trial whose job says `export_model` (the spec logs models) waits; the driver then always
-    answers or closes the pipe, and the lifeline ends this process if the driver dies meanwhile."""
+    answers or closes the pipe, and the lifeline ends this process if the driver dies meanwhile.
+    `save(trial_dir)`: how this trial's model is saved (default: from its checkpoint; an own loop's
+    is the copy trial.log_model kept, own_loop.py)."""
     if not job.get("export_model") or summary is None:
         return
     _free_gpu_memory()  # the next trial may be starting on the same GPU while this one saves
@@ -107,7 +117,8 @@ def offer_export(conn, job: dict[str, Any], summary: dict[str, Any] | None) -> N
     try:
         from hpolab.config.experiment import load_experiment
 
-        path = save_trial_model(load_experiment(job["experiment"]), job["config"], summary, Path(job["checkpoint_dir"]))
+        folder = Path(job["checkpoint_dir"])
+        path = save(folder) if save is not None else save_trial_model(load_experiment(job["experiment"]), job["config"], summary, folder)
         message: tuple = ("model", str(path))
     except Exception as e:  # the driver exports from the checkpoint itself, and records the error if that fails too
         message = ("model_error", f"{type(e).__name__}: {e}")
@@ -149,9 +160,10 @@ def answer_child(conn, lifeline, export: bool) -> tuple | None:
     return None
 
 
-def receive_model(conn, lifeline, on_problem, wait_s: float = SAVE_WAIT_S) -> str | None:
-    """The folder the trial process saved, or None (with `on_problem` told why) when it could not;
-    then closes its pipes (the process exits)."""
+def receive_model(conn, lifeline, on_problem, wait_s: float = SAVE_WAIT_S,
+                  then: str = "exporting it from its checkpoint here") -> str | None:
+    """The folder the trial process saved, or None (with `on_problem` told why, and `then` what
+    happens instead) when it could not; then closes its pipes (the process exits)."""
     import time
 
     deadline = time.monotonic() + wait_s
@@ -161,11 +173,11 @@ def receive_model(conn, lifeline, on_problem, wait_s: float = SAVE_WAIT_S) -> st
                 kind, detail = conn.recv()
                 if kind == "model":
                     return detail
-                on_problem(f"its process could not save the model ({detail}); exporting it from its checkpoint here")
+                on_problem(f"its process could not save the model ({detail}); {then}")
                 return None
-        on_problem(f"its process did not save the model within {wait_s:g} s; exporting it from its checkpoint here")
+        on_problem(f"its process did not save the model within {wait_s:g} s; {then}")
     except (EOFError, OSError):
-        on_problem("its process ended before saving the model; exporting it from its checkpoint here")
+        on_problem(f"its process ended before saving the model; {then}")
     finally:
         _close(conn, lifeline)
     return None

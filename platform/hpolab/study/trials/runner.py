@@ -194,6 +194,8 @@ class TrialRunner:
         job = {
             "experiment": self.experiment,
             "config": r.config,
+            "number": r.number,  # an own loop's trial.number and trial.params (own_loop.py)
+            "params": dict(r.trial.params),
             "checkpoint_dir": str(r.trial_dir),
             "resume_from": resume_from,
             "threads": self.threads_per_trial(),

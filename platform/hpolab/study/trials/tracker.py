@@ -35,6 +35,9 @@ from hpolab.study.trials.runner import Running
 from hpolab.study.trials.uploads import Uploader, stage_checkpoints, upload_due
 
 MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
+# An own training loop's model (study/trials/own_loop.py) is the copy trial.log_model kept in its process
+NO_OWN_MODEL = "train() logged no model (call trial.log_model(model, input_example))"
+OWN_MODEL_LOST = "no model is logged (an own training loop's model is only in its process)"
 REAPER_CLOSE_WAIT = 30.0  # seconds a reaped trial's owner waits for the reaper's close of its run
 
 
@@ -153,6 +156,8 @@ class TrialTracker:
             self.upload(r, self.stage_upload(r, force=True))
         if model_info is not None:
             skip = self.retention.skip_model(state, r.number) if self.retention else (None if state == TrialState.COMPLETE else "not COMPLETE")
+            if not skip and model_info.get("own_loop") and not model_info.get("model_logged"):
+                skip = tags["hpolab.model_skipped"] = NO_OWN_MODEL  # (nothing to rebuild it from)
             if skip:
                 if state == TrialState.COMPLETE:  # a COMPLETE trial without a model says why
                     tags["hpolab.model_skipped"] = skip
@@ -167,8 +172,13 @@ class TrialTracker:
         if child is None:
             self.uploads.submit(label, self._log_model_then_close, r, model_info, tags, state, None)
         else:
-            on_problem = lambda why: self.note(f"trial {r.number}: {why}")  # noqa: E731
-            self.uploads.after(label, lambda: receive_model(*child, on_problem=on_problem),
+            then = OWN_MODEL_LOST if model_info.get("own_loop") else "exporting it from its checkpoint here"
+
+            def on_problem(why: str) -> None:
+                self.note(f"trial {r.number}: {why}")
+                model_info["export_problem"] = why
+
+            self.uploads.after(label, lambda: receive_model(*child, on_problem=on_problem, then=then),
                                self._log_model_then_close, r, model_info, tags, state)
         self._retain()
 
@@ -201,6 +211,8 @@ class TrialTracker:
         try:
             if saved is not None:
                 tags = log_saved_model(saved, r.run_id, name, model_tags)
+            elif info.get("own_loop"):  # its model existed only in its process: no checkpoint rebuilds it
+                return {"hpolab.model_error": info.get("export_problem") or f"its process did not save the model; {OWN_MODEL_LOST}"}
             else:
                 tags = log_trial_model(self.experiment, r.config, info, r.run_id, self.env_tags, name, model_tags)
         except Exception as e:  # the trial's result stands even if the model could not be logged

@@ -1,7 +1,8 @@
 """The child side of a trial: one OS process, forked from a pre-warmed forkserver.
 
 It builds the experiment's data and model from the resolved config, runs the shared training
-routine, and talks to the driver only through its pipe:
+routine (or the experiment's own `train(config, trial)`: own_loop.py), and talks to the driver only
+through its pipe:
 
     child -> driver                          driver -> child
     ("epoch", epoch, metrics)                "continue" | "stop"   (after every epoch)
@@ -32,6 +33,7 @@ import torch._dynamo  # noqa: F401  -- torch.optim's constructors import it lazi
 
 from hpolab.study.trials.child_export import offer_export
 from hpolab.study.trials.lifeline import ORPHAN_EXIT_CODE, watch_lifeline
+from hpolab.study.trials.own_loop import TrialFailure, run_own_loop
 from hpolab.train import NonFiniteLossError, fit, seed_everything
 from hpolab.train.config import trainer_config
 from hpolab.train.tasks import task_for
@@ -62,6 +64,15 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
         run_ranks(conn, lifeline, job, devices, sys.modules[__name__])
         return
     torch.set_num_threads(int(job["threads"]))
+    from hpolab.config.experiment import is_own_loop, load_experiment
+
+    try:
+        experiment = load_experiment(job["experiment"])
+    except Exception:  # train() below loads it again and reports why it cannot, as the trial's failure
+        experiment = None
+    if experiment is not None and is_own_loop(experiment):  # its train(config, trial) instead of fit()
+        run_own_loop(conn, job, experiment, report, offer_export)
+        return
 
     def work() -> dict[str, Any] | None:
         answers = EpochAnswers(conn)
@@ -193,6 +204,8 @@ def report(conn, work, close: bool = True) -> dict[str, Any] | None:
         summary = work()
         conn.send(("done", summary))
         return summary
+    except TrialFailure as e:  # an own loop broke its contract (own_loop.py): the one line says how
+        conn.send(("fail", {"kind": e.kind, "reason": str(e), "traceback": ""}))
     except NonFiniteLossError as e:
         conn.send(("fail", {"kind": "nan", "reason": str(e), "traceback": traceback.format_exc()}))
     except torch.cuda.OutOfMemoryError as e:

@@ -1,0 +1,53 @@
+"""A spec whose experiment brings its own training loop (`train(config, trial)`): what it can ask for.
+
+The loop is the experiment's, so the routine's task does not say which metrics exist. An experiment
+may declare them (`METRIC_DIRECTIONS = {"val_acc": "maximize", ...}`): the spec's metric, objectives
+and constraints are then checked against it here; without it the spec's names are trusted, and a trial
+whose reports never carry the study metric fails saying so (study/trials/own_loop.py).
+
+What only the routine can do is refused: several devices per trial (DDP ranks run fit()), and the LR
+range test (it builds the model and data itself).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from hpolab.config.objectives import declared_costs, experiment_cost_problems, objective_problems
+
+
+def own_loop_problems(spec, exp: ModuleType) -> list[str]:
+    problems = []
+    if spec.trainer.devices > 1:
+        problems.append(f"trainer.devices: {spec.trainer.devices} needs the platform's routine (DDP ranks); an own training "
+                        "loop (train(config, trial)) runs in one process on one device: set trainer.devices: 1")
+    if spec.lr_range_test.enabled:
+        problems.append("lr_range_test.enabled: the LR range test needs build_model/load_data (the platform's routine); "
+                        "an own training loop (train(config, trial)) has none: set lr_range_test.enabled: false")
+    declared = getattr(exp, "METRIC_DIRECTIONS", None)
+    if declared is not None:
+        bad = [f"{k}: {v!r}" for k, v in dict(declared).items() if v not in ("maximize", "minimize")] if isinstance(declared, dict) else ["not a dict"]
+        if bad or not declared:
+            return problems + [f"experiment: METRIC_DIRECTIONS of {spec.experiment} must map metric names to 'maximize' or "
+                               f"'minimize'; problems: {', '.join(bad) or 'it is empty'}"]
+        direction_of = declared.get
+    else:  # trusted: each name means what the spec says (constraints name any metric the reports carry)
+        trusted = {o.metric: o.direction for o in spec.objective_list}
+        direction_of = lambda metric: trusted.get(metric, "trusted")  # noqa: E731
+    if spec.objectives or spec.constraints:
+        problems += experiment_cost_problems(exp, direction_of if declared is not None else lambda metric: None)
+        problems += objective_problems(spec, direction_of, declared_costs(exp))
+    elif declared is not None:
+        problems += _metric_problems(spec, declared)
+    return problems
+
+
+def _metric_problems(spec, declared: dict[str, str]) -> list[str]:
+    where = f"METRIC_DIRECTIONS of experiment {spec.experiment}"
+    want = declared.get(spec.metric)
+    if want is None:
+        return [f"metric: {spec.metric!r} is not in the {where} (declared: {', '.join(sorted(declared))}); "
+                "use one of them or declare it there"]
+    if spec.direction != want:
+        return [f"direction: {spec.metric} should be {want[:-1]}ed ({where}); set direction: {want}"]
+    return []
