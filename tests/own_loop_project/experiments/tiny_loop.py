@@ -4,7 +4,7 @@ Its model: keys pass through as the spec gives them (no MODEL_DEFAULTS):
   quality      val_acc after epoch e is quality * e / max_epochs (the test picks what is pruned)
   sleep        seconds per epoch (slow enough to kill the driver mid-trial)
   metric_name  the name val_acc is reported under (another: the reports never carry the study metric)
-  log_model    whether train() calls trial.log_model
+  log_model    whether train() calls trial.log_model (bad_example: with an input the model cannot take)
   raise_at     an epoch at which train() raises (0: never)
 Every epoch reports `steps` (optimizer steps so far, carried in the checkpoint's state: it equals the
 epoch only when a resumed attempt restored it) and `start_epoch` (trial.start_epoch of this attempt).
@@ -44,4 +44,4 @@ def train(config: dict, trial) -> None:
         if trial.report(epoch, metrics, checkpoint={"model": net.state_dict(), "optimizer": opt.state_dict(), "steps": steps}):
             return
     if m.get("log_model", True):
-        trial.log_model(net, torch.zeros(2, 4))
+        trial.log_model(net, torch.zeros(2, 3 if m.get("log_model") == "bad_example" else 4))

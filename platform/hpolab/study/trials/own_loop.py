@@ -37,7 +37,8 @@ from hpolab.train.state import LoopState
 
 OWN_LOOP_FORMAT = 1  # the value of a checkpoint's "own_loop" key: the layout above
 # What torch.load(weights_only=True) reads back (retries load checkpoints as data only, running no code)
-PLAIN = (str, bytes, int, float, bool, complex, type(None), torch.Tensor, torch.dtype, torch.device, torch.Size)
+# (exact types: it refuses subclasses, numpy's float64 among them)
+PLAIN = (str, bytes, int, float, bool, complex, type(None), torch.Tensor, torch.nn.Parameter, torch.dtype, torch.device, torch.Size)
 
 
 class TrialFailure(Exception):
@@ -253,14 +254,14 @@ def _plain_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 def _check_plain(value: Any, where: str) -> None:
     """Tensors, numbers, strings and containers of them: what a retry can load as data only."""
-    if isinstance(value, (dict, collections.OrderedDict)):
+    if type(value) in (dict, collections.OrderedDict):
         for k, v in value.items():
             _check_plain(k, f"{where} key")
             _check_plain(v, f"{where}[{k!r}]")
-    elif isinstance(value, (list, tuple, set)):
+    elif type(value) in (list, tuple, set):
         for i, v in enumerate(value):
             _check_plain(v, f"{where}[{i}]")
-    elif not isinstance(value, PLAIN):
+    elif type(value) not in PLAIN:
         raise TypeError(f"trial.checkpoint: {where} is a {type(value).__module__}.{type(value).__name__}; a checkpoint holds "
                         "tensors, numbers, strings and dicts/lists of them (state_dict()s; float() or torch.as_tensor "
                         "for numpy values), which a retry loads as data only")

@@ -1,0 +1,100 @@
+"""The OwnTrial an own training loop talks to, on its own: a real pipe with the driver's side played by
+a thread (it answers each epoch), real files; no study."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from hpolab.study.trials.own_loop import OwnTrial, TrialFailure
+from hpolab.train.checkpoint import load_checkpoint
+
+
+def _job(tmp_path, resume_from=None, metric="val_acc", direction="maximize") -> dict:
+    return {"config": {"metric": metric, "direction": direction, "seed": 0, "trainer": {"device": "cpu", "max_epochs": 5}},
+            "checkpoint_dir": str(tmp_path), "resume_from": resume_from, "number": 7, "params": {"trainer.lr": 0.1}}
+
+
+class Driver:
+    """The driver's end of the pipe: records each epoch and answers "stop" from epoch `stop_at` on."""
+
+    def __init__(self, stop_at: int | None = None):
+        self.conn, self.child = multiprocessing.Pipe()
+        self.epochs: list[tuple[int, dict]] = []
+        self.stop_at = stop_at
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                _, epoch, metrics = self.conn.recv()
+            except EOFError:
+                return
+            self.epochs.append((epoch, metrics))
+            self.conn.send("stop" if self.stop_at is not None and epoch >= self.stop_at else "continue")
+
+
+def test_best_epoch_checkpoints_and_a_resumed_attempt(tmp_path):
+    driver = Driver()
+    trial = OwnTrial(driver.child, _job(tmp_path))
+    assert (trial.start_epoch, trial.restore(), trial.number, trial.params) == (1, None, 7, {"trainer.lr": 0.1})
+    assert trial.device == torch.device("cpu")
+    for epoch, acc in [(1, 0.5), (2, 0.8), (3, 0.7)]:
+        assert trial.report(epoch, {"val_acc": torch.tensor(acc), "train_loss": 1.0 / epoch}, checkpoint={"w": torch.ones(2) * epoch}) is False
+    assert [e for e, _ in driver.epochs] == [1, 2, 3] and driver.epochs[0][1] == {"val_acc": 0.5, "train_loss": 1.0}
+    last, best = load_checkpoint(tmp_path / "last.pt"), load_checkpoint(tmp_path / "best.pt")
+    assert last["epoch"] == 3 and [h["epoch"] for h in last["history"]] == [1, 2, 3] and last["own_loop"] == 1
+    assert best["epoch"] == 2 and torch.equal(best["state"]["w"], torch.ones(2) * 2)  # best.pt: the best epoch's state
+    summary = trial.summary(False, None)
+    assert (summary["best_value"], summary["best_epoch"], summary["epochs_run"], summary["stop_reason"]) == (pytest.approx(0.8), 2, 3, "max_epochs")
+
+    again = OwnTrial(Driver().child, _job(tmp_path / "retry", resume_from=str(tmp_path / "last.pt")))
+    assert again.start_epoch == 4 and torch.equal(again.restore()["w"], torch.ones(2) * 3)
+    again.report(4, {"val_acc": 0.9})
+    s = again.summary(False, None)
+    assert (s["best_value"], s["best_epoch"], s["epochs_run"]) == (0.9, 4, 4)  # over the whole curve, both attempts
+
+
+def test_a_stop_answer_is_kept_and_later_reports_send_nothing(tmp_path):
+    driver = Driver(stop_at=2)
+    trial = OwnTrial(driver.child, _job(tmp_path))
+    assert trial.report(1, {"val_acc": 0.1}) is False
+    assert trial.report(2, {"val_acc": 0.2}) is True
+    assert trial.report(3, {"val_acc": 0.3}) is True
+    assert [e for e, _ in driver.epochs] == [1, 2]
+    assert trial.summary(False, None)["stop_reason"] == "stopped_by_caller"
+
+
+def test_contract_mistakes_are_named(tmp_path):
+    trial = OwnTrial(Driver().child, _job(tmp_path))
+    with pytest.raises(TypeError, match=r"state\['extra'\]\['best'\] is a numpy.float64"):
+        trial.checkpoint({"w": torch.zeros(1), "extra": {"best": np.float64(0.5)}})
+    with pytest.raises(ValueError, match="epoch must be an int >= 1"):
+        trial.report(0, {"val_acc": 0.1})
+    trial.report(1, {"val_acc": 0.1})
+    with pytest.raises(ValueError, match=r"epoch 1 was reported already .* trial.start_epoch \(1\)"):
+        trial.report(1, {"val_acc": 0.1})
+    with pytest.raises(TypeError, match="metric 'name' is not a number"):
+        trial.report(2, {"name": "x"})
+    with pytest.raises(TrialFailure, match="without reporting an epoch"):
+        OwnTrial(Driver().child, _job(tmp_path / "none")).summary(False, None)
+
+
+def test_objectives_are_the_best_epochs_values_and_costs_need_the_model(tmp_path):
+    job = _job(tmp_path)
+    job["config"].update(objectives=["val_acc", "val_loss"], cost_metrics=[])
+    trial = OwnTrial(Driver().child, job)
+    trial.report(1, {"val_acc": 0.5, "val_loss": 2.0})
+    trial.report(2, {"val_acc": 0.7, "val_loss": 1.5})
+    trial.report(3, {"val_acc": 0.6, "val_loss": 1.0})
+    assert trial.summary(False, None)["objectives"] == {"val_acc": 0.7, "val_loss": 1.5}
+    job["config"]["cost_metrics"] = ["params"]
+    with pytest.raises(TrialFailure, match=r"objectives params are measured on the model: call trial.log_model"):
+        trial.summary(False, None)
+    trial.log_model(torch.nn.Linear(3, 2), torch.zeros(1, 3))
+    assert trial.summary(False, None)["objectives"]["params"] == 8
