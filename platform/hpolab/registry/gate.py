@@ -107,9 +107,11 @@ def decide(
     force: bool,
     contest: Contest,
     directions: Mapping[str, str] = TEST_DIRECTION,
+    prefix: str = "test_",
 ) -> Decision:
     """Promote, refuse or nothing to do; `champion` is None when there is none or it cannot be compared.
-    `directions`: the task's test metrics -> maximize | minimize (classification's by default)."""
+    `directions`: the task's test metrics -> maximize | minimize (classification's by default).
+    `prefix`: prepended to metric names in the reason ("" where they are named as evaluate() returns them)."""
     already = already_champion(contest)
     if already is not None:
         return already
@@ -121,10 +123,10 @@ def decide(
         if not force:
             return Decision(REFUSE, f"REFUSED: {verdict}. Nothing changed; --force moves the alias anyway.")
         return Decision(PROMOTE, verdict + "; --force: moving the alias anyway")
-    cmp = f"test_{gate} {challenger[gate]:.4f} vs {champion[gate]:.4f} ({directions[gate]})"
+    cmp = f"{prefix}{gate} {challenger[gate]:.4f} vs {champion[gate]:.4f} ({directions[gate]})"
     if challenger[gate] == champion[gate]:
         tie = tie_break(gate, directions)
-        cmp += f", tied: test_{tie} {challenger[tie]:.4f} vs {champion[tie]:.4f} ({directions[tie]})"
+        cmp += f", tied: {prefix}{tie} {challenger[tie]:.4f} vs {champion[tie]:.4f} ({directions[tie]})"
     if better(challenger, champion, gate, directions):
         return Decision(PROMOTE, f"the challenger beats {c.alias} version {c.champion_version}: {cmp}")
     if not force:

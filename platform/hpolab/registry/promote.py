@@ -60,7 +60,7 @@ def promote(args, stores: Stores) -> int:
     """Steps 1-5 of the module docstring; returns the exit code (EXIT_REFUSED when the gate refuses)."""
     import mlflow
 
-    from hpolab.registry import champion, evaluation, gate, selection, writer
+    from hpolab.registry import champion, evaluation, gate, own_loop_promote, selection, writer
     from hpolab.stores.mlflow_runs import client_for
 
     client = client_for(stores)
@@ -83,16 +83,16 @@ def promote(args, stores: Stores) -> int:
 
     with tempfile.TemporaryDirectory(prefix="hpolab-promote-") as tmp_name:
         tmp = Path(tmp_name)
-        # 2. its serving model on the held-out test split
-        exp, splits, model, serving, bound = selection.load_challenger(client, stores, info, ch, tmp)
+        exp = selection.challenger_experiment(client, info, ch, client.get_run(ch.run_id))
+        if own_loop_promote.is_own_loop(exp):  # train(config, trial): its logged model, its evaluate()
+            return own_loop_promote.promote_own_loop(args, client, info, ch, exp, holder, existing, contest, tmp)
+        exp, splits, model, serving, bound = selection.load_challenger(client, stores, info, ch, tmp, exp)  # 2. on the test split
         ev = evaluation.evaluate_challenger(exp, ch.config, splits, model, serving, bound)
-
         # 3. the alias holder on the same split, and the gate (on the study metric's test counterpart)
         gate_name = gate.gate_metric(metric, info.metric, ev.metrics)
         directions = _test_directions(bound, ch.config)
-        held, why_not = None, None
-        if holder is not None:
-            held, why_not = champion.evaluate_holder(holder, model_name, info.experiment, ch.config, ev.x_raw, ev.y, bound, ev.fingerprint)
+        held, why_not = (champion.evaluate_holder(holder, model_name, info.experiment, ch.config, ev.x_raw, ev.y, bound, ev.fingerprint)
+                         if holder is not None else (None, None))
         _print_table(info, ch, ev.metrics, alias, holder, held, len(ev.x_raw))
         contest = replace(contest, not_comparable=why_not)
         decision = (_gate_every_objective(study, info, ch, ev.metrics, holder, held, bool(args.force), contest)

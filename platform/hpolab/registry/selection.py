@@ -145,10 +145,11 @@ def _metric_at_best_epoch(client, run_id: str, metric: str) -> tuple[float | Non
     return (at[-1] if at else run.data.metrics[metric]), names
 
 
-def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp: Path):
+def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp: Path, exp=None):
     """(experiment, splits, model, serving model, bound task) from the trial's config.yaml and
     checkpoints/best.pt; fills ch.config and ch.run_tags. The task is bound to the data as in training
-    (target standardisation from the train split), so serving returns values in the target's units."""
+    (target standardisation from the train split), so serving returns values in the target's units.
+    `exp`: the experiment module when the caller already found it (challenger_experiment)."""
     import torch
     import mlflow.artifacts
     import yaml
@@ -170,7 +171,7 @@ def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp
 
     ch.config = yaml.safe_load(fetch("config.yaml").read_text())
     ckpt = load_checkpoint(fetch("checkpoints/best.pt"), map_location="cpu")
-    exp = challenger_experiment(client, info, ch, run)
+    exp = exp or challenger_experiment(client, info, ch, run)
     splits = exp.load_data(ch.config["data"], ch.config["seed"])
     model = exp.build_model(ch.config["model"], tuple(splits.input_shape), splits.num_classes)
     load_model_state(model, ckpt["model"])
