@@ -157,9 +157,17 @@ def reproduce_cmd(args, stores) -> int:
 
     # Same epochs as the original: a pruned or early-stopped trial ran fewer than max_epochs. It keeps
     # its configured max_epochs (the LR schedule is a function of it) and stops after those epochs.
-    compared, history, epochs = _history(client, args.run_id, config)
     exp = _experiment(client, run, experiment, bool(getattr(args, "allow_code_change", False)), console)
-    result = _retrain(config, tags, exp, epochs, console)
+    from hpolab.config.experiment import is_own_loop
+
+    if is_own_loop(exp):  # its train(config, trial) again (reproduce_own_loop.py)
+        from hpolab.analysis.reproduce_own_loop import reproduce_own_loop
+
+        threads = _threads(int(tags.get("hpolab.torch_threads", "1")), console)
+        compared, history, result = reproduce_own_loop(client, stores, run, config, exp, console, threads)
+    else:
+        compared, history, epochs = _history(client, args.run_id, config)
+        result = _retrain(config, tags, exp, epochs, console)
 
     table, worst = _compare_table(f"{run.info.run_name}: original vs reproduced", compared, history, result)
     console.print(table)
