@@ -170,6 +170,7 @@ def test_the_size_check_names_offenders(tmp_path):
 # What reading a study may import (torch costs seconds, MLflow seconds more). Not a timing:
 # which libraries a module pulls in at import time.
 LIGHT_MODULES = {
+    "hpolab": ("torch", "mlflow", "optuna", "pandas"),  # `import hpolab` in a notebook; its API names import lazily
     "hpolab.cli": ("torch", "mlflow", "optuna", "pandas"),
     "hpolab.config.spec": ("torch", "mlflow"),  # `study validate`, a spec named where a study is
     "hpolab.analysis.status": ("torch", "mlflow", "pandas"),  # `study status`, `study list`

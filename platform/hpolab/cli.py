@@ -15,7 +15,7 @@ import sys
 
 from hpolab.launch.commands import add_launch_parsers, cmd_launch_k8s, cmd_launch_slurm
 from hpolab.stores.paths import redact
-from hpolab.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, SpecError, StudyError, UserError
+from hpolab.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, SpecError, StudyError, UserError
 
 # `study status` shows every trial of a study up to this many; above, the best, the running and the
 # latest (a 1,000-row table took seconds to render and is no one's overview); --all shows them all.
@@ -169,75 +169,28 @@ def _stores(args, optuna: bool = True, tracking: bool = True):
     """The stores of the command line/environment, checked before use (one line, within seconds, if
     a URL is malformed, a driver is missing or a server does not answer). optuna/tracking: which of
     the two the command opens (False, False: resolve only)."""
-    from hpolab.stores.paths import resolve_stores
-    from hpolab.stores.preflight import check_stores
+    from hpolab.api.stores import open_stores
 
-    stores = resolve_stores(getattr(args, "store", None), getattr(args, "storage", None), getattr(args, "tracking_uri", None))
-    if optuna or tracking:
-        check_stores(stores, optuna=optuna, tracking=tracking)
-    return stores
+    return open_stores(getattr(args, "store", None), getattr(args, "storage", None), getattr(args, "tracking_uri", None), optuna, tracking)
 
 
 def cmd_study_run(args) -> int:
+    """`study run` / `worker`: hpolab.run_study's code path (api/running.py), its Outcome as an exit code."""
     stores = _stores(args)  # first: a wrong or down store is said in seconds, before torch/mlflow are imported
-    import json
-
+    from hpolab.api import running, specs
+    from hpolab.study.driver.progress import Progress
     from hpolab.study.trials import trial_forkserver
 
-    # --new-study NAME: the spec under another name (JSON-quoted: a YAML scalar like `1` or `yes` stays a string)
-    overrides = [*args.overrides, *([f"name={json.dumps(args.new_study)}"] if args.new_study else [])]
-    # The forkserver is a fork of this process once the spec check has imported torch and the experiment;
-    # where it cannot be, it imports them itself (seconds) while the spec is checked, MLflow imported and
-    # the stores opened, and a bad spec stops it at once.
+    # The forkserver is a fork of this process once the spec check has imported torch and the experiment
+    # (this process holds nothing else: a notebook's or a script's gets a new interpreter instead).
     trial_forkserver.allow_fork()
-    early = trial_forkserver.start_early(args.spec, overrides)
-    try:
-        from hpolab.config.spec import load_spec
-
-        spec = load_spec(args.spec, overrides)
-    except BaseException:
-        if early:
-            trial_forkserver.stop_before_exit()
-        raise
-    from hpolab.study.trials.runner import started_runner
-
-    runner = started_runner(spec)  # (the one started early, unless the checked spec differs)
-    from hpolab.study.driver.driver import Driver
-    from hpolab.study.driver.progress import Progress
-
-    # `hpolab worker` joins a study that other drivers are running now: salt the sampler seed (host,
-    # pid, start time, random bits: containers all run as PID 1) so workers do not propose identical trials.
-    from hpolab.study.sampling.seeds import worker_salt
-
-    worker_seed = worker_salt() if args.command == "worker" else 0
-    # The spec's project (the folder holding its experiments/): trial processes import the
-    # experiment from there, whatever the working directory.
-    outcome = Driver(spec, stores, Progress(spec), project_dir=spec.project_dir, worker_seed=worker_seed,
-                     allow_spec_change=args.allow_spec_change, allow_code_change=args.allow_code_change, runner=runner).run()
-    code, message = study_exit(outcome)
+    run = running.drive(args.spec, specs.override_strings(args.overrides, args.new_study), stores, Progress,
+                        worker=args.command == "worker", allow_spec_change=args.allow_spec_change,
+                        allow_code_change=args.allow_code_change, command=True)
+    code, message = running.study_exit(run.outcome)
     if message:
         print(f"hpolab: {message}", file=sys.stderr)
     return code
-
-
-def study_exit(outcome) -> tuple[int, str | None]:
-    """The exit code of `study run` and the one line saying why it is not 0."""
-    import signal
-
-    c = outcome.counts
-    if outcome.signal is not None:
-        name = "SIGTERM" if outcome.signal == signal.SIGTERM else "Ctrl-C"
-        return (EXIT_TERMINATED if outcome.signal == signal.SIGTERM else EXIT_INTERRUPTED,
-                f"interrupted by {name} with {c.get('finished', 0)}/{outcome.n_trials} trials finished; "
-                "re-run the same command to resume")
-    if outcome.failure_limit:
-        return EXIT_FAILED, f"stopped after the failure limit: {outcome.failure_limit}"
-    if not c.get("complete"):
-        return EXIT_FAILED, (f"no trial completed ({c.get('fail', 0)} failed, {c.get('pruned', 0)} pruned of "
-                             f"{c.get('finished', 0)} finished); see the fail reasons above or in `hpolab study status`")
-    if c.get("finished", 0) >= outcome.n_trials or outcome.timed_out or outcome.stopped:
-        return EXIT_OK, None  # (stopped: stop_after_no_improvement ended the study on purpose)
-    return EXIT_FAILED, f"the study stopped with {c.get('finished', 0)}/{outcome.n_trials} trials finished"
 
 
 def cmd_study_validate(args) -> int:

@@ -27,6 +27,7 @@ What is checked:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 
 from hpolab.analysis.check_read import Study, read_study
 from hpolab.analysis.consistency import Problem, orphan_runs, parent_problems, running_problems, trial_problems
@@ -65,9 +66,18 @@ def _print_table(problems: list[Problem], name: str) -> None:
     console.print(table)
 
 
-def check_study(name: str, stores: Stores, repair: bool = False, as_json: bool = False) -> int:
-    """Print the study's disagreements (a table, or JSON); with `repair`, fix what can be fixed,
-    say what was done and check again. 0: clean (after repairs), 1: disagreements remain."""
+@dataclass
+class CheckResult:
+    """What `study check` found: every problem seen, those that remain, and the repairs done."""
+
+    study: Study  # the last read of the study
+    problems: list[Problem]  # every disagreement seen (before and after repairs)
+    remaining: list[Problem]  # those still there (empty: the stores agree)
+    done: list[tuple[Problem, str]] = field(default_factory=list)  # (problem, what its repair did)
+
+
+def run_check(name: str, stores: Stores, repair: bool = False) -> CheckResult:
+    """The study's disagreements; with `repair`, fix what can be fixed and check again."""
     s = read_study(name, stores)
     problems = remaining = find_problems(s)
     done: list[tuple[Problem, str]] = []
@@ -85,6 +95,14 @@ def check_study(name: str, stores: Stores, repair: bool = False, as_json: bool =
         s = read_study(name, stores)
         remaining = find_problems(s)
         problems += [p for p in remaining if (p.trial, p.what) not in {(q.trial, q.what) for q in problems}]
+    return CheckResult(s, problems, remaining, done)
+
+
+def check_study(name: str, stores: Stores, repair: bool = False, as_json: bool = False) -> int:
+    """Print the study's disagreements (a table, or JSON); with `repair`, fix what can be fixed,
+    say what was done and check again. 0: clean (after repairs), 1: disagreements remain."""
+    r = run_check(name, stores, repair)
+    s, problems, remaining, done = r.study, r.problems, r.remaining, r.done
     if as_json:
         did = {id(p): what for p, what in done}
         out = [{**p.as_dict(), "repaired": did.get(id(p))} for p in problems]

@@ -24,7 +24,9 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +35,33 @@ from hpolab.stores.paths import Stores
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm"}
 
 
+@dataclass(frozen=True)
+class Predictions:
+    """A promoted model's predictions: `table` is what `hpolab predict` prints (see the module docstring)."""
+
+    table: Any  # pandas DataFrame: input, then the pyfunc's columns
+    served: Any  # torch.Tensor: the serving model's outputs (logits, probabilities or values)
+    task: str  # the model's task (tag hpolab.task)
+    threshold: float  # multilabel: a label is on at this probability
+    source: str  # which model answered ("digits-cnn version 3")
+
+
 def predict_cmd(args, stores: Stores) -> int:
+    from hpolab.errors import UserError
+
+    out = Path(args.out) if args.out else None
+    if out is not None and out.suffix.lower() not in (".csv", ".npy"):
+        raise UserError(f"--out {out}: use a .csv or .npy file name")
+    p = predictions(args.model_uri, Path(args.input), stores)
+    at = f", labels at probability >= {p.threshold:g}" if p.task == "multilabel" else ""
+    print(f"{len(p.table)} predictions ({p.task}{at}) from {p.source}", file=sys.stderr)
+    _write(out, _npy_array(p.task, p.served), p.table)
+    return 0
+
+
+def predictions(model_uri: str, inputs: Any, stores: Stores) -> Predictions:
+    """`hpolab predict MODEL_URI INPUT` (and hpolab.predict): `inputs` is a .npy file or a folder of
+    images (a Path), or an array of raw inputs (N, *raw_shape) or one sample (*raw_shape)."""
     import mlflow
     import mlflow.pytorch
 
@@ -41,36 +69,31 @@ def predict_cmd(args, stores: Stores) -> int:
     from hpolab.registry.serving import TAG_CLASS_NAMES, TAG_RAW_DTYPE, TAG_RAW_SHAPE, TAG_TASK, TAG_THRESHOLD, predict_logits
     from hpolab.stores.mlflow_runs import client_for
 
-    out = Path(args.out) if args.out else None
-    if out is not None and out.suffix.lower() not in (".csv", ".npy"):
-        raise UserError(f"--out {out}: use a .csv or .npy file name")
     client = client_for(stores)
     mlflow.set_tracking_uri(stores.tracking_uri)
-    tags, what = _model_tags(client, args.model_uri)
+    tags, what = _model_tags(client, model_uri)
     if TAG_RAW_SHAPE not in tags or TAG_RAW_DTYPE not in tags:
-        raise UserError(f"{args.model_uri} ({what}) was not promoted by hpolab promote: it lacks the tags {TAG_RAW_SHAPE} / {TAG_RAW_DTYPE} that say what raw input it takes")
+        raise UserError(f"{model_uri} ({what}) was not promoted by hpolab promote: it lacks the tags {TAG_RAW_SHAPE} / {TAG_RAW_DTYPE} that say what raw input it takes")
     raw_shape = tuple(json.loads(tags[TAG_RAW_SHAPE]))
     raw_dtype = np.dtype(tags[TAG_RAW_DTYPE])
     class_names = json.loads(tags.get(TAG_CLASS_NAMES, "[]"))
 
-    source = Path(args.input)
-    if source.is_dir():
-        x, names = _load_images(source, raw_shape, raw_dtype)
-    elif source.is_file() and source.suffix.lower() == ".npy":
-        x = _load_npy(source, raw_shape, raw_dtype)
+    if not isinstance(inputs, Path):
+        x = _check_shape(np.asarray(inputs), raw_shape, raw_dtype, "inputs")
+        names = [str(i) for i in range(len(x))]
+    elif inputs.is_dir():
+        x, names = _load_images(inputs, raw_shape, raw_dtype)
+    elif inputs.is_file() and inputs.suffix.lower() == ".npy":
+        x = _load_npy(inputs, raw_shape, raw_dtype)
         names = [str(i) for i in range(len(x))]
     else:
-        raise UserError(f"{source}: expected a .npy file of raw inputs or a folder of images")
+        raise UserError(f"{inputs}: expected a .npy file of raw inputs or a folder of images")
 
-    model = mlflow.pytorch.load_model(args.model_uri, map_location="cpu")
+    model = mlflow.pytorch.load_model(model_uri, map_location="cpu")
     served = predict_logits(model, x)
     task = tags.get(TAG_TASK, "classification")
     threshold = float(tags.get(TAG_THRESHOLD, "0.5"))
-    table = predictions_table(task, served, names, class_names, threshold)
-    at = f", labels at probability >= {threshold:g}" if task == "multilabel" else ""
-    print(f"{len(x)} predictions ({task}{at}) from {what}", file=sys.stderr)
-    _write(out, _npy_array(task, served), table)
-    return 0
+    return Predictions(predictions_table(task, served, names, class_names, threshold), served, task, threshold, what)
 
 
 def predictions_table(task: str, served, names: list[str], class_names: list[str], threshold: float):
@@ -148,11 +171,18 @@ def _load_npy(path: Path, raw_shape: tuple[int, ...], raw_dtype: np.dtype) -> np
         x = np.load(path, allow_pickle=False)
     except Exception as e:
         raise UserError(f"{path}: not a readable .npy array ({e})") from e
+    return _check_shape(x, raw_shape, raw_dtype, str(path))
+
+
+def _check_shape(x: np.ndarray, raw_shape: tuple[int, ...], raw_dtype: np.dtype, what: str) -> np.ndarray:
+    """(N, *raw_shape) inputs cast to the raw dtype; one sample (*raw_shape) becomes N = 1."""
+    from hpolab.errors import UserError
+
     if tuple(x.shape) == raw_shape:
         x = x[None]
     if tuple(x.shape[1:]) != raw_shape:
-        raise UserError(f"{path}: shape {tuple(x.shape)}; this model takes raw inputs of shape (N, {', '.join(map(str, raw_shape))}) or one {raw_shape}")
-    return _cast(x, raw_dtype, str(path))
+        raise UserError(f"{what}: shape {tuple(x.shape)}; this model takes raw inputs of shape (N, {', '.join(map(str, raw_shape))}) or one {raw_shape}")
+    return _cast(x, raw_dtype, what)
 
 
 def _cast(x: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:

@@ -45,15 +45,26 @@ ALIAS_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
 def promote_cmd(args, stores: Stores) -> int:
-    from hpolab.errors import UserError
-
-    if not ALIAS_RE.match(args.alias) or args.alias == "latest" or re.fullmatch(r"v\d+", args.alias):
-        raise UserError(f"--alias {args.alias!r}: use letters, digits, '_' or '-' (not 'latest' or v<number>, which MLflow reserves)")
     try:
-        return promote(args, stores)
+        return promote_study(args.name, stores, metric=args.metric, pick=getattr(args, "pick", None), model_name=args.model_name,
+                             alias=args.alias, force=bool(args.force), dry_run=bool(args.dry_run))
     except PromotionFailed as e:
         print(f"hpolab promote: FAILED: {e}")
         return EXIT_FAILED
+
+
+def promote_study(name: str, stores: Stores, *, metric: str | None = None, pick: str | None = None, model_name: str | None = None,
+                  alias: str = "champion", force: bool = False, dry_run: bool = False) -> int:
+    """`hpolab promote NAME` with its options (the CLI and hpolab's Study.promote): the exit code, 0 or
+    EXIT_REFUSED (3) when the gate refuses; UserError for bad input, PromotionFailed (exit 1)."""
+    import argparse
+
+    from hpolab.errors import UserError
+
+    if not ALIAS_RE.match(alias) or alias == "latest" or re.fullmatch(r"v\d+", alias):
+        raise UserError(f"--alias {alias!r}: use letters, digits, '_' or '-' (not 'latest' or v<number>, which MLflow reserves)")
+    args = argparse.Namespace(name=name, metric=metric, pick=pick, model_name=model_name, alias=alias, force=force, dry_run=dry_run)
+    return promote(args, stores)
 
 
 def promote(args, stores: Stores) -> int:

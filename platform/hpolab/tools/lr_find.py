@@ -66,9 +66,16 @@ def lr_find_cmd(args, stores) -> int:
 
     spec = load_spec(args.spec, list(getattr(args, "overrides", None) or []))
     out = Path(args.out) if getattr(args, "out", None) else None
+    result, _, _ = lr_find_and_print(spec, stores, out)
+    return 0 if result.suggestion is not None else 1
+
+
+def lr_find_and_print(spec, stores, out: Path | None = None) -> tuple[LRRangeResult, dict[str, Path], str]:
+    """lr_find_and_log, then its summary, where the plot/CSV went and the MLflow run, printed (the
+    CLI's `hpolab lr-find` and hpolab.lr_find)."""
     result, paths, run_id = lr_find_and_log(spec, stores, out)
     print(summary_text(result))
     print(f"plot: {paths['plot']}")
     print(f"csv:  {paths['csv']}")
     print(f"mlflow run: {run_id} ({RUN_NAME}, experiment {spec.name!r})")
-    return 0 if result.suggestion is not None else 1
+    return result, paths, run_id

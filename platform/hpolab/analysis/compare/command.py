@@ -26,17 +26,22 @@ from hpolab.stores.paths import Stores
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
+def study_rows(name: str, stores: Stores, state: str = "all", sort: str | None = None, top: int | None = None):
+    """(StudyTable, its rows as `compare NAME` shows them): filtered by state, sorted best first, cut to
+    the top K. --top K by the study metric: only the K shown trials' runs are read; an embedded store
+    with plain SQL, without importing MLflow. (hpolab.load_study(...).trials_df() is these rows.)"""
+    top_k = (state, top) if top and not sort else None
+    table = sql_study_table(name, stores, top_k) or load_study_table(name, stores, top=top_k)
+    return table, select(table, state=state, sort=sort, top=top)
+
+
 def compare_cmd(args, stores: Stores) -> int:
     from hpolab.errors import UserError
 
     targets = list(args.targets)
     ids = [t for t in targets if RUN_ID.match(t)]
     if len(targets) == 1 and not ids:
-        # --top K by the study metric: only the K shown trials' runs are read; an embedded store with
-        # plain SQL, without importing MLflow
-        top = (args.state, args.top) if args.top and not args.sort else None
-        table = sql_study_table(targets[0], stores, top) or load_study_table(targets[0], stores, top=top)
-        df = select(table, state=args.state, sort=args.sort, top=args.top)
+        table, df = study_rows(targets[0], stores, state=args.state, sort=args.sort, top=args.top)
         print_study(table, df, args.format, args.state)
         return 0
     if len(targets) == 1:

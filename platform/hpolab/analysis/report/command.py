@@ -341,8 +341,9 @@ def log_report(data: ReportData, path: Path, stores: Stores) -> str | None:
     return f"{ARTIFACT_DIR}/{artifact_name}"
 
 
-def report_cmd(args, stores: Stores) -> int:
-    out, data = write_report(args.name, stores, Path(args.out) if args.out else None, getattr(args, "ui_url", None))
+def report_and_log(name: str, stores: Stores, out: Path | None = None, ui_url: str | None = None) -> Path:
+    """Write the report, log it to the study's parent run, print where each went; the file's path."""
+    out, data = write_report(name, stores, out, ui_url)
     print(f"report: {out}")
     if data.finished < 2:
         print(f"note: the study has {data.finished} finished trial{'s' * (data.finished != 1)}; the report says what is missing")
@@ -350,9 +351,14 @@ def report_cmd(args, stores: Stores) -> int:
         artifact = log_report(data, out, stores)
     except Exception as e:  # the local file is the main product; say why MLflow did not get a copy
         print(f"warning: could not log the report to MLflow: {e}")
-        return 0
+        return out
     if artifact:
         print(f"logged to MLflow: run {data.parent_run.info.run_id}, artifact {artifact} (open it with `hpolab ui`)")
     else:
         print("not logged to MLflow: the study has no parent run in the tracking store")
+    return out
+
+
+def report_cmd(args, stores: Stores) -> int:
+    report_and_log(args.name, stores, Path(args.out) if args.out else None, getattr(args, "ui_url", None))
     return 0

@@ -9,6 +9,8 @@ The CLI exits 130 after SIGINT and 143 after SIGTERM.
 from __future__ import annotations
 
 import signal
+import threading
+import warnings
 from typing import Callable
 
 NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
@@ -23,6 +25,13 @@ class StopSignals:
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
+        """Handle Ctrl-C and SIGTERM until restore(). Python lets only the main thread set handlers: a
+        driver run from another thread (a notebook's background thread, a script's worker) runs
+        without them, and says so (a warning: shown once, also when progress is off)."""
+        if threading.current_thread() is not threading.main_thread():
+            warnings.warn("hpolab: the study runs in a thread that is not the main thread: Ctrl-C and SIGTERM do not "
+                          "stop it gracefully (Python sets signal handlers in the main thread only)", RuntimeWarning, stacklevel=3)
+            return
         for s in NAMES:
             self._previous[s] = signal.signal(s, self._handler)
 

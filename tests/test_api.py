@@ -1,0 +1,167 @@
+"""The Python API (`hpolab.run_study`, `hpolab.load_study`, Study, `hpolab.predict`) against the CLI it
+mirrors: the same checks, the same tables, the same stores.
+
+Calls that run a study or write to MLflow run in a script of their own (as a user's script would: a
+real interpreter, its own signal handlers and main module); reads run in this process, the
+environment restored by the API itself (MLflow's set_tracking_uri exports MLFLOW_TRACKING_URI).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import ROOT, STUDY, copy_store, hpolab_env, run_cli
+
+HEAVY = ("torch", "mlflow", "optuna", "pandas")
+
+
+def run_script(code: str, tmp_path: Path, cwd: Path = ROOT, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    """`code` as a user's script file (python script.py): its exit code, stdout, stderr."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(code))
+    env = {**hpolab_env(), "PYTHONPATH": str(ROOT / "platform")}
+    proc = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"script exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def last_json(stdout: str):
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_import_hpolab_is_light_and_reaches_the_api_lazily():
+    code = ("import sys, hpolab; before = [m for m in %r if m in sys.modules]\n"
+            "names = [n for n in ('run_study', 'load_study', 'lr_find', 'predict', 'Study') if callable(getattr(hpolab, n))]\n"
+            "after = [m for m in %r if m in sys.modules]\n"
+            "try:\n    hpolab.no_such_name\nexcept AttributeError as e:\n    missing = str(e)\n"
+            "import json; print(json.dumps([before, names, after, missing]))") % (HEAVY, HEAVY)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "platform")}).stdout
+    before, names, after, missing = json.loads(out)
+    assert before == [] and after == []  # the API's names resolve without torch, MLflow, Optuna or pandas
+    assert names == ["run_study", "load_study", "lr_find", "predict", "Study"]
+    assert "no_such_name" in missing
+
+
+BAD = {"name": "api-bad", "experiment": "digits_cnn", "n_trials": 0, "trainer": {"max_epochs": 1, "nope": 3}}
+# valid keys, but the experiment (found from the working directory) has no model.width
+BAD_FOR_THE_EXPERIMENT = {"name": "api-bad", "experiment": "digits_cnn", "search_space": {"model.width": {"type": "int", "low": 1, "high": 4}}}
+
+
+def test_a_dict_spec_fails_with_the_same_spec_errors_as_the_file(store, tmp_path):
+    import yaml
+
+    import hpolab
+    from hpolab.errors import SpecError
+
+    with pytest.raises(SpecError) as from_dict:
+        hpolab.run_study(BAD, store=store, progress=False)
+    problems = from_dict.value.problems
+    assert any(p.startswith("n_trials: ") for p in problems), problems
+    assert any(p.startswith("trainer.nope: unknown key") for p in problems), problems
+    spec_file = tmp_path / "bad.yaml"
+    spec_file.write_text(yaml.safe_dump(BAD))
+    with pytest.raises(SpecError) as from_file:
+        hpolab.run_study(spec_file, store=store, progress=False)
+    assert from_file.value.problems == problems
+    with pytest.raises(SpecError, match="search_space.model.width: model has no key 'width'"):
+        hpolab.run_study(BAD_FOR_THE_EXPERIMENT, store=store, progress=False)
+    # overrides as a dict are the command line's key=value: a bad one is named the same way
+    with pytest.raises(SpecError) as overridden:
+        hpolab.run_study("studies/digits_cnn.yaml", {"trainer.max_epochs": 0}, store=store, progress=False)
+    cli = run_cli("--store", str(store), "study", "run", "studies/digits_cnn.yaml", "trainer.max_epochs=0", check=False)
+    assert cli.returncode == 2 and overridden.value.render() in cli.stderr
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    assert not list(store.glob("trials/*"))  # nothing written
+
+
+def test_load_study_of_an_unknown_name_is_a_user_error(store):
+    import hpolab
+    from hpolab.errors import UserError
+
+    with pytest.raises(UserError, match="no study named 'nope'"):
+        hpolab.load_study("nope", store=store)
+    assert run_cli("--store", str(store), "compare", "nope", check=False).returncode == 2
+
+
+@pytest.mark.slow
+def test_run_study_from_a_dict_and_a_path_in_a_script(store, tmp_path):
+    # A script as users write it: no `if __name__ == "__main__":` (trials never import it), the
+    # second study run from a thread (no signal handlers there: it says so and runs).
+    out = run_script(f"""
+        import json, os, threading
+        import hpolab
+
+        forks = []
+        os.register_at_fork(before=lambda: forks.append(os.getpid()))
+        spec = {{"name": "api-dict", "experiment": "digits_cnn", "n_trials": 2, "parallel": 2, "log_models": "complete",
+                "trainer": {{"max_epochs": 1}}, "search_space": {{"trainer.lr": {{"type": "float", "low": 1e-3, "high": 1e-2, "log": True}}}}}}
+        a = hpolab.run_study(spec, store={str(store)!r})
+        results = {{}}
+        def in_thread():
+            results["b"] = hpolab.run_study("studies/digits_cnn.yaml", {{"name": "api-path", "n_trials": 1, "parallel": 1,
+                                            "trainer.max_epochs": 1}}, store={str(store)!r}, progress=False)
+        t = threading.Thread(target=in_thread)
+        t.start(); t.join()
+        b = results["b"]
+        print(json.dumps([a.name, len(a.trials_df()), b.name, list(b.trials_df()["state"]), os.environ.get("MLFLOW_TRACKING_URI"), forks]))
+    """, tmp_path)
+    name_a, rows_a, name_b, states_b, env_after, forks = last_json(out.stdout)
+    assert (name_a, rows_a, name_b, states_b) == ("api-dict", 2, "api-path", ["COMPLETE"])
+    assert env_after is None  # the caller's environment as it was
+    assert forks == []  # nothing forked the script's process: trials come from the forkserver
+    assert "study api-dict" in out.stdout and "trial 1 COMPLETE" in out.stdout  # progress=True: the CLI's lines
+    assert out.stderr.count("not the main thread") == 1
+    for name in ("api-dict", "api-path"):
+        assert run_cli("--store", str(store), "study", "check", name, check=False).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def mixed(template, tmp_path_factory) -> Path:
+    """A writable copy of the shared study with COMPLETE, FAIL and PRUNED trials (conftest)."""
+    return copy_store(template, tmp_path_factory.mktemp("api-mixed") / "store")
+
+
+@pytest.mark.slow
+def test_trials_df_is_what_compare_prints_as_csv(mixed):
+    import hpolab
+
+    study = hpolab.load_study(STUDY, store=mixed)
+    cli = run_cli("--store", str(mixed), "compare", STUDY, "--format", "csv").stdout
+    df = study.trials_df()
+    assert list(df.columns) == list(pd.read_csv(io.StringIO(cli)).columns)
+    assert df.to_csv(index=False) == cli  # the same rows, order and values
+    assert sorted(df["state"]) == ["COMPLETE", "COMPLETE", "FAIL", "PRUNED"]
+    top = run_cli("--store", str(mixed), "compare", STUDY, "--format", "csv", "--state", "complete", "--top", "1").stdout
+    assert study.trials_df(state="complete", top=1).to_csv(index=False) == top
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+
+
+@pytest.mark.slow
+def test_best_check_and_report_of_a_loaded_study(mixed, tmp_path):
+    import hpolab
+    from hpolab.errors import UserError
+
+    study = hpolab.load_study(STUDY, store=mixed)
+    rows = json.loads(run_cli("--store", str(mixed), "compare", STUDY, "--format", "json", "--state", "complete").stdout)
+    best = study.best
+    assert best.number == rows[0]["trial"] and best.value == rows[0]["best_val_acc"] and best.metric == "val_acc"
+    assert best.params == {k.removeprefix("params."): v for k, v in rows[0].items() if k.startswith("params.")}
+    assert best.run_id == rows[0]["run_id"] and best.model_uri == rows[0]["model_uri"]
+    assert study.check() == []
+    assert run_cli("--store", str(mixed), "study", "check", STUDY).returncode == 0
+    path = study.report(tmp_path / "r.html")
+    assert path == tmp_path / "r.html" and "<html" in path.read_text()[:500].lower()
+    with pytest.raises(UserError, match="one objective"):
+        study.front()
+    assert "MLFLOW_TRACKING_URI" not in os.environ
