@@ -289,6 +289,7 @@ END_TO_END_ONLY = {
     "test_lr_step_faults.py": "signals and two workers during a study's LR range test",
     "test_pyfunc_serving.py": "the champion per task type through pyfunc in an empty folder and mlflow models serve",
     "test_failures.py": "crashes, OOMs, kills and timeouts of real trials and drivers",
+    "test_own_loop_faults.py": "an own training loop's driver SIGKILLed and resumed; two workers on its study",
     "test_driver_fds.py": "a driver running twelve trials in the test process",
     "test_faults.py": "signals and kills of real drivers",
     "test_study_check.py": "study check on copies of a study the real CLI built",

@@ -79,6 +79,7 @@ def test_reports_without_the_study_metric_fail_the_trial_with_one_line(store):
     assert reason in " ".join(out.stdout.split())  # (the console wraps long lines)
 
 
+@pytest.mark.slow
 def test_an_exception_in_train_fails_that_trial_only(store):
     out = _run(store, "n_trials=2", "sampler={type: grid}", "pruner={type: none}",
                "search_space={model.raise_at: {type: categorical, choices: [0, 2]}}", check=False)
@@ -91,6 +92,7 @@ def test_an_exception_in_train_fails_that_trial_only(store):
     assert [s for s, _ in _history(client, failed.info.run_id, "val_acc")] == [1]
 
 
+@pytest.mark.slow
 def test_a_trial_that_logs_no_model_says_why(store):
     _run(store, "n_trials=1", "model.log_model=false", "search_space={}", "sampler={type: random}")
     client, study = open_study(store, STUDY)
@@ -103,6 +105,7 @@ def test_a_trial_that_logs_no_model_says_why(store):
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+@pytest.mark.slow
 def test_a_model_its_process_cannot_save_is_an_error_not_a_rebuild(store):
     _run(store, "n_trials=1", "model.log_model=bad_example", "search_space={}", "sampler={type: random}")
     client, study = open_study(store, STUDY)
@@ -112,3 +115,42 @@ def test_a_model_its_process_cannot_save_is_an_error_not_a_rebuild(store):
     assert tags["hpolab.model_error"].startswith("its process could not save the model (RuntimeError: ")
     assert tags["hpolab.model_error"].endswith("; no model is logged (an own training loop's model is only in its process)")
     assert "hpolab.model_uri" not in tags
+
+
+EXAMPLE = "studies/digits_own_loop.yaml"  # experiments/digits_own_loop.py declares METRIC_DIRECTIONS
+
+
+@pytest.mark.parametrize("args, line", [
+    (["study", "validate", EXAMPLE, "metric=val_f1"],
+     "metric: 'val_f1' is not in the METRIC_DIRECTIONS of experiment digits_own_loop (declared: val_acc, val_loss); "
+     "use one of them or declare it there"),
+    (["study", "validate", EXAMPLE, "direction=minimize"],
+     "direction: val_acc should be maximized (METRIC_DIRECTIONS of experiment digits_own_loop); set direction: maximize"),
+    (["study", "validate", EXAMPLE, "trainer.devices=2"],
+     "trainer.devices: 2 needs the platform's routine (DDP ranks); an own training loop (train(config, trial)) runs in "
+     "one process on one device: set trainer.devices: 1"),
+    (["study", "validate", EXAMPLE, "lr_range_test.enabled=true"],
+     "lr_range_test.enabled: the LR range test needs build_model/load_data (the platform's routine); an own training "
+     "loop (train(config, trial)) has none: set lr_range_test.enabled: false"),
+    (["doctor", EXAMPLE], "hpolab: experiment digits_own_loop brings its own training loop (train(config, trial)); "
+                          "hpolab doctor needs the load_data/build_model contract"),
+    (["lr-find", EXAMPLE], "hpolab: experiment digits_own_loop brings its own training loop (train(config, trial)); "
+                           "hpolab lr-find needs the load_data/build_model contract"),
+])
+def test_what_only_the_routine_can_do_is_refused_with_one_line(store, args, line):
+    out = run_cli("--store", str(store), *args, cwd=ROOT, check=False)
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = [x for x in (out.stdout + out.stderr).splitlines() if x.strip()]
+    assert line in [x.strip().removeprefix("- ") for x in lines], lines
+    assert "Traceback" not in out.stderr and len(lines) <= 2  # the line (under the spec's heading)
+    assert not (store / "lr-find").exists()
+
+
+def test_an_experiment_without_train_or_build_model_is_told_what_to_define(tmp_path):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "half.py").write_text("MODEL_DEFAULTS = {}\n")
+    (tmp_path / "s.yaml").write_text("name: half\nexperiment: half\n")
+    out = run_cli("study", "validate", "s.yaml", cwd=tmp_path, check=False)
+    assert out.returncode == 2
+    assert ("experiment: half defines neither train(config, trial) (your own training loop) nor build_model and "
+            "load_data (the platform's routine); define one of them (see experiments/README.md)") in out.stderr + out.stdout

@@ -14,6 +14,16 @@ from __future__ import annotations
 from types import ModuleType
 
 from hpolab.config.objectives import declared_costs, experiment_cost_problems, objective_problems
+from hpolab.errors import UserError
+
+
+def refuse_own_loop(exp: ModuleType, command: str) -> None:
+    """UserError (exit 2) for a command that builds the model and data itself (doctor, lr-find)."""
+    from hpolab.config.experiment import is_own_loop
+
+    if is_own_loop(exp):
+        raise UserError(f"experiment {exp.__name__.rpartition('.')[2]} brings its own training loop (train(config, trial)); "
+                        f"hpolab {command} needs the load_data/build_model contract")
 
 
 def own_loop_problems(spec, exp: ModuleType) -> list[str]:
