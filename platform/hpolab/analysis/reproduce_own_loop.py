@@ -67,9 +67,9 @@ def reproduce_own_loop(client, stores, run, config: dict, exp, console, threads:
     epochs = max((h.step for h in client.get_metric_history(run_id, metric)), default=0)
     if epochs == 0:
         raise UserError(f"run {run_id} logged no epoch of {metric}: nothing to compare")
-    if int(tags.get("hpolab.attempt", "1") or 1) > 1 or tags.get("hpolab.resumed_from"):
-        console.print("  [yellow]note[/]: this attempt resumed from a checkpoint; the reproduction trains from scratch "
-                      "(random streams after the resume differ, so may the numbers)")
+    if tags.get("hpolab.resumed_after_epoch"):  # a retry that resumed from a checkpoint
+        console.print(f"  [yellow]note[/]: this attempt resumed after epoch {tags['hpolab.resumed_after_epoch']}; the "
+                      "reproduction trains from scratch (random streams after the resume differ, so may the numbers)")
     import torch
 
     torch.set_num_threads(threads)
