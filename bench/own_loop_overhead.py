@@ -195,18 +195,47 @@ def run_side(side: str, store: Path, spec: str, trials: int, epochs: int) -> dic
     return m
 
 
+# Per-trial spans (s), read back from both stores the same way. Optuna's datetimes are local wall clock,
+# MLflow's run and metric timestamps ms since the epoch: one machine, one clock. The epoch timestamp is
+# when the epoch's metrics were logged (by hand: in report(); hpolab: when the driver logs them).
+SPANS = {
+    "ask_to_run": "Optuna trial start -> MLflow run created",
+    "run_to_epoch1": "run created -> epoch 1 logged (hpolab: params, fork, the loop's set-up; both: epoch 1's training)",
+    "epochs_2_to_last": "epoch 1 logged -> last epoch logged (training + per-epoch reporting and checkpoints)",
+    "last_to_complete": "last epoch logged -> Optuna trial complete (by hand: checkpoint upload + model logging; hpolab: done, tell)",
+    "complete_to_next": "Optuna trial complete -> next trial start",
+    "trial": "whole trial: Optuna start -> complete",
+}
+
+
 def read_trials(store: Path) -> dict:
-    """Per-trial durations (Optuna start -> complete, s), states and params, from the side's optuna.db."""
+    """Per-trial states, params, durations and SPANS (means of trials 1..n-1) from the side's stores."""
     import optuna
+    from mlflow import MlflowClient
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = f"sqlite:///{store / 'optuna.db'}"
     (summary,) = optuna.get_all_study_summaries(storage)
     trials = sorted(optuna.load_study(study_name=summary.study_name, storage=storage).trials, key=lambda t: t.number)
+    client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
+    spans: list[dict[str, float]] = []
+    for i, t in enumerate(trials):
+        if not t.datetime_complete or "mlflow_run_id" not in t.user_attrs:
+            continue
+        run = client.get_run(t.user_attrs["mlflow_run_id"])
+        ts = sorted(m.timestamp / 1000 for m in client.get_metric_history(run.info.run_id, "val_acc"))
+        start, done = t.datetime_start.timestamp(), t.datetime_complete.timestamp()
+        row = {"ask_to_run": run.info.start_time / 1000 - start, "run_to_epoch1": ts[0] - run.info.start_time / 1000,
+               "epochs_2_to_last": ts[-1] - ts[0], "last_to_complete": done - ts[-1], "trial": done - start}
+        if i + 1 < len(trials) and trials[i + 1].datetime_start:
+            row["complete_to_next"] = trials[i + 1].datetime_start.timestamp() - done
+        spans.append(row)
+    later = spans[1:] or spans  # trial 0 pays one-off imports and warm-ups on both sides
     return {
         "states": [t.state.name for t in trials],
         "durations": [(t.datetime_complete - t.datetime_start).total_seconds() for t in trials if t.datetime_complete],
         "params": [t.params for t in trials],
+        "spans": {k: statistics.mean(r[k] for r in later if k in r) for k in SPANS if any(k in r for r in later)},
     }
 
 
@@ -233,7 +262,14 @@ def report(runs: list[dict], trials: int, epochs: int) -> str:
         f"overhead per trial: {(hp - hand) / trials:+.2f} s wall, {med('hpolab', 'trial_mean') - med('hand', 'trial_mean'):+.2f} s "
         f"trial duration; ratio hpolab / by hand: {ratio:.2f}x (target <= {TARGET:.2f}x: {'met' if ratio <= TARGET else 'NOT met'}); "
         f"{trials} trials x {epochs} epochs",
+        "",
+        "| per trial (mean of trials 1..n-1, mean over rounds), s | by hand | hpolab |",
+        "| --- | --- | --- |",
     ]
+    for key, label in SPANS.items():
+        cells = [statistics.mean(m["spans"][key] for m in runs if m["side"] == side and key in m["spans"])
+                 if any(key in m["spans"] for m in runs if m["side"] == side) else None for side in ("hand", "hpolab")]
+        lines.append(f"| {label} | " + " | ".join("-" if c is None else f"{c:.2f}" for c in cells) + " |")
     return "\n".join(lines)
 
 
