@@ -39,6 +39,7 @@ PIXEL_MAX = 16.0  # digits pixels are integers 0..16
 class DigitsClassifier(L.LightningModule):
     def __init__(self, hidden: int, dropout: float, lr: float, weight_decay: float, max_epochs: int):
         super().__init__()
+        self.save_hyperparameters()  # (kept in Lightning's checkpoint)
         self.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 10))
         self.lr, self.weight_decay, self.max_epochs = lr, weight_decay, max_epochs
 

@@ -8,6 +8,8 @@ experiments/digits_lightning.py through the real CLI.
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 import warnings
 
@@ -21,13 +23,15 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from hpolab.integrations.lightning import HpolabCallback, resume_path  # noqa: E402
+from conftest import open_study, run_cli, start_cli, trial_run, wait_for_checkpoints  # noqa: E402
 from recording_trial import RecordingTrial  # noqa: E402
 
 
 class Tiny(L.LightningModule):
-    def __init__(self):
+    def __init__(self, width: int = 4):
         super().__init__()
-        self.net = nn.Linear(4, 2)
+        self.save_hyperparameters()  # (the checkpoint then carries them too: still plain data)
+        self.net = nn.Linear(width, 2)
 
     def training_step(self, batch, _):
         x, y = batch
@@ -105,7 +109,7 @@ def test_a_resumed_fit_continues_the_same_curve_from_the_restored_checkpoint(tmp
     assert resume_path(first) is None  # nothing restored: fit starts at epoch 1
     again = RecordingTrial(tmp_path / "again", restored=first.saved[-1][1], start_epoch=3)
     module = _fit(again, 4)
-    assert (tmp_path / "again" / "lightning-resume.ckpt").is_file()
+    assert not (tmp_path / "again" / "lightning-resume.ckpt").exists()  # read by fit, then deleted
     assert again.epochs == [3, 4]
     for (e1, m1), (e2, m2) in zip(whole.reports[2:], again.reports):
         assert e1 == e2 and m1 == pytest.approx(m2, rel=1e-6)  # weights, momentum and LR schedule all restored
@@ -121,3 +125,69 @@ def test_import_without_lightning_names_the_extra(monkeypatch):
         import hpolab.integrations.lightning  # noqa: F401
     assert str(raised.value) == "hpolab.integrations.lightning needs Lightning: pip install hpolab[lightning]"
     assert raised.value.__suppress_context__  # one message, not a second traceback of the import machinery
+
+
+# ---------------------------------------------------------------- the real CLI on experiments/digits_lightning.py
+
+SPEC, STUDY = "studies/digits_lightning.yaml", "digits-lightning"
+
+
+def _steps(client, run_id: str, metric: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, metric))
+
+
+def _study_check_is_clean(store) -> None:
+    out = run_cli("--store", str(store), "study", "check", STUDY, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_a_lightning_study_prunes_and_logs_its_runs_as_the_routines(store, tmp_path):
+    import mlflow.pyfunc
+    import numpy as np
+    from optuna.trial import TrialState
+
+    # a grid of two LRs: 1e-5 is still near chance (0.1) after epoch 1, below the threshold, so pruned there
+    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=2", "trainer.max_epochs=3", "sampler={type: grid}",
+                  "search_space={trainer.lr: {type: categorical, choices: [1.0e-5, 1.0e-2]}}", "pruner={type: threshold, kwargs: {lower: 0.5}}")
+    client, study = open_study(store, STUDY)
+    by_lr = {t.params["trainer.lr"]: t for t in study.get_trials()}
+    done, pruned = by_lr[1.0e-2], by_lr[1.0e-5]
+    assert done.state == TrialState.COMPLETE and pruned.state == TrialState.PRUNED, out.stdout
+    for trial, epochs in ((done, [1, 2, 3]), (pruned, [1])):
+        run = trial_run(trial, client)
+        assert run.data.tags["hpolab.state"] == trial.state.name
+        for metric in ("val_acc", "val_loss", "train_loss"):  # what the module logged, at step = epoch
+            assert _steps(client, run.info.run_id, metric) == epochs
+    tags = trial_run(done, client).data.tags
+    best = [a.path for a in client.list_artifacts(trial_run(done, client).info.run_id, "checkpoints")]
+    assert best == ["checkpoints/best.pt"]  # the best epoch's trial.checkpoint: Lightning's checkpoint inside
+    from hpolab.train.checkpoint import load_checkpoint
+
+    saved = load_checkpoint(client.download_artifacts(trial_run(done, client).info.run_id, best[0], str(tmp_path)))
+    assert saved["epoch"] - 1 == saved["state"]["epoch"] and {"state_dict", "optimizer_states", "loops"} <= set(saved["state"])
+    mlflow.set_tracking_uri(f"sqlite:///{store / 'mlflow.db'}")
+    model = mlflow.pyfunc.load_model(tags["hpolab.model_uri"])  # the network train() gave trial.log_model
+    assert np.asarray(model.predict(np.zeros((3, 64), dtype=np.float32))).shape == (3, 10)
+    assert "hpolab.model_uri" not in trial_run(pruned, client).data.tags
+    _study_check_is_clean(store)
+
+
+@pytest.mark.slow
+def test_an_interrupted_lightning_trial_resumes_from_its_checkpoint_on_one_epoch_axis(store):
+    args = ["n_trials=2", "parallel=2", "trainer.max_epochs=12", "log_models=none"]
+    driver = start_cli("--store", str(store), "study", "run", SPEC, *args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for_checkpoints(store, 2, study=STUDY)  # both trials are mid-fit
+    driver.send_signal(signal.SIGTERM)
+    out, _ = driver.communicate(timeout=120)
+    assert driver.returncode == 143, out
+    run_cli("--store", str(store), "study", "run", SPEC, *args)  # the same command again: resume
+
+    client, study = open_study(store, STUDY)
+    retries = [t for t in study.get_trials() if t.system_attrs.get("retry_history")]
+    assert retries and all(t.state.name == "COMPLETE" for t in retries), out
+    for t in retries:
+        run = trial_run(t, client)
+        assert int(run.data.tags["hpolab.resumed_after_epoch"]) >= 1  # Lightning went on from the checkpoint's epoch
+        assert _steps(client, run.info.run_id, "val_acc") == list(range(1, 13))  # one continuous curve
+    _study_check_is_clean(store)

@@ -17,7 +17,7 @@ validation the training aggregates would still be the previous epoch's), the cal
 stop (pruned, or the study is stopping) it sets `trainer.should_stop`, and fit ends after this epoch.
 
 A retried or resumed trial restarts from that checkpoint: `resume_path(trial)` writes it to a file for
-`trainer.fit(..., ckpt_path=...)`, and Lightning continues at the next epoch (its epoch counter is in the
+`trainer.fit(..., ckpt_path=...)` (the callback deletes that file once fit has read it), and Lightning continues at the next epoch (its epoch counter is in the
 checkpoint, so the reported epochs continue too).
 """
 
@@ -69,6 +69,11 @@ class HpolabCallback(Callback):
         self.trial = trial
         self.checkpoint = checkpoint
         self._validated_epoch: int | None = None  # the last epoch whose validation ran (not the sanity check)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # fit has read the restored checkpoint by now: leave no second copy of it in the trial's folder
+        if trainer.ckpt_path and Path(trainer.ckpt_path) == Path(self.trial.dir) / RESUME_FILE:
+            Path(trainer.ckpt_path).unlink(missing_ok=True)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking:

@@ -17,7 +17,8 @@ is the folder the Trainer writes right after that evaluation (`on_save`, `save_s
 files packed into one dict of bytes, sent with the report (`trial.report(epoch, metrics, checkpoint=...)`).
 A retried or resumed trial gets that folder back on disk from
 `resume_folder(trial)`, for `trainer.train(resume_from_checkpoint=...)`, which restores weights, optimizer,
-scheduler, RNG and the Trainer's step and epoch counters (so the reported epochs continue).
+scheduler, RNG and the Trainer's step and epoch counters (so the reported epochs continue); the callback
+deletes that copy once train() has read it.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ class HpolabCallback(TrainerCallback):
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, metrics: dict | None = None, **kwargs) -> None:
         if self._stopping:
             return  # after a stop, nothing more is sent (a final trainer.evaluate() call, say)
+        # train() has read a restored folder by its first evaluation: leave no second copy in the trial's folder
+        shutil.rmtree(Path(self.trial.dir) / RESUME_DIR, ignore_errors=True)
         reported = {k: v for k, v in _numbers(metrics or {}).items() if k.startswith("eval_")}
         if self._train_loss is not None:
             reported["train_loss"], self._train_loss = self._train_loss, None
