@@ -165,3 +165,71 @@ def test_best_check_and_report_of_a_loaded_study(mixed, tmp_path):
     with pytest.raises(UserError, match="one objective"):
         study.front()
     assert "MLFLOW_TRACKING_URI" not in os.environ
+
+
+@pytest.mark.slow
+def test_best_and_front_of_a_study_of_two_objectives(store):
+    import hpolab
+
+    run_cli("--store", str(store), "study", "run", "studies/digits_pareto.yaml", "n_trials=4", "parallel=2",
+            "trainer.max_epochs=1", "pruner={type: none}", "log_models=none")
+    study = hpolab.load_study("studies/digits_pareto.yaml", store=store)  # (a spec file names its study)
+    rows = json.loads(run_cli("--store", str(store), "compare", "digits-pareto", "--format", "json").stdout)
+    on_front = [r["trial"] for r in rows if r["front"] in ("yes", "knee")]
+    front = study.front()
+    assert list(front["trial"]) == on_front and len(front) >= 1
+    assert set(front.columns) == set(rows[0])
+    # Optuna's own Pareto front (every trial here is feasible: the digits CNN is far under the size bound)
+    import optuna
+
+    trials = optuna.load_study(study_name="digits-pareto", storage=f"sqlite:///{store / 'optuna.db'}").best_trials
+    assert sorted(t.number for t in trials) == sorted(on_front)
+    best = study.best
+    assert best.number == rows[0]["trial"] and rows[0]["rank"] == 1
+    assert set(best.values) == {"val_acc", "latency_ms"} and best.values["latency_ms"] == rows[0]["objective.latency_ms"]
+
+
+@pytest.mark.slow
+def test_promote_and_predict_from_a_script_match_the_cli(store, tmp_path):
+    out = run_script(f"""
+        import json
+        import numpy as np
+        from sklearn.datasets import load_digits
+        import hpolab
+
+        study = hpolab.run_study("studies/digits_cnn.yaml", ["name=api-promote", "n_trials=2", "trainer.max_epochs=1",
+                                 "log_models=complete"], store={str(store)!r}, progress=False)
+        p = study.promote()
+        x = load_digits().images[:3]
+        np.save({str(tmp_path / "x.npy")!r}, x)
+        table = hpolab.predict(p.model_uri, x, store={str(store)!r})
+        import torch
+        from_tensor = hpolab.predict(p.model_uri, torch.from_numpy(x[0]), store={str(store)!r})
+        print(json.dumps([p.exit_code, p.promoted, p.refused, p.version, p.model_uri, table.to_csv(sep="\\t", index=False),
+                          list(from_tensor.columns), len(from_tensor), study.best.number]))
+    """, tmp_path)
+    code, promoted, refused, version, uri, table, tensor_columns, tensor_rows, best = last_json(out.stdout)
+    assert (code, promoted, refused, uri) == (0, True, False, "models:/api-promote@champion")
+    from mlflow import MlflowClient
+
+    mv = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}").get_model_version_by_alias("api-promote", "champion")
+    assert mv.version == version and mv.tags["hpolab.trial_number"] == str(best)
+    cli = run_cli("--store", str(store), "predict", uri, str(tmp_path / "x.npy")).stdout
+    assert table == cli  # the same rows and columns as `hpolab predict` prints
+    frame = pd.read_csv(io.StringIO(table), sep="\t")
+    assert len(frame) == 3 and list(frame.columns[:3]) == ["input", "class", "label"]
+    assert tensor_columns == list(frame.columns) and tensor_rows == 1
+    # promote again: nothing to do (the challenger holds the alias), the CLI's exit code 0
+    again = run_script(f"""
+        import hpolab
+        from hpolab.errors import UserError
+        study = hpolab.load_study("api-promote", store={str(store)!r})
+        p = study.promote()
+        try:
+            study.promote(alias="latest")
+        except UserError as e:
+            print("refused alias:", e)
+        print(p.exit_code, p.promoted, p.version)
+    """, tmp_path).stdout
+    assert again.strip().endswith(f"0 True {version}") and "refused alias: --alias 'latest'" in again
+    assert run_cli("--store", str(store), "promote", "api-promote", "--alias", "latest", check=False).returncode == 2

@@ -121,7 +121,7 @@ class Study:
             code = promote_study(self.name, self.stores, metric=metric, pick=pick, model_name=model_name,
                                  alias=alias, force=force, dry_run=dry_run)
             holder = alias_holder(client_for(self.stores), model_name or self.name, alias)
-        return Promotion(code, model_name or self.name, alias, str(holder.version) if holder is not None else None, dry_run)
+        return Promotion(code, model_name or self.name, alias, int(holder.version) if holder is not None else None, dry_run)
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class Promotion:
     exit_code: int  # `hpolab promote`'s: 0 promoted (or already the holder), 3 refused by the gate
     model_name: str  # the registered model
     alias: str
-    version: str | None  # the version holding the alias now (None: no version holds it)
+    version: int | None  # the version holding the alias now (None: no version holds it)
     dry_run: bool
 
     @property
