@@ -8,6 +8,8 @@ curve. The studies at the end run experiments/tiny_text_hf.py through the real C
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 
 import pytest
@@ -20,6 +22,7 @@ from transformers import BertConfig, BertForSequenceClassification, Trainer, Tra
 from transformers.trainer_callback import PrinterCallback  # noqa: E402
 
 from hpolab.integrations.transformers import HpolabCallback, LogitsModel, pack_folder, resume_folder, unpack_folder  # noqa: E402
+from conftest import open_study, run_cli, start_cli, trial_run, wait_for_checkpoints  # noqa: E402
 from recording_trial import RecordingTrial  # noqa: E402
 
 VOCAB, LENGTH = 24, 9
@@ -151,3 +154,69 @@ def test_import_without_transformers_names_the_extra(monkeypatch):
         import hpolab.integrations.transformers  # noqa: F401
     assert str(raised.value) == "hpolab.integrations.transformers needs transformers: pip install hpolab[transformers]"
     assert raised.value.__suppress_context__
+
+
+# ---------------------------------------------------------------- the real CLI on experiments/tiny_text_hf.py
+
+SPEC, STUDY = "studies/tiny_text_hf.yaml", "tiny-text-hf"
+
+
+def _steps(client, run_id: str, metric: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, metric))
+
+
+def _study_check_is_clean(store) -> None:
+    out = run_cli("--store", str(store), "study", "check", STUDY, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_a_hugging_face_study_prunes_and_logs_its_runs_as_the_routines(store, tmp_path):
+    import mlflow.pyfunc
+    from optuna.trial import TrialState
+
+    from hpolab.train.checkpoint import load_checkpoint
+
+    # a grid of two LRs on 1,024 sequences: 3e-3 is above 0.9 after epoch 1, 1e-6 still at chance (0.5), pruned there
+    out = run_cli("--store", str(store), "study", "run", SPEC, "n_trials=2", "trainer.max_epochs=2", "data.n_train=1024", "sampler={type: grid}",
+                  "search_space={trainer.lr: {type: categorical, choices: [1.0e-6, 3.0e-3]}}", "pruner={type: threshold, kwargs: {lower: 0.75}}")
+    client, study = open_study(store, STUDY)
+    by_lr = {t.params["trainer.lr"]: t for t in study.get_trials()}
+    done, pruned = by_lr[3.0e-3], by_lr[1.0e-6]
+    assert done.state == TrialState.COMPLETE and pruned.state == TrialState.PRUNED, out.stdout
+    for trial, epochs in ((done, [1, 2]), (pruned, [1])):
+        run = trial_run(trial, client)
+        assert run.data.tags["hpolab.state"] == trial.state.name
+        for metric in ("eval_accuracy", "eval_loss", "train_loss"):  # at step = epoch
+            assert _steps(client, run.info.run_id, metric) == epochs
+    run_id = trial_run(done, client).info.run_id
+    best = [a.path for a in client.list_artifacts(run_id, "checkpoints")]
+    assert best == ["checkpoints/best.pt"]  # the best epoch's trial.checkpoint: the Trainer's folder inside
+    saved = load_checkpoint(client.download_artifacts(run_id, best[0], str(tmp_path)))
+    assert {"trainer_state.json", "optimizer.pt", "model.safetensors"} <= set(saved["state"]["files"])
+    mlflow.set_tracking_uri(f"sqlite:///{store / 'mlflow.db'}")
+    model = mlflow.pyfunc.load_model(trial_run(done, client).data.tags["hpolab.model_uri"])  # LogitsModel(model)
+    ids = np.ones((3, 16), dtype=np.int64)
+    assert np.asarray(model.predict(ids)).shape == (3, 2)
+    assert "hpolab.model_uri" not in trial_run(pruned, client).data.tags
+    _study_check_is_clean(store)
+
+
+@pytest.mark.slow
+def test_an_interrupted_hugging_face_trial_resumes_from_its_checkpoint_on_one_epoch_axis(store):
+    args = ["n_trials=2", "parallel=2", "trainer.max_epochs=8", "log_models=none"]
+    driver = start_cli("--store", str(store), "study", "run", SPEC, *args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for_checkpoints(store, 2, study=STUDY)  # both trials are mid-training
+    driver.send_signal(signal.SIGTERM)
+    out, _ = driver.communicate(timeout=120)
+    assert driver.returncode == 143, out
+    run_cli("--store", str(store), "study", "run", SPEC, *args)  # the same command again: resume
+
+    client, study = open_study(store, STUDY)
+    retries = [t for t in study.get_trials() if t.system_attrs.get("retry_history")]
+    assert retries and all(t.state.name == "COMPLETE" for t in retries), out
+    for t in retries:
+        run = trial_run(t, client)
+        assert int(run.data.tags["hpolab.resumed_after_epoch"]) >= 1  # the Trainer went on from the restored folder
+        assert _steps(client, run.info.run_id, "eval_accuracy") == list(range(1, 9))  # one continuous curve
+    _study_check_is_clean(store)
