@@ -20,12 +20,18 @@ class Progress:
         self.best: float | None = None
         self.epochs: dict[int, int] = {}
         self.t0 = time.monotonic()
+        self.bar = None  # in Jupyter: a bar of finished trials, updated in place (notebook_bar.py)
 
     def _print(self, text: str) -> None:
         if not self.quiet:
             self.console.print(text)
 
     def begin(self, counts: dict[str, int], stores) -> None:
+        if self.console.is_jupyter and not self.quiet:
+            from hpolab.study.driver.notebook_bar import NotebookBar
+
+            self.bar = NotebookBar(self.spec.name, self.spec.n_trials)
+            self.bar.update(counts["finished"], "")
         self._print(
             f"[bold]study {self.spec.name}[/]: {counts['finished']}/{self.spec.n_trials} trials finished so far; "
             f"{self._goal()}; {self.spec.parallel} at a time\n"
@@ -49,6 +55,11 @@ class Progress:
 
     def epoch(self, number: int, epoch: int) -> None:
         self.epochs[number] = epoch
+        if self.bar is not None:
+            self.bar.update(detail=f"running: {self._running()}", force=False)
+
+    def _running(self) -> str:
+        return ", ".join(f"#{n}@ep{e}" for n, e in sorted(self.epochs.items())) or "none"
 
     def trial_finished(self, number: int, state: str, value: float | None, reason: str | None, counts: dict[str, int],
                        history: dict[int, float] | None = None, trial=None) -> None:
@@ -72,7 +83,10 @@ class Progress:
             [f"(last {fmt_value(last)})" if best is not None else f"last={fmt_value(last)}"] if last is not None else [])
         val = (f" {self.spec.metric} {' '.join(shown)}" if shown else "") + values + (" (infeasible)" if infeasible else "")
         why = f" -- {escape(reason)}" if reason else ""
-        running = ", ".join(f"#{n}@ep{e}" for n, e in sorted(self.epochs.items())) or "none"
+        running = self._running()
+        if self.bar is not None:
+            self.bar.update(counts["finished"], f"{counts['complete']} complete, {counts['pruned']} pruned, "
+                                                f"{counts['fail']} failed{self._best()} | running: {running}")
         self._print(
             f"[dim]{self._clock()}[/] trial {number} [{colour}]{state}[/]{val}{why}\n"
             f"        [{counts['finished']}/{self.spec.n_trials} finished: {counts['complete']} complete, "
