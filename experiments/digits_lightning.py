@@ -4,7 +4,8 @@ An own training loop (`train(config, trial)`): the experiment builds a `lightnin
 `hpolab.integrations.lightning.HpolabCallback(trial)`, which reports each epoch's validation metrics to
 the study (and the pruner), stops the fit when the trial is pruned, and hands Lightning's full checkpoint
 to the platform each epoch; `resume_path(trial)` gives a retried or resumed trial that checkpoint back.
-Data: scikit-learn's bundled 8x8 digits (1,797 images, offline), split once from the seed; model: an MLP.
+Data: scikit-learn's bundled 8x8 digits (1,797 images, offline), split once (val, test, train); model:
+an MLP. `evaluate(model, split)` scores the logged network on the test split for `hpolab promote`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from hpolab.train.sklearn_data import load_digits  # scikit-learn's bundled file
 # Imports at module level on purpose: the driver's forkserver preloads the experiment (and so Lightning)
 # once per study, not once per trial.
 
-DATA_DEFAULTS = {"val_fraction": 0.25}
 MODEL_DEFAULTS = {
     "hidden": 64,  # width of the hidden layer
     "dropout": 0.1,  # before the classifier
@@ -34,6 +34,7 @@ MODEL_DEFAULTS = {
 METRIC_DIRECTIONS = {"val_acc": "maximize", "val_loss": "minimize"}  # what the module logs in validation_step
 
 PIXEL_MAX = 16.0  # digits pixels are integers 0..16
+SPLIT_SEED = 0  # one train/val/test split for every trial and for evaluate()
 
 
 class DigitsClassifier(L.LightningModule):
@@ -61,14 +62,21 @@ class DigitsClassifier(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": cosine}
 
 
-def load_splits(val_fraction: float, seed: int) -> tuple[TensorDataset, TensorDataset]:
+def splits() -> dict[str, TensorDataset]:
     images, target = load_digits()
     x = torch.as_tensor(images.reshape(-1, 64), dtype=torch.float32) / (PIXEL_MAX / 2) - 1.0  # [-1, 1]
     y = torch.as_tensor(target, dtype=torch.int64)
-    order = torch.as_tensor(np.random.default_rng(seed).permutation(len(y)))
-    n_val = round(len(y) * val_fraction)
-    val, train = order[:n_val], order[n_val:]
-    return TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val])
+    order = torch.as_tensor(np.random.default_rng(SPLIT_SEED).permutation(len(y)))
+    parts = {"val": order[:360], "test": order[360:720], "train": order[720:]}
+    return {name: TensorDataset(x[i], y[i]) for name, i in parts.items()}
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, split: str) -> dict[str, float]:
+    """Loss and accuracy of a logged network (module.net) on a split ("test" for promote's gate)."""
+    x, y = splits()[split].tensors
+    logits = model.eval()(x.to(next(model.parameters()).device)).cpu()
+    return {"loss": F.cross_entropy(logits, y).item(), "acc": (logits.argmax(1) == y).float().mean().item()}
 
 
 def _quiet() -> None:
@@ -83,7 +91,8 @@ def _quiet() -> None:
 def train(config: dict, trial) -> None:
     tr, model, seed = config["trainer"], config["model"], int(config["seed"])
     L.seed_everything(seed, verbose=False)  # initial weights, dropout and shuffling from the study seed
-    train_set, val_set = load_splits(float(config["data"]["val_fraction"]), seed)
+    data = splits()
+    train_set, val_set = data["train"], data["val"]
     train_loader = DataLoader(train_set, batch_size=int(tr["batch_size"]), shuffle=True, generator=torch.Generator().manual_seed(seed))
     val_loader = DataLoader(val_set, batch_size=len(val_set))  # one batch: the logged means are exact
     module = DigitsClassifier(int(model["hidden"]), float(model["dropout"]), float(tr["lr"]), float(tr["weight_decay"]), int(tr["max_epochs"]))

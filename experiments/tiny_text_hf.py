@@ -10,6 +10,7 @@ generated from the seed as token ids (no tokenizer): each sequence is [CLS] foll
 few words carry sentiment (ids 2..21 positive, 22..41 negative; an odd number of them, so no ties) among
 neutral filler (42..63), and the label is 1 when positive words outnumber negative ones. A model must
 count across the sequence to get it right, which a tiny transformer learns in a few epochs.
+`evaluate(model, split)` scores the logged model (ids -> logits) on a test split for `hpolab promote`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ METRIC_DIRECTIONS = {"eval_accuracy": "maximize", "eval_loss": "minimize"}  # th
 
 VOCAB = 64  # 0 = padding (unused), 1 = [CLS], 2..21 positive, 22..41 negative, 42..63 neutral
 CLS, POSITIVE, NEGATIVE, NEUTRAL = 1, (2, 22), (22, 42), (42, 64)
+TEST_SEED = 2**31 - 1  # evaluate()'s sequences: a generator no study seed shares
 
 
 def make_sequences(n: int, length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -70,6 +72,18 @@ def tiny_bert(model: dict, length: int) -> BertForSequenceClassification:
                         num_attention_heads=int(model["heads"]), intermediate_size=4 * int(model["hidden"]),
                         max_position_embeddings=length, num_labels=2)
     return BertForSequenceClassification(config)  # random init from the config: nothing to download
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, split: str) -> dict[str, float]:
+    """The logged model's (LogitsModel: ids -> logits) loss and accuracy on 512 sequences generated apart
+    from the training ones ("test", for promote's gate; its own seed), at the default length."""
+    if split != "test":
+        raise ValueError(f"evaluate: only the 'test' split is held out here, not {split!r}")
+    ids, labels = make_sequences(512, DATA_DEFAULTS["length"], np.random.default_rng(TEST_SEED))
+    logits = model.eval()(torch.from_numpy(ids).to(next(model.parameters()).device)).cpu()
+    y = torch.from_numpy(labels)
+    return {"eval_loss": torch.nn.functional.cross_entropy(logits, y).item(), "eval_accuracy": (logits.argmax(1) == y).float().mean().item()}
 
 
 def accuracy(prediction) -> dict[str, float]:

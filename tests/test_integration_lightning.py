@@ -171,6 +171,8 @@ def test_a_lightning_study_prunes_and_logs_its_runs_as_the_routines(store, tmp_p
     assert np.asarray(model.predict(np.zeros((3, 64), dtype=np.float32))).shape == (3, 10)
     assert "hpolab.model_uri" not in trial_run(pruned, client).data.tags
     _study_check_is_clean(store)
+    out = run_cli("--store", str(store), "promote", STUDY)  # the experiment's evaluate(model, "test") gates it
+    assert client.get_model_version_by_alias(STUDY, "champion").run_id == trial_run(done, client).info.run_id, out.stdout
 
 
 @pytest.mark.slow
