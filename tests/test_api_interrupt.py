@@ -91,3 +91,56 @@ def test_sigint_raises_keyboard_interrupt_with_the_stores_consistent_and_a_rerun
         assert "hpolab.retry_of_trial" in tags and tags.get("hpolab.resume_source") == "local", tags
     assert json.loads(done.stdout.strip().splitlines()[-1]).count("COMPLETE") == 2
     assert run_cli("--store", str(store), "study", "check", "faulty", cwd=FAULT_PROJECT, check=False).returncode == 0
+
+
+def _execute(kc, code: str, timeout: float = 300) -> dict:
+    """Run `code` in the kernel; its execute_reply content, with the text it printed under "stdout"."""
+    msg_id = kc.execute(code)
+    printed = []
+    while True:
+        msg = kc.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            printed.append(msg["content"]["text"])
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    reply = kc.get_shell_msg(timeout=timeout)["content"]
+    return {**reply, "stdout": "".join(printed)}
+
+
+@pytest.mark.slow
+def test_interrupting_a_kernel_keeps_it_usable_and_a_second_run_study_continues(store):
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(FAULT_PROJECT), env=_env())
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+        before = _execute(kc, "import os, signal, hpolab\nforks = []\nos.register_at_fork(before=lambda: forks.append(1))\n"
+                              "handlers = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))")
+        assert before["status"] == "ok", before
+        msg_id = kc.execute(f"hpolab.run_study('studies/faulty.yaml', {ARGS!r}, store={str(store)!r}, progress=False)")
+        wait_for_checkpoints(store, 2)
+        km.interrupt_kernel()  # what Jupyter's stop button sends: SIGINT to the kernel process
+        while True:
+            reply = kc.get_shell_msg(timeout=120)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
+        assert "interrupted by Ctrl-C" in reply["content"]["evalue"]
+        check = run_cli("--store", str(store), "study", "check", "faulty", cwd=FAULT_PROJECT, check=False)
+        assert check.returncode == 0, check.stdout + check.stderr
+        again = _execute(kc, f"s = hpolab.run_study('studies/faulty.yaml', {ARGS!r}, store={str(store)!r}, progress=False)\n"
+                             "df = s.trials_df()\n"
+                             "print(sorted(df['state']), sorted(df['fail_reason'].dropna().str[:31]), "
+                             "(signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers, forks)")
+        assert again["status"] == "ok", again
+        # the two interrupted attempts (FAIL, retried) and their continuations; the kernel's handlers back; it forked nothing
+        assert again["stdout"].strip() == ("['COMPLETE', 'COMPLETE', 'FAIL', 'FAIL'] ['interrupted (Ctrl-C or SIGTERM)', "
+                                           "'interrupted (Ctrl-C or SIGTERM)'] True []")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
