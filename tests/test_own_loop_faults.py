@@ -5,6 +5,7 @@ sharing one study. Real CLI, real processes (tests/own_loop_project)."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -84,4 +85,29 @@ def test_two_workers_share_one_study(store):
         assert run.data.tags["hpolab.state"] == "COMPLETE" and [m.step for m in client.get_metric_history(run.info.run_id, "val_acc")] == [1, 2, 3]
     started = [re.findall(r"trial (\d+) started", out) for out in outs]
     assert all(started) and sorted(int(n) for ns in started for n in ns) == list(range(6))  # each ran some, none twice
+    _check_clean(store)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_loop_at_its_next_report_and_the_rerun_resumes_it(store):
+    args = ["n_trials=2", "trainer.max_epochs=6", "model.sleep=0.4", "pruner={type: none}", "log_models=none"]
+    driver = start_cli("--store", str(store), "study", "run", SPEC, *args, cwd=PROJECT,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for_epoch(store, 2, 2)
+    driver.send_signal(signal.SIGTERM)
+    out, _ = driver.communicate(timeout=60)
+    assert driver.returncode == 143, out
+    client, study = open_study(store, STUDY)
+    stopped = [t for t in study.get_trials() if t.state == TrialState.FAIL]
+    assert len(stopped) == 2
+    for t in stopped:  # train() returned after its report was answered True: an interrupted trial, not a COMPLETE one
+        tags = trial_run(t, client).data.tags
+        assert tags["hpolab.fail_kind"] == "interrupted" and tags["hpolab.stop_reason"] == "stopped_by_caller"
+    run_cli("--store", str(store), "study", "run", SPEC, *args, cwd=PROJECT)
+    client, study = open_study(store, STUDY)
+    done = [t for t in study.get_trials() if t.state == TrialState.COMPLETE]
+    assert len(done) == 2 and all(t.system_attrs.get("retry_history") for t in done)
+    for t in done:
+        steps = sorted((m.step, m.value) for m in client.get_metric_history(trial_run(t, client).info.run_id, "steps"))
+        assert steps == [(e, float(e)) for e in range(1, 7)]
     _check_clean(store)
