@@ -123,6 +123,16 @@ def test_train_imports_no_tracking_or_config_libraries():
     assert offenders == []
 
 
+def test_integrations_import_no_tracking_library():
+    # The framework callbacks see only the trial object passed in: Optuna and MLflow stay the platform's.
+    offenders = []
+    for f in (PKG / "integrations").rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{f.name}: {n}" for n in names if n.split(".")[0] in ("optuna", "mlflow")]
+    assert offenders == []
+
+
 def test_platform_is_a_source_root_not_a_package():
     assert not (ROOT / "__init__.py").exists()
 
