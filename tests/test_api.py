@@ -233,3 +233,43 @@ def test_promote_and_predict_from_a_script_match_the_cli(store, tmp_path):
     """, tmp_path).stdout
     assert again.strip().endswith(f"0 True {version}") and "refused alias: --alias 'latest'" in again
     assert run_cli("--store", str(store), "promote", "api-promote", "--alias", "latest", check=False).returncode == 2
+
+
+@pytest.mark.slow
+def test_lr_find_from_a_script_logs_what_the_command_logs(store, tmp_path):
+    out = run_script(f"""
+        import json
+        import hpolab
+
+        r = hpolab.lr_find({{"name": "api-lr", "experiment": "digits_cnn", "lr_range_test": {{"num_steps": 30}}}},
+                           out={str(tmp_path / "lr")!r}, store={str(store)!r})
+        print(json.dumps([r.suggestion, str(r.plot), str(r.csv), r.run_id, len(r.result.lrs)]))
+    """, tmp_path)
+    suggestion, plot, csv, run_id, steps = last_json(out.stdout)
+    assert "plot: " + plot in out.stdout  # the command's lines
+    assert Path(plot).stat().st_size > 10_000 and Path(csv).read_text().startswith("step,lr,loss,smoothed_loss")
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    run = client.get_run(run_id)
+    assert run.info.run_name == "lr-range-test" and client.get_experiment(run.info.experiment_id).name == "api-lr"
+    assert suggestion is None or float(run.data.params["suggestion"]) == pytest.approx(suggestion)
+    assert 5 <= steps <= 30
+
+
+@pytest.mark.slow
+def test_a_study_the_cli_exits_1_on_raises_study_error_with_its_line(store, tmp_path):
+    # every trial fails (a NaN loss at its first step): `study run` exits 1, run_study raises StudyError, one line each
+    args = ["n_trials=1", "parallel=1", "trainer.max_epochs=1", "trainer.inject_nan_at_step=1", "log_models=none"]
+    cli = run_cli("--store", str(store), "study", "run", "studies/digits_cnn.yaml", "name=api-fail-cli", *args, check=False)
+    assert cli.returncode == 1
+    out = run_script(f"""
+        import hpolab
+        from hpolab.errors import StudyError
+        try:
+            hpolab.run_study("studies/digits_cnn.yaml", ["name=api-fail"] + {args!r}, store={str(store)!r}, progress=False)
+        except StudyError as e:
+            print("StudyError:", e)
+    """, tmp_path)
+    line = [x for x in cli.stderr.splitlines() if x.startswith("hpolab: ")][-1]
+    assert out.stdout.strip() == "StudyError: " + line.removeprefix("hpolab: ")
