@@ -273,3 +273,21 @@ def test_a_study_the_cli_exits_1_on_raises_study_error_with_its_line(store, tmp_
     """, tmp_path)
     line = [x for x in cli.stderr.splitlines() if x.startswith("hpolab: ")][-1]
     assert out.stdout.strip() == "StudyError: " + line.removeprefix("hpolab: ")
+
+
+def test_a_dict_spec_finds_its_experiment_in_project_dir(store, tmp_path):
+    import hpolab
+    from hpolab.errors import SpecError
+
+    project = tmp_path / "project"
+    (project / "experiments").mkdir(parents=True)
+    (project / "experiments" / "api_probe.py").write_text(
+        "MODEL_DEFAULTS = {'width': 8}\nDATA_DEFAULTS = {}\n"
+        "def load_data(cfg, seed): ...\ndef build_model(cfg, input_shape, num_classes): ...\n")
+    spec = {"name": "api-project", "experiment": "api_probe", "model": {"nope": 1}}
+    with pytest.raises(SpecError) as missing:  # the working directory, this repository, has no such experiment
+        hpolab.run_study(spec, store=store, progress=False)
+    assert missing.value.problems[0].startswith("experiment: ")
+    with pytest.raises(SpecError) as found:  # found in the project: its MODEL_DEFAULTS are checked
+        hpolab.run_study(spec, store=store, project_dir=project, progress=False)
+    assert "model.nope: unknown key for experiment api_probe (known: width)" in found.value.problems
