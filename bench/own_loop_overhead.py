@@ -196,7 +196,7 @@ def migrated_template(workdir: Path) -> Path:
     return template
 
 
-def run_side(side: str, store: Path, spec: str, trials: int, epochs: int, template: Path) -> dict:
+def run_side(side: str, store: Path, spec: str, trials: int, epochs: int, template: Path, cpus: str | None = None) -> dict:
     overrides = [f"n_trials={trials}", f"trainer.max_epochs={epochs}", *COMMON]
     store.mkdir(parents=True)
     for name in ("mlflow.db", "optuna.db"):
@@ -206,6 +206,8 @@ def run_side(side: str, store: Path, spec: str, trials: int, epochs: int, templa
                "--summary", str(store / "summary.json"), *overrides]
     else:
         cmd = [str(Path(sys.executable).with_name("hpolab")), "--store", str(store), "study", "run", spec, "parallel=1", *overrides]
+    if cpus:  # both sides on the same CPUs (hpolab gives a trial threads = its CPUs / parallel)
+        cmd = ["taskset", "-c", cpus, *cmd]
     wall = timed(cmd, store.parent / f"{store.name}.log")
     m = {"side": side, "wall": wall, "store": str(store), **read_trials(store)}
     if side == "hand":
@@ -259,10 +261,10 @@ def read_trials(store: Path) -> dict:
     }
 
 
-def calibrate(workdir: Path, spec: str, template: Path) -> float:
+def calibrate(workdir: Path, spec: str, template: Path, cpus: str | None) -> float:
     """Seconds per epoch of the loop here: 3 trials x 8 epochs by hand (trial 0 pays lazy imports; the
     fastest of the others, as the least disturbed by other work on the machine)."""
-    m = run_side("hand", workdir / "calibration", spec, 3, 8, template)
+    m = run_side("hand", workdir / "calibration", spec, 3, 8, template, cpus)
     return min(m["train_seconds"][1:]) / 8
 
 
@@ -306,17 +308,19 @@ def main() -> int:
     ap.add_argument("--length", type=float, default=2.0, help="target trial length, s of training (sets max_epochs)")
     ap.add_argument("--epochs", type=int, help="max_epochs per trial, skipping the calibration")
     ap.add_argument("--spec", default=SPEC, help="an own-loop study spec, relative to the project root")
+    ap.add_argument("--cpus", help="run both sides on these CPUs only (taskset -c, e.g. 0): on a machine busy with other "
+                                   "work, one CPU each avoids the torch thread pool's contention dominating both")
     ap.add_argument("--keep", action="store_true", help="keep the temporary stores (their path is printed)")
     ap.add_argument("--json", type=Path, help="also write every measurement here")
     args = ap.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="hpolab-own-loop-overhead-"))
-    print(f"stores under {workdir}; {args.trials} trials per study; spec {args.spec}")
+    print(f"stores under {workdir}; {args.trials} trials per study; spec {args.spec}; CPUs {args.cpus or 'all'}")
     template = migrated_template(workdir)
     epochs = args.epochs
     if epochs is None:
         print(f"calibrating (by hand, 3 trials x 8 epochs); {load()}")
-        per_epoch = calibrate(workdir, args.spec, template)
+        per_epoch = calibrate(workdir, args.spec, template, args.cpus)
         epochs = max(1, round(args.length / per_epoch))
         print(f"  {per_epoch:.3f} s per epoch -> ~{args.length:g} s trials: {epochs} epochs")
     runs: list[dict] = []
@@ -324,7 +328,7 @@ def main() -> int:
         plan = ["hand", "hpolab"] if rep % 2 == 0 else ["hpolab", "hand"]  # ABBA
         for side in plan:
             print(f"  round {rep + 1}: {side:7} {load()}", end="", flush=True)
-            m = run_side(side, workdir / f"rep{rep}-{side}", args.spec, args.trials, epochs, template)
+            m = run_side(side, workdir / f"rep{rep}-{side}", args.spec, args.trials, epochs, template, args.cpus)
             print(f"  -> {m['wall']:.1f} s ({', '.join(sorted(set(m['states'])))})")
             runs.append(m)
             if not args.keep:
