@@ -91,6 +91,8 @@ def test_load_study_of_an_unknown_name_is_a_user_error(store):
 
     with pytest.raises(UserError, match="no study named 'nope'"):
         hpolab.load_study("nope", store=store)
+    with pytest.raises(UserError, match="state='done': use one of complete, pruned, fail, all"):
+        hpolab.api.study.Study("nope", hpolab.api.stores.open_stores(store)).trials_df(state="done")
     assert run_cli("--store", str(store), "compare", "nope", check=False).returncode == 2
 
 

@@ -16,6 +16,8 @@ import hpolab.api.specs as specs
 from hpolab.api.stores import keep_tracking_uri, open_stores
 from hpolab.errors import EXIT_OK, EXIT_REFUSED
 
+STATES = ("complete", "pruned", "fail", "all")  # what trials_df(state=...) filters by
+
 
 @dataclass(frozen=True)
 class BestTrial:
@@ -44,7 +46,10 @@ class Study:
 
     def _table(self, state: str = "all", sort: str | None = None, top: int | None = None):
         from hpolab.analysis.compare.command import study_rows
+        from hpolab.errors import UserError
 
+        if state not in STATES:  # (the CLI's --state choices)
+            raise UserError(f"state={state!r}: use one of {', '.join(STATES)}")
         with keep_tracking_uri():
             return study_rows(self.name, self.stores, state=state, sort=sort, top=top)
 
