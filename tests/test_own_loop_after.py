@@ -154,6 +154,21 @@ def test_a_worse_own_loop_challenger_is_refused_on_the_test_metric_and_force_mov
     assert len(c.search_model_versions("name = 'digits'")) == 1  # nothing written
     forced = run_cli("--store", str(store), "promote", "digits-own-loop-bad", "--model-name", "digits", "--force")
     assert "NOT better" in forced.stdout and str(c.get_model_version_by_alias("digits", "champion").version) == "2", forced.stdout
+    # the better trial already has version 1: the gate lets it back, and no version is added
+    back = run_cli("--store", str(store), "promote", STUDY, "--model-name", "digits")
+    assert "beats champion version 2" in back.stdout and "already holds trial" in back.stdout, back.stdout
+    assert str(c.get_model_version_by_alias("digits", "champion").version) == "1"
+    assert len(c.search_model_versions("name = 'digits'")) == 2
+
+
+@pytest.mark.slow
+def test_a_routine_challenger_and_an_own_loop_champion_are_not_compared(studied, tmp_path):
+    store = _copy(studied, tmp_path)
+    run_cli("--store", str(store), "promote", STUDY, "--model-name", "digits")
+    run_cli("--store", str(store), "study", "run", "studies/digits_cnn.yaml", "n_trials=1", "parallel=1",
+            "trainer.max_epochs=1", "pruner={type: none}")
+    out = run_cli("--store", str(store), "promote", "digits-cnn", "--model-name", "digits", check=False)
+    assert out.returncode == 3 and "it is an own-loop model, scored by its experiment's evaluate()" in out.stdout, out.stdout
 
 
 @pytest.mark.slow

@@ -41,7 +41,9 @@ def evaluate_holder(holder, model_name: str, experiment: str, config: dict, x_ra
 
     tags = holder.tags
     if tags.get(TAG_TEST_FINGERPRINT) != fp:
-        if TAG_TEST_FINGERPRINT not in tags:
+        if tags.get("hpolab.gate_source") is not None:  # own_loop_promote's versions carry no fingerprint
+            why = "it is an own-loop model, scored by its experiment's evaluate(), not on this test split"
+        elif TAG_TEST_FINGERPRINT not in tags:
             why = "it carries no hpolab test fingerprint (it was not registered by hpolab promote)"
         elif tags.get(TAG_EXPERIMENT) != experiment:
             why = f"it comes from experiment {tags.get(TAG_EXPERIMENT)}, the challenger from {experiment}: no common test split"
