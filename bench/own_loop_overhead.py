@@ -268,6 +268,12 @@ def calibrate(workdir: Path, spec: str, template: Path, cpus: str | None) -> flo
     return min(m["train_seconds"][1:]) / 8
 
 
+def per_round(runs: list[dict], key: str) -> list[float]:
+    """hpolab / by hand of `key` in each round (runs come in pairs, one per side, in run order)."""
+    pairs = [runs[i:i + 2] for i in range(0, len(runs) - 1, 2)]
+    return [next(m[key] for m in p if m["side"] == "hpolab") / next(m[key] for m in p if m["side"] == "hand") for p in pairs]
+
+
 def report(runs: list[dict], trials: int, epochs: int) -> str:
     """The two ratios: per-trial cycle (the target) and whole command, then the per-trial spans."""
     def med(side: str, key: str) -> float:
@@ -288,6 +294,9 @@ def report(runs: list[dict], trials: int, epochs: int) -> str:
         f"per-trial overhead: {med('hpolab', 'cycle') - med('hand', 'cycle'):+.2f} s a trial; ratio hpolab / by hand "
         f"{cycle:.2f}x (target <= {TARGET:.2f}x: {'met' if cycle <= TARGET else 'NOT met'}); whole command "
         f"{hp / hand:.2f}x ({(hp - hand) / trials:+.2f} s a trial, start-up and shut-down included); {trials} trials x {epochs} epochs",
+        "per round (hpolab / by hand, each round's two sides back to back): cycle "
+        + ", ".join(f"{r:.2f}x" for r in per_round(runs, "cycle")) + "; whole command "
+        + ", ".join(f"{r:.2f}x" for r in per_round(runs, "wall")),
         "",
         "| per trial (mean of trials 1..n-1, mean over rounds), s | by hand | hpolab |",
         "| --- | --- | --- |",
