@@ -1,12 +1,14 @@
 """Scale benchmark: a store of N real finished trials, then what reading it back costs.
 
-    PYTHONPATH=platform .venv/bin/python bench/scale.py [--trials 1000] [--parallel 2] [--store DIR]
-        [--reuse] [--json FILE]
+    PYTHONPATH=platform .venv/bin/python bench/scale.py [--stores embedded|team] [--trials 1000] [--parallel 2]
+        [--store DIR] [--reuse] [--json FILE]
 
 1. Make the store: one `hpolab study run` of N one-epoch trials of the digits CNN (random sampler, no
    pruning, the default retention), as a user runs it. While it runs, the driver's open file
    descriptors and resident memory are sampled from /proc every second. `--reuse` skips this step when
    `--store` already holds the study (e.g. to time the commands again after a change).
+   `--stores team`: a team's stores instead (PostgreSQL + `mlflow server` on loopback, two `hpolab
+   worker`s, more studies beside it, one being written while the commands are timed): bench/scale_team.py.
 2. Time each read command as a subprocess, as a user pays it (Python start + imports included):
    `study status`, `study list`, `compare --top 10`, `report` (and its page size), `study check`.
 3. Print a table: the figures, the issue's targets, and the driver's trials/s around trial 100 vs the
@@ -88,13 +90,13 @@ def driver_rates(store: Path) -> dict:
     return {"n": len(ends), "at_100": rate(75, 125), "at_end": rate(len(ends) - 51, len(ends) - 1)}
 
 
-def time_commands(store: Path) -> list[dict]:
+def time_commands(store: Path, extra_env: dict[str, str] | None = None, commands: list = COMMANDS) -> list[dict]:
     rows = []
-    for label, args, target in COMMANDS:
+    for label, args, target in commands:
         args = [a.format(store=store) for a in args]
         t0 = time.perf_counter()
         cmd = [sys.executable, "-c", "import optuna, mlflow"] if label == FLOOR else hpolab(store, *args)
-        out = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True)
+        out = subprocess.run(cmd, cwd=ROOT, env={**env(), **(extra_env or {})}, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         ok = out.returncode == 0 or (label == "study check" and out.returncode == 1)  # 1: it found problems
         rows.append({"command": label, "seconds": wall, "target": target, "rc": out.returncode,
@@ -118,7 +120,7 @@ def du_mb(path: Path) -> float:
 
 
 def print_table(res: dict) -> None:
-    print(f"\nscale benchmark: {res['trials']} trials, parallel={res['parallel']}, "
+    print(f"\nscale benchmark ({res.get('stores', 'embedded')} stores): {res['trials']} trials, parallel={res['parallel']}, "
           f"{os.cpu_count()} cores, load {res['load']}")
     print(f"{'figure':<34} {'measured':>12} {'target':>10}")
     for r in res["commands"]:
@@ -126,6 +128,8 @@ def print_table(res: dict) -> None:
         target = "" if r["target"] is None else "<= " + format(r["target"], "g")
         print(f"{r['command'] + ' (s)':<34} {r['seconds']:>12.2f} {target:>10}{flag}"
               + (f"  rc={r['rc']} {r['note']}" if r["note"] else ""))
+    if "page_mb" not in res:
+        return
     print(f"{'report page (MB)':<34} {res['page_mb']:>12.2f} {'<= 10':>10}")
     print(f"{'store (MB)':<34} {res['store_mb']:>12.1f} {'<= 100':>10}  (trials/ {res['trials_mb']:.1f}, artifacts/ {res['artifacts_mb']:.1f}, dbs {res['db_mb']:.1f})")
     d = res["driver"]
@@ -141,6 +145,8 @@ def print_table(res: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stores", choices=("embedded", "team"), default="embedded",
+                    help="team: PostgreSQL + an MLflow server on loopback, 2 workers (bench/scale_team.py)")
     ap.add_argument("--trials", type=int, default=1000)
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--store", type=Path, help="default: a new temporary folder (kept, its path printed)")
@@ -151,6 +157,10 @@ def main() -> None:
         sys.exit("scale: --trials must be >= 1")
     store = (a.store or Path(tempfile.mkdtemp(prefix="hpolab-scale-")) / "store").resolve()
     print(f"store: {store}", flush=True)
+    if a.stores == "team":
+        from scale_team import run_team
+
+        return run_team(store, a.trials, a.reuse, a.json)
     samples: list = []
     if not (a.reuse and (store / "optuna.db").exists()):
         t0 = time.perf_counter()
