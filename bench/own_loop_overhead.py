@@ -196,8 +196,9 @@ def migrated_template(workdir: Path) -> Path:
     return template
 
 
-def run_side(side: str, store: Path, spec: str, trials: int, epochs: int, template: Path, cpus: str | None = None) -> dict:
-    overrides = [f"n_trials={trials}", f"trainer.max_epochs={epochs}", *COMMON]
+def run_side(side: str, store: Path, spec: str, trials: int, epochs: int, template: Path, cpus: str | None = None,
+             extra: tuple[str, ...] = ()) -> dict:
+    overrides = [f"n_trials={trials}", f"trainer.max_epochs={epochs}", *COMMON, *extra]
     store.mkdir(parents=True)
     for name in ("mlflow.db", "optuna.db"):
         shutil.copy(template / name, store / name)
@@ -261,10 +262,10 @@ def read_trials(store: Path) -> dict:
     }
 
 
-def calibrate(workdir: Path, spec: str, template: Path, cpus: str | None) -> float:
+def calibrate(workdir: Path, spec: str, template: Path, cpus: str | None, extra: tuple[str, ...]) -> float:
     """Seconds per epoch of the loop here: 3 trials x 8 epochs by hand (trial 0 pays lazy imports; the
     fastest of the others, as the least disturbed by other work on the machine)."""
-    m = run_side("hand", workdir / "calibration", spec, 3, 8, template, cpus)
+    m = run_side("hand", workdir / "calibration", spec, 3, 8, template, cpus, extra)
     return min(m["train_seconds"][1:]) / 8
 
 
@@ -319,6 +320,8 @@ def main() -> int:
     ap.add_argument("--spec", default=SPEC, help="an own-loop study spec, relative to the project root")
     ap.add_argument("--cpus", help="run both sides on these CPUs only (taskset -c, e.g. 0): on a machine busy with other "
                                    "work, one CPU each avoids the torch thread pool's contention dominating both")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="more overrides for both sides, e.g. trainer.batch_size=8 (fewer, longer epochs per trial)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary stores (their path is printed)")
     ap.add_argument("--json", type=Path, help="also write every measurement here")
     args = ap.parse_args()
@@ -329,7 +332,7 @@ def main() -> int:
     epochs = args.epochs
     if epochs is None:
         print(f"calibrating (by hand, 3 trials x 8 epochs); {load()}")
-        per_epoch = calibrate(workdir, args.spec, template, args.cpus)
+        per_epoch = calibrate(workdir, args.spec, template, args.cpus, tuple(args.set))
         epochs = max(1, round(args.length / per_epoch))
         print(f"  {per_epoch:.3f} s per epoch -> ~{args.length:g} s trials: {epochs} epochs")
     runs: list[dict] = []
@@ -337,7 +340,7 @@ def main() -> int:
         plan = ["hand", "hpolab"] if rep % 2 == 0 else ["hpolab", "hand"]  # ABBA
         for side in plan:
             print(f"  round {rep + 1}: {side:7} {load()}", end="", flush=True)
-            m = run_side(side, workdir / f"rep{rep}-{side}", args.spec, args.trials, epochs, template, args.cpus)
+            m = run_side(side, workdir / f"rep{rep}-{side}", args.spec, args.trials, epochs, template, args.cpus, tuple(args.set))
             print(f"  -> {m['wall']:.1f} s ({', '.join(sorted(set(m['states'])))})")
             runs.append(m)
             if not args.keep:
