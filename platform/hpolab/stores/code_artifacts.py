@@ -27,14 +27,19 @@ def code_tags(code: ExperimentCode, artifact: str | None = None) -> dict[str, st
 
 def log_code(client, run_id: str, code: ExperimentCode, filename: str | None = None) -> str:
     """`code/<filename>` (default: the module's) on the run, and its tags; returns the artifact path."""
+    artifact = upload_code(client, run_id, code, filename)
+    tr.set_tags(client, run_id, code_tags(code, artifact))
+    return artifact
+
+
+def upload_code(client, run_id: str, code: ExperimentCode, filename: str | None = None) -> str:
+    """`code/<filename>` on the run, without its tags (a trial run gets them when it is created); the artifact path."""
     name = filename or code.filename
     with tempfile.TemporaryDirectory(prefix="hpolab-code-") as tmp:
         p = Path(tmp) / name
         p.write_bytes(code.source)
         client.log_artifact(run_id, str(p), FOLDER)
-    artifact = f"{FOLDER}/{name}"
-    tr.set_tags(client, run_id, code_tags(code, artifact))
-    return artifact
+    return f"{FOLDER}/{name}"
 
 
 def read_code(client, run, name: str) -> ExperimentCode | None:

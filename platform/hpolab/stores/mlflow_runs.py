@@ -19,6 +19,7 @@ from hpolab.stores.paths import Stores, redact, sqlite_file
 from hpolab.stores.run_roles import ROLE, TRIAL
 
 PARAM_BATCH = 100  # MLflow's log_batch limit for params
+METRIC_BATCH = 1000  # and for metrics
 MAX_PARAM_LEN = 6000
 
 
@@ -89,8 +90,9 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
-    existing = client.get_run(run_id).data.params
+def log_params(client: MlflowClient, run_id: str, params: dict[str, str], new_run: bool = False) -> None:
+    """`new_run`: the run was just created here, so it has no params yet (no read first)."""
+    existing = {} if new_run else client.get_run(run_id).data.params
     # params are write-once; a value holding a URL never records its password
     items = [Param(k, redact(str(v))) for k, v in params.items() if k not in existing]
     for i in range(0, len(items), PARAM_BATCH):
@@ -130,6 +132,12 @@ def log_epoch(client: MlflowClient, run_id: str, epoch: int, metrics: dict[str, 
     ts = int(time.time() * 1000)
     batch = [Metric(k, float(v), ts, epoch) for k, v in metrics.items() if isinstance(v, (int, float))]
     client.log_batch(run_id, metrics=batch)
+
+
+def log_metrics(client: MlflowClient, run_id: str, metrics: list[Metric]) -> None:
+    """Metric points (several steps at once: study/trials/metric_batches.py) in as few writes as MLflow allows."""
+    for i in range(0, len(metrics), METRIC_BATCH):
+        client.log_batch(run_id, metrics=metrics[i : i + METRIC_BATCH])
 
 
 def start_child_run(

@@ -119,10 +119,12 @@ class TrialEvents:
             r.conn.send(reply)
         except OSError:  # BrokenPipe/ConnectionReset: the child died after its epoch; handle() sees its exit
             pass
-        # The child trains its next epoch while we write this one (the pruner needed Optuna's report only).
+        # The child trains its next epoch while we record this one (the pruner needed Optuna's report only):
+        # its metrics are batched for the upload thread, and a heartbeat is written only when one is due
+        # (the heartbeat thread beats every interval anyway).
         self.tracker.log_epoch(r.run_id, epoch, metrics)
         self.tracker.upload(r, staged)
-        self.guard(beat, self.storage, r, force=True)
+        self.guard(beat, self.storage, r)
         self.progress.epoch(r.number, epoch)
 
     def finish(self, r: Running, state: TrialState, tags: dict[str, str], value: float | None = None,

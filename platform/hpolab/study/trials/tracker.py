@@ -1,9 +1,10 @@
 """The MLflow side of a study's trials: one child run per trial under the study's parent run.
 
-The driver is the only writer to MLflow (trial processes never touch it). A trial's run gets its
-params and config.yaml when it starts (on the loop: the run id is needed), its epochs as they arrive
-(after the child got its reply), and everything slower in the background, in order, on one upload
-thread (uploads.py): checkpoint uploads (at most every `checkpoint_upload_every` seconds, latest
+The driver is the only writer to MLflow (trial processes never touch it). On the driver's loop a
+trial's run costs two writes when it starts (the run with every tag, code tags included; its params
+in one batch: the run id is needed first) and none per epoch: its epochs' metrics are batched
+(metric_batches.py) and, like everything slower, written in the background, in order, on one upload
+thread (uploads.py): config.yaml and the code file (first), the epochs' metrics, checkpoint uploads (at most every `checkpoint_upload_every` seconds, latest
 only), artifacts, the model (per `log_models`: the folder the trial process saved, child_export.py,
 waited for on a thread of its own, never on the upload thread), the close, and retention
 (retention.py). The parent
@@ -23,10 +24,11 @@ from optuna.trial import TrialState
 
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.artifacts import upload_checkpoints
-from hpolab.stores.code_artifacts import log_code
+from hpolab.stores.code_artifacts import code_tags, upload_code
 from hpolab.stores.model_links import link_trial_metrics, trial_model_name, trial_model_tags
 from hpolab.stores.models import log_saved_model, log_trial_model
 from hpolab.study.trials.child_export import answer_child, receive_model
+from hpolab.study.trials.metric_batches import MetricBatches
 from hpolab.study.objectives.ranking import apply_rank_tags
 from hpolab.study.state.outage import passthrough
 from hpolab.study.retention.retention import Retention, tidy_finished
@@ -62,20 +64,25 @@ class TrialTracker:
         self.guard, self.mlflow_guard = guard, mlflow_guard
         self.uploads = Uploader(note, mlflow_guard)
         self.code = code  # the experiment's ExperimentCode: code/<module>.py on every trial run (None: no file)
+        self.metrics = MetricBatches()  # epochs not yet handed to the upload thread, per run
 
     def start_run(self, trial: optuna.Trial, config: dict[str, Any], trial_dir: Path, tags: dict[str, str]) -> str:
-        """The trial's child run with its params and config.yaml; its id goes on the Optuna trial."""
+        """The trial's child run with its params (on the loop), config.yaml and code file (queued first
+        on the upload thread: the trial process starts meanwhile); its id goes on the Optuna trial."""
+        if self.code is not None:  # what `hpolab reproduce` / `promote` load where the module is not importable
+            tags = {**tags, **code_tags(self.code)}
         run_id = self.mlflow_guard(tr.start_child_run, self.client, self.experiment_id, self.parent_run_id, self.study_name,
                                    trial.number, tags)
         self.guard(trial.set_user_attr, "mlflow_run_id", run_id)
-        self.mlflow_guard(tr.log_params, self.client, run_id, tr.flatten(config))
+        self.mlflow_guard(tr.log_params, self.client, run_id, tr.flatten(config), new_run=True)
+        self.metrics.start(run_id)
         cfg_path = trial_dir / "config.yaml"
         import yaml
 
         cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        self.mlflow_guard(self.client.log_artifact, run_id, str(cfg_path))
-        if self.code is not None:  # what `hpolab reproduce` / `promote` load where the module is not importable
-            self.mlflow_guard(log_code, self.client, run_id, self.code)
+        self.uploads.submit(f"trial {trial.number}: uploading config.yaml", self.client.log_artifact, run_id, str(cfg_path))
+        if self.code is not None:
+            self.uploads.submit(f"trial {trial.number}: uploading its code", upload_code, self.client, run_id, self.code)
         return run_id
 
     def carry_over_history(self, r: Running, checkpoint: str, metric: str, report=None) -> None:
@@ -91,7 +98,7 @@ class TrialTracker:
         for h in history:
             epoch = int(h["epoch"])
             metrics = {k: v for k, v in h.items() if k != "epoch"}
-            self.mlflow_guard(tr.log_epoch, self.client, r.run_id, epoch, metrics)
+            self.metrics.add(r.run_id, epoch, metrics)
             value = metrics.get(metric)
             if value is not None and value == value:
                 if report is not None:  # the pruner's report (pruning.py: the trial, or its companion)
@@ -100,10 +107,23 @@ class TrialTracker:
                     self.guard(r.trial.report, value, epoch)
                 r.last_value = value
             r.epoch = epoch
+        self.flush_metrics(r.run_id)
         self.mlflow_guard(tr.set_tags, self.client, r.run_id, {"hpolab.resumed_after_epoch": str(r.epoch)})
 
     def log_epoch(self, run_id: str, epoch: int, metrics: dict[str, float]) -> None:
-        self.mlflow_guard(tr.log_epoch, self.client, run_id, epoch, metrics)
+        """Batched (metric_batches.py): written from the upload thread, not on the driver's loop."""
+        if self.metrics.add(run_id, epoch, metrics):
+            self.flush_metrics(run_id)
+
+    def flush_metrics(self, run_id: str) -> None:
+        """Queue the run's batched metrics (before any other job of that run: FIFO keeps them first)."""
+        batch = self.metrics.take(run_id)
+        if batch:
+            self.uploads.submit(f"logging {len(batch)} metric points", tr.log_metrics, self.client, run_id, batch)
+
+    def flush_all_metrics(self) -> None:
+        for run_id in self.metrics.runs():
+            self.flush_metrics(run_id)
 
     def stage_upload(self, r: Running, force: bool = False) -> Path | None:
         """When an upload is due (or `force`): hard-link the trial's checkpoints for upload (O(1)).
@@ -119,6 +139,7 @@ class TrialTracker:
     def upload(self, r: Running, folder: Path | None) -> None:
         """Queue the staged checkpoints' upload to the run's checkpoints/ (overwrites: latest only)."""
         if folder is not None:
+            self.flush_metrics(r.run_id)
             self.uploads.submit(f"trial {r.number}: uploading its checkpoint", self._upload, r.run_id, folder, r.uploaded_epoch)
 
     def _upload(self, run_id: str, folder: Path, epoch: int) -> None:
@@ -129,9 +150,11 @@ class TrialTracker:
         tr.set_tags(self.client, run_id, tags)
 
     def log_file(self, run_id: str, path: str, artifact_path: str | None = None) -> None:
+        self.flush_metrics(run_id)
         self.uploads.submit(f"uploading {path}", self.client.log_artifact, run_id, path, artifact_path)
 
     def log_text(self, run_id: str, name: str, text: str) -> None:
+        self.flush_metrics(run_id)
         self.uploads.submit(f"uploading {name}", self._log_text, run_id, name, text)
 
     def _log_text(self, run_id: str, name: str, text: str) -> None:
@@ -152,8 +175,10 @@ class TrialTracker:
                upload_last: bool = False) -> None:
         """Queue the trial's last checkpoint (`upload_last`: a retry, maybe on another worker, resumes
         from it), its model (per log_models), its run's close, then retention."""
+        self.flush_metrics(r.run_id)
         if upload_last:
             self.upload(r, self.stage_upload(r, force=True))
+        self.metrics.forget(r.run_id)
         if model_info is not None:
             skip = self.retention.skip_model(state, r.number) if self.retention else (None if state == TrialState.COMPLETE else "not COMPLETE")
             if not skip and model_info.get("own_loop") and not model_info.get("model_logged"):
@@ -241,6 +266,7 @@ class TrialTracker:
     def shutdown(self) -> None:
         """A last retention pass (trials other workers finished), then wait until every queued
         upload, model and close is done."""
+        self.flush_all_metrics()  # (a driver stopping on an error: its trials' last epochs)
         self.uploads.settle()  # models still being saved are queued first: retention skips a run not yet closed
         try:
             self._retain(last=True)
