@@ -66,6 +66,22 @@ def test_the_gate_decides_on_the_returned_metric_in_the_study_direction_and_brea
     assert gate.decide({"test_loss": 0.2}, {"test_loss": 0.3}, "test_loss", False, contest, lo, prefix="").promote
 
 
+def test_a_model_that_does_not_export_is_skipped_with_its_reason(tmp_path):
+    import torch
+
+    from hpolab.registry.own_loop_promote import export_or_skip
+
+    class GpuOnly(torch.nn.Module):  # a loop's model may refuse to run where promote runs
+        def forward(self, x):
+            raise RuntimeError("this model only runs on the GPU it was trained on")
+
+    x = np.zeros((2, 4), np.float32)
+    assert export_or_skip(GpuOnly(), x, tmp_path) == (None, "RuntimeError: this model only runs on the GPU it was trained on")
+    assert export_or_skip(GpuOnly(), None, tmp_path) == (None, "the logged model has no array input example")
+    exports, why = export_or_skip(torch.nn.Linear(4, 3).eval(), x, tmp_path)
+    assert why is None and exports.onnx.is_file() and exports.onnx_diff <= 1e-5
+
+
 # ------------------------------------------------------------------ the real CLI on a real study
 
 
@@ -145,6 +161,8 @@ def test_promote_registers_the_trials_logged_model_gated_by_evaluate_and_predict
 @pytest.mark.slow
 def test_a_worse_own_loop_challenger_is_refused_on_the_test_metric_and_force_moves_the_alias(studied, tmp_path):
     store = _copy(studied, tmp_path)
+    dry = run_cli("--store", str(store), "promote", STUDY, "--model-name", "digits", "--dry-run")
+    assert "dry run: would register the logged model of trial" in dry.stdout and not _client(store).search_registered_models()
     run_cli("--store", str(store), "promote", STUDY, "--model-name", "digits")
     out = run_cli("--store", str(store), "promote", "digits-own-loop-bad", "--model-name", "digits", check=False)
     assert out.returncode == 3, out.stdout + out.stderr
