@@ -2,7 +2,8 @@
 
 An embedded store (two local SQLite files) is read with plain SQL (optuna_sql.py, mlflow_sql.py):
 a clean check of 1,000 trials then takes about a second and never imports MLflow. Any other store
-is read through Optuna and MlflowClient. Optuna's Study and the client are opened when first used
+is read through MlflowClient (one paged search of the runs, one of the logged models) and Optuna's
+tables with plain SQL where optuna_sql.py reads them (PostgreSQL), else through Optuna. Optuna's Study and the client are opened when first used
 (a RUNNING trial's heartbeat, a repair).
 """
 
@@ -92,7 +93,10 @@ def _read_through_clients(name: str, stores: Stores) -> Study:
     from hpolab.stores.mlflow_runs import client_for
     from hpolab.stores.optuna_storage import load_study
 
-    study = load_study(name, stores)  # an unknown study or store: one line (UserError), exit 2
+    src = optuna_sql.source(stores.optuna_url)  # PostgreSQL: its tables with plain SQL (pg_read.py), one snapshot
+    study = (optuna_sql.read_study(src, name) if src is not None else None) or load_study(name, stores)
+    # (load_study: an unknown study or store is one line, UserError, exit 2)
+    opened = {} if isinstance(study, optuna_sql.StudySnapshot) else {"study": study}
     client = client_for(stores)
     exp = client.get_experiment_by_name(name)
     runs: dict[str, Any] = {}
@@ -107,5 +111,5 @@ def _read_through_clients(name: str, stores: Stores) -> Study:
                 break
         models = {m.model_id: m for m in study_models(client, exp.experiment_id)}
     return Study(name, stores, exp.experiment_id if exp else None, runs, models, study.get_trials(deepcopy=False),
-                 study.user_attrs.get("mlflow_parent_run_id"), opened={"study": study, "client": client},
+                 study.user_attrs.get("mlflow_parent_run_id"), opened={**opened, "client": client},
                  links=model_links_read.from_models(models.values()), metric_names=study.metric_names)

@@ -13,8 +13,8 @@ from hpolab.stores.trial_counts import count_trials, describe
 
 def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
     """One row per trial (more than `limit`: the best, running/waiting and latest ones) and a summary
-    line. An embedded store's one-objective study is read with plain SQL (stores/optuna_sql.py: no
-    Optuna import); anything else through Optuna."""
+    line. A one-objective study on an embedded store or PostgreSQL is read with plain SQL
+    (stores/optuna_sql.py: no Optuna import); anything else through Optuna."""
     read = _read_sql(name, stores)
     if read is not None and len(read[0]) == 1:
         directions, rows = read
@@ -45,11 +45,10 @@ def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
 
 
 def _read_sql(name: str, stores: Stores):
-    from hpolab.stores.optuna_sql import read_trials
-    from hpolab.stores.paths import sqlite_file
+    from hpolab.stores.optuna_sql import read_trials, source
 
-    path = sqlite_file(stores.optuna_url)
-    return read_trials(path, name) if path is not None else None
+    src = source(stores.optuna_url)  # an embedded store's file, or a PostgreSQL storage's URL
+    return read_trials(src, name) if src is not None else None
 
 
 def _ranked_rows(rows: list, direction: str) -> list:

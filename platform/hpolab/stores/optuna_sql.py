@@ -11,6 +11,10 @@ schema Optuna migrated past what is listed in KNOWN_SCHEMAS, a file that cannot 
 returns None, and the caller reads through Optuna as before. tests/test_study_list_sql.py and
 tests/test_compare_sql.py check that both readers give the same rows.
 
+A PostgreSQL Optuna storage (a psycopg2 URL) is read with the same queries through pg_read.py: a
+team's `study status` of 1,000 trials then costs one connection and a few round trips instead of
+Optuna's RDBStorage (tests/test_team_reads.py checks both readers agree there too).
+
 The tables read (Optuna's RDB schema, alembic version v3.2.0.a, as Optuna 5 writes it): studies,
 study_directions, study_user_attributes, study_system_attributes, trials, trial_values,
 trial_params, trial_intermediate_values, trial_user_attributes, trial_system_attributes.
@@ -27,7 +31,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from hpolab.stores import pg_read
+from hpolab.stores.pg_read import ReadError
 from hpolab.stores.sqlite_read import snapshot
+
+Source = Path | str  # a SQLite file, or a PostgreSQL URL (pg_read.py)
 
 KNOWN_SCHEMAS = {"v3.2.0.a"}
 IMPORTED = "hpolab.imported_from"  # system attr of a trial a warm start imported (study/state/budget.py uses this one)
@@ -56,15 +64,26 @@ def _known_schema(con: sqlite3.Connection) -> bool:
     return row is not None and row[0] in KNOWN_SCHEMAS
 
 
-def _snapshot(path: Path):
-    return snapshot(path, _known_schema)
+def source(url: str) -> Source | None:
+    """What these readers read for an Optuna storage URL: a SQLite file's path, a PostgreSQL URL
+    (pg_read.py), or None (Optuna reads it)."""
+    from hpolab.stores.paths import sqlite_file
+
+    path = sqlite_file(url)
+    return path if path is not None else (url if pg_read.is_postgres(url) else None)
 
 
-def _local(stamp: str | None) -> datetime | None:
-    """Optuna 5 stores naive UTC and hands out naive local time (its models.py): so do we."""
+def _snapshot(source: Source):
+    return snapshot(source, _known_schema) if isinstance(source, Path) else pg_read.snapshot(source, _known_schema)
+
+
+def _local(stamp: str | datetime | None) -> datetime | None:
+    """Optuna 5 stores naive UTC and hands out naive local time (its models.py): so do we. (SQLite
+    gives the stamp as text, PostgreSQL as a naive datetime.)"""
     if stamp is None:
         return None
-    return datetime.fromisoformat(stamp).replace(tzinfo=timezone.utc).astimezone().replace(tzinfo=None)
+    when = stamp if isinstance(stamp, datetime) else datetime.fromisoformat(stamp)
+    return when.replace(tzinfo=timezone.utc).astimezone().replace(tzinfo=None)
 
 
 @dataclass
@@ -80,12 +99,12 @@ class StudyData:
     trials: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)  # every trial: (number, state, marks counted)
 
 
-def read_studies(path: Path) -> list[StudyData] | None:
-    """Every study in the SQLite Optuna database at `path`, or None when it cannot be read here."""
+def read_studies(path: Source) -> list[StudyData] | None:
+    """Every study in the Optuna database at `path` (source()), or None when it cannot be read here."""
     try:
         with _snapshot(path) as con:
             return _read(con) if con is not None else None
-    except (sqlite3.Error, ValueError, KeyError, IndexError, TypeError):  # a locked or odd database: Optuna's reader decides
+    except (sqlite3.Error, ReadError, ValueError, KeyError, IndexError, TypeError):  # a locked or odd database: Optuna's reader decides
         return None
 
 
@@ -153,7 +172,7 @@ class TrialRow:
         return None if self.value is None else [self.value]
 
 
-def read_trials(path: Path, name: str) -> tuple[list[str], list[TrialRow]] | None:
+def read_trials(path: Source, name: str) -> tuple[list[str], list[TrialRow]] | None:
     """(directions, trials by number) of study `name`, or None when it cannot be read here (no such
     study, an unknown schema or distribution: the caller reads through Optuna, which says why)."""
     try:
@@ -163,7 +182,7 @@ def read_trials(path: Path, name: str) -> tuple[list[str], list[TrialRow]] | Non
                 return None
             directions = [d.lower() for (d,) in con.execute("SELECT direction FROM study_directions WHERE study_id = ? ORDER BY objective", sid)]
             return directions, _trial_rows(con, sid[0]) if len(directions) == 1 else []  # (several: the caller uses Optuna)
-    except (sqlite3.Error, ValueError, KeyError, IndexError, TypeError):
+    except (sqlite3.Error, ReadError, ValueError, KeyError, IndexError, TypeError):
         return None
 
 
@@ -213,13 +232,13 @@ class StudySnapshot:
         return [t for t in self.trials if states is None or t.state in states]
 
 
-def read_study(path: Path, name: str) -> StudySnapshot | None:
+def read_study(path: Source, name: str) -> StudySnapshot | None:
     """Study `name` whole, or None when it cannot be read here (the caller reads through Optuna)."""
     try:
         with _snapshot(path) as con:
             row = con.execute("SELECT study_id FROM studies WHERE study_name = ?", (name,)).fetchone() if con is not None else None
             return _study(con, row[0], name) if row is not None else None
-    except (sqlite3.Error, ValueError, KeyError, IndexError, TypeError, AssertionError):
+    except (sqlite3.Error, ReadError, ValueError, KeyError, IndexError, TypeError, AssertionError):
         return None
 
 

@@ -104,6 +104,10 @@ def check_database(url: str, what: str, fix: str, root: Path | None = None) -> N
         # library's: no SQLAlchemy import (a second on a loaded machine) to learn what we know.
         _check_sqlite_folder(url[len("sqlite:///"):], what, shown, fix, root)
         return
+    from hpolab.stores.pg_read import reachable
+
+    if reachable(url):  # a psycopg2 PostgreSQL URL that answers: no SQLAlchemy import (its failures are said below)
+        return
     u, _ = parse_database_url(url, what, fix)
     if u.get_backend_name() == "sqlite":
         _check_sqlite_folder(u.database, what, shown, fix, root)
@@ -179,6 +183,10 @@ def check_tracking(uri: str, root: Path | None = None) -> None:
 
 
 def _check_mlflow_server(uri: str, shown: str) -> None:
+    from hpolab.stores.mlflow_rest import reachable
+
+    if reachable(uri, HTTP_TIMEOUT_S):  # one request without importing MLflow (1.7 s); a failure is said through its client below
+        return
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 

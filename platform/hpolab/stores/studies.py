@@ -79,16 +79,15 @@ def list_studies(stores: Stores, front: Callable[[list, list], list] | None = No
     study's `mlflow_parent_run_id`. study/objectives/ranking.py, which this layer cannot import, decides:
     `best(trials, directions)` gives a one-objective study's best trial (feasible, its own: None
     without `best`), `front(trials, directions)` the feasible Pareto front of one of several.
-    Counts are trial_counts.py's (the budget's). An embedded store is read with plain SQL when its
-    schema is known (optuna_sql.py: no Optuna)."""
-    from hpolab.stores.optuna_sql import read_studies
-    from hpolab.stores.paths import sqlite_file
+    Counts are trial_counts.py's (the budget's). An embedded store or a PostgreSQL storage is read
+    with plain SQL when its schema is known (optuna_sql.py: no Optuna)."""
+    from hpolab.stores.optuna_sql import read_studies, source
 
-    path = sqlite_file(stores.optuna_url)
-    if path is not None:
-        if not path.is_file():
+    src = source(stores.optuna_url)  # an embedded store's file, or a PostgreSQL storage's URL
+    if src is not None:
+        if isinstance(src, Path) and not src.is_file():
             return []
-        data = read_studies(path)
+        data = read_studies(src)
         if data is not None:
             return _rows_from_sql(stores, data, front, best)
     return _rows_from_optuna(stores, front, best)

@@ -18,6 +18,7 @@ import re
 
 # The names below were all defined here before the split; they stay importable from here.
 from hpolab.analysis.compare.render import fmt_cell, json_value, print_study, short_names, to_records  # noqa: F401
+from hpolab.analysis.compare.rest import rest_study_table
 from hpolab.analysis.compare.runs import print_runs, runs_frame
 from hpolab.analysis.compare.sql import sql_study_table
 from hpolab.analysis.compare.study import StudyTable, load_study_table, select, study_frame, study_metric, tracking_client  # noqa: F401
@@ -29,9 +30,9 @@ RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 def study_rows(name: str, stores: Stores, state: str = "all", sort: str | None = None, top: int | None = None):
     """(StudyTable, its rows as `compare NAME` shows them): filtered by state, sorted best first, cut to
     the top K. --top K by the study metric: only the K shown trials' runs are read; an embedded store
-    with plain SQL, without importing MLflow. (hpolab.load_study(...).trials_df() is these rows.)"""
+    with plain SQL, an MLflow server over its REST API (compare/rest.py), without importing MLflow. (hpolab.load_study(...).trials_df() is these rows.)"""
     top_k = (state, top) if top and not sort else None
-    table = sql_study_table(name, stores, top_k) or load_study_table(name, stores, top=top_k)
+    table = sql_study_table(name, stores, top_k) or rest_study_table(name, stores, top_k) or load_study_table(name, stores, top=top_k)
     return table, select(table, state=state, sort=sort, top=top)
 
 

@@ -282,10 +282,9 @@ def _read_only(study, stores: Stores):
     are read once with plain SQL (optuna_sql.read_study: 0.1 s instead of 0.5 s for 1,000 trials)."""
     import optuna
 
-    from hpolab.stores.optuna_sql import read_study
-    from hpolab.stores.paths import sqlite_file
+    from hpolab.stores.optuna_sql import read_study, source
 
-    path = sqlite_file(stores.optuna_url)
+    path = source(stores.optuna_url)  # (an embedded file, or PostgreSQL's tables: optuna_sql.py)
     snapshot = read_study(path, study.study_name) if path is not None else None
 
     class ReadOnlyStudy(optuna.Study):
