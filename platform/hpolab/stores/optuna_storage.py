@@ -16,12 +16,22 @@ HEARTBEAT_INTERVAL = int(os.environ.get("HPOLAB_HEARTBEAT_INTERVAL", "10"))  # s
 GRACE_PERIOD = int(os.environ.get("HPOLAB_GRACE_PERIOD", str(6 * HEARTBEAT_INTERVAL)))  # then a trial is stale
 
 
+# Connections one process (a worker) holds to a database server, at most: the budget lock's (held while a
+# trial is asked for), the driver's own queries beside it, the heartbeat thread's, and one spare. A
+# thread that finds them all busy waits for one (POOL_TIMEOUT_S) instead of opening more, so N workers
+# hold at most N * POOL_SIZE connections (docs/how-to/scaling-out.md: PostgreSQL's max_connections).
+POOL_SIZE = int(os.environ.get("HPOLAB_DB_POOL_SIZE", "4"))
+POOL_TIMEOUT_S = 120  # a wait for a pooled connection; a query holds one for milliseconds
+
+
 def engine_kwargs(url: str) -> dict:
-    """SQLite waits for a writer's lock (seconds); a database server gets bounded connects and a
-    liveness check of pooled connections (a long study outlives server restarts and idle timeouts)."""
+    """SQLite waits for a writer's lock (seconds); a database server gets bounded connects, a
+    liveness check of pooled connections (a long study outlives server restarts and idle timeouts) and
+    a pool of at most POOL_SIZE connections (SQLAlchemy's default would open up to 15)."""
     if url.startswith("sqlite"):
         return {"connect_args": {"timeout": 60}}
-    return {"pool_pre_ping": True, "connect_args": connect_args_for(url)}
+    return {"pool_pre_ping": True, "connect_args": connect_args_for(url), "pool_size": POOL_SIZE, "max_overflow": 0,
+            "pool_timeout": POOL_TIMEOUT_S}
 
 
 def make_storage(url: str, max_retries: int = 1) -> optuna.storages.BaseStorage:
