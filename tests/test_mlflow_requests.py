@@ -29,16 +29,33 @@ def test_epochs_share_a_batch_until_the_interval_passes():
 
     b = MetricBatches(flush_s=0.3)
     b.start("r")
-    assert not b.add("r", 1, {"val_acc": 0.5, "lr": 0.1})  # just started: wait for more epochs
-    assert not b.add("r", 2, {"val_acc": 0.6, "lr": 0.1})
+    b.add("r", 1, {"val_acc": 0.5, "lr": 0.1})
+    assert not b.due("r")  # just started: wait for more epochs
+    b.add("r", 2, {"val_acc": 0.6, "lr": 0.1})
+    assert not b.due("r")
     time.sleep(0.35)
-    assert b.add("r", 3, {"val_acc": 0.7, "note": "not a number"})  # due: one write for three epochs
+    assert [m.key for m in b.add("r", 3, {"val_acc": 0.7, "note": "not a number"})] == ["val_acc"]
+    assert b.due("r")  # due: one write for three epochs
     batch = b.take("r")
     assert [(m.key, m.step) for m in batch] == [("val_acc", 1), ("lr", 1), ("val_acc", 2), ("lr", 2), ("val_acc", 3)]
-    assert not b.add("r", 4, {"val_acc": 0.8})  # the interval starts again at the write
+    b.add("r", 4, {"val_acc": 0.8})
+    assert not b.due("r")  # the interval starts again at the write
     assert [m.step for m in b.take("r")] == [4] and b.take("r") == []
-    assert b.add("new", 1, {"x": 1.0})  # a run never started here: written at once
-    assert MetricBatches(flush_s=0).add("r", 1, {"x": 1.0})  # 0: every epoch its own write
+    b.add("new", 1, {"x": 1.0})
+    assert b.due("new")  # a run never started here: written at once
+    assert MetricBatches(flush_s=0).due("r")  # 0: every epoch its own write
+
+
+def test_model_links_from_the_points_logged_match_the_history_read_back():
+    from mlflow.entities import Metric
+
+    from hpolab.stores.model_links import points_at
+
+    logged = [Metric("val_acc", 0.5, 1, 1), Metric("lr", 0.1, 1, 1), Metric("val_acc", 0.7, 2, 2),
+              Metric("val_acc", 0.71, 3, 2), Metric("params_m", 0.3, 4, 3), Metric("lr", 0.2, 2, 2)]
+    got = {(m.key, m.step, m.value) for m in points_at(logged, 2, {"params_m", "lr"})}
+    # epoch 2's points (the last of a key logged twice), plus an objective measured after training
+    assert got == {("val_acc", 2, 0.71), ("lr", 2, 0.2), ("params_m", 3, 0.3)}
 
 
 @pytest.fixture()

@@ -71,10 +71,26 @@ def run_points(client, run, step: int, also: Iterable[str] = ()) -> list:
     return points + list(latest.values())
 
 
-def link_trial_metrics(client, run_id: str, model_id: str, epoch: int, objectives: Iterable[str] = ()) -> list[str]:
-    """Link the run's metrics of `epoch` (and the `objectives` measured later) to the model; their keys."""
+def points_at(logged: Iterable, step: int, also: Iterable[str] = ()) -> list:
+    """run_points from the run's points as they were logged, in order (no read of each key's history)."""
+    at, latest = {}, {}
+    for m in logged:
+        if m.step == step:
+            at[m.key] = m  # the last one logged at that step, as run_points takes it
+        if m.key in also and (m.key not in latest or (m.step, m.timestamp) >= (latest[m.key].step, latest[m.key].timestamp)):
+            latest[m.key] = m
+    return list(at.values()) + [m for k, m in latest.items() if k not in at]
+
+
+def link_trial_metrics(client, run_id: str, model_id: str, epoch: int, objectives: Iterable[str] = (),
+                       logged: list | None = None) -> list[str]:
+    """Link the run's metrics of `epoch` (and the `objectives` measured later) to the model; their keys.
+    `logged`: every point the run was given, in order (the driver has them): no history read back."""
     run = client.get_run(run_id)
-    points = run_points(client, run, epoch, set(objectives))
+    if logged is not None:
+        points = points_at(logged, epoch, set(objectives))
+    else:
+        points = run_points(client, run, epoch, set(objectives))
     if points:
         client.log_batch(run_id, metrics=linked(points, model_id, run.data.params))
     return sorted(m.key for m in points)

@@ -59,6 +59,7 @@ class TrialEvents:
         self.metric = metric
         self.spec = spec  # its objectives and constraints (objective_values.py); None: the metric alone
         self.pruning = pruning or Pruning()  # one objective: the trial itself; several: a companion study
+        self.never_prunes = spec is not None and spec.pruner.type == "none"  # (Optuna's NopPruner)
         # several objectives: where the pruning metric is among the values told
         self._primary = [o.metric for o in spec.objective_list].index(metric) if spec is not None and spec.is_multi_objective else 0
         self.retry = retry  # queues a WAITING copy that resumes the attempt (retry.py)
@@ -101,16 +102,13 @@ class TrialEvents:
     def on_epoch(self, r: Running, epoch: int, metrics: dict[str, float]) -> None:
         r.epoch = epoch
         value = metrics.get(self.metric)
-        if value is not None and value == value:  # not NaN
+        finite = value is not None and value == value  # not NaN
+        if finite:
             r.last_value = value
-            try:
-                self.pruning.report(r, value, epoch)
-            except optuna.exceptions.UpdateFinishedTrialError:  # another worker reaped it
-                r.lost = self.guard(lost_reason, self.storage, r) or "Optuna has it finished while it still ran here"
-                self.on_lost(r)
-                return
-            if r.pruned_at is None and self.pruning.should_prune(r):
-                r.pruned_at = epoch
+        # Without a pruner the reply cannot depend on Optuna's report: the child goes on at once and
+        # the report is written while it trains (a reaped trial is still seen there, and stopped).
+        if finite and not self.never_prunes and not self._report(r, value, epoch):
+            return
         # After its last epoch a trial is done anyway: a Ctrl-C then must not make it an interrupted one.
         last = epoch >= int(r.config["trainer"]["max_epochs"])
         reply = "stop" if r.pruned_at is not None or (self.stopping() and not last) else "continue"
@@ -119,13 +117,27 @@ class TrialEvents:
             r.conn.send(reply)
         except OSError:  # BrokenPipe/ConnectionReset: the child died after its epoch; handle() sees its exit
             pass
+        if finite and self.never_prunes and not self._report(r, value, epoch):
+            return
         # The child trains its next epoch while we record this one (the pruner needed Optuna's report only):
         # its metrics are batched for the upload thread, and a heartbeat is written only when one is due
         # (the heartbeat thread beats every interval anyway).
-        self.tracker.log_epoch(r.run_id, epoch, metrics)
+        self.tracker.log_epoch(r, epoch, metrics)
         self.tracker.upload(r, staged)
         self.guard(beat, self.storage, r)
         self.progress.epoch(r.number, epoch)
+
+    def _report(self, r: Running, value: float, epoch: int) -> bool:
+        """Report to the pruner (and ask it, when there is one); False when the trial was lost."""
+        try:
+            self.pruning.report(r, value, epoch)
+        except optuna.exceptions.UpdateFinishedTrialError:  # another worker reaped it
+            r.lost = self.guard(lost_reason, self.storage, r) or "Optuna has it finished while it still ran here"
+            self.on_lost(r)
+            return False
+        if r.pruned_at is None and not self.never_prunes and self.pruning.should_prune(r):
+            r.pruned_at = epoch
+        return True
 
     def finish(self, r: Running, state: TrialState, tags: dict[str, str], value: float | None = None,
                model_info: dict | None = None, retry: str | None = None, overrides: dict | None = None) -> None:
@@ -209,7 +221,7 @@ class TrialEvents:
             measured = r.config.get("cost_metrics") or []  # built in and the experiment's own
             costs = {k: v for k, v in (info.get("objectives") or {}).items() if k in measured}
             if costs:  # (epoch metrics are logged each epoch already)
-                self.tracker.log_epoch(r.run_id, int(info["epochs_run"]), costs)
+                self.tracker.log_epoch(r, int(info["epochs_run"]), costs)
         if r.pruned_at is not None:
             tags["hpolab.pruned_at_epoch"] = str(r.pruned_at)
             self.finish(r, TrialState.PRUNED, tags, model_info=info)  # a model only with log_models: all

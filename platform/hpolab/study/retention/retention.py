@@ -122,10 +122,11 @@ class Retention:
                 out.append((what, n, trials[n].user_attrs.get("mlflow_run_id"), self.trial_dir(n)))
         return out
 
-    def purge(self, client, items: list[tuple[str, int, str | None, Path]]) -> None:
+    def purge(self, client, items: list[tuple[str, int, str | None, Path]], experiment_id: str | None = None) -> None:
         """Delete what plan() listed (upload thread). A run still RUNNING is left for a later pass, its
-        local files included: another worker on the same --store may still be uploading them."""
-        promoted = promoted_runs(client, items)
+        local files included: another worker on the same --store may still be uploading them.
+        `experiment_id`: the study's (None: read from the first run)."""
+        promoted = promoted_runs(client, items) if experiment_id is None else promoted_in(client, experiment_id)
         for what, n, run_id, folder in items:
             run = client.get_run(run_id) if run_id is not None else None
             if run is not None and run.info.status == "RUNNING":  # first: its files may still be uploading

@@ -40,11 +40,15 @@ class MetricBatches:
     def start(self, run_id: str) -> None:
         self._last[run_id] = time.monotonic()
 
-    def add(self, run_id: str, step: int, metrics: dict[str, float]) -> bool:
-        """Append one step's metrics (timestamp now, ms); whether the run's batch is due for writing."""
+    def add(self, run_id: str, step: int, metrics: dict[str, float]) -> list[Metric]:
+        """Append one step's metrics (timestamp now, ms; numbers only); the points appended."""
         ts = int(time.time() * 1000)
         points = [Metric(k, float(v), ts, step) for k, v in metrics.items() if isinstance(v, (int, float))]
         self._points.setdefault(run_id, []).extend(points)
+        return points
+
+    def due(self, run_id: str) -> bool:
+        """Whether the run's batch should be written now (FLUSH_S since its start or last batch)."""
         return time.monotonic() - self._last.get(run_id, float("-inf")) >= self.flush_s
 
     def take(self, run_id: str) -> list[Metric]:

@@ -45,6 +45,7 @@ class Running:
     lost: str | None = None  # why Optuna no longer has it RUNNING (another worker reaped it; heartbeat.py)
     awaits_export: bool = False  # it reported "done" and waits for "export" | "skip" (child_export.py)
     model_tags: dict[str, str] | None = None  # what logging its model put on its run (once logged)
+    metric_points: list = field(default_factory=list)  # every metric point given to its run, in order (model links)
 
     @property
     def number(self) -> int:

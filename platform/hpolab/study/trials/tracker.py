@@ -98,7 +98,7 @@ class TrialTracker:
         for h in history:
             epoch = int(h["epoch"])
             metrics = {k: v for k, v in h.items() if k != "epoch"}
-            self.metrics.add(r.run_id, epoch, metrics)
+            r.metric_points += self.metrics.add(r.run_id, epoch, metrics)
             value = metrics.get(metric)
             if value is not None and value == value:
                 if report is not None:  # the pruner's report (pruning.py: the trial, or its companion)
@@ -110,10 +110,12 @@ class TrialTracker:
         self.flush_metrics(r.run_id)
         self.mlflow_guard(tr.set_tags, self.client, r.run_id, {"hpolab.resumed_after_epoch": str(r.epoch)})
 
-    def log_epoch(self, run_id: str, epoch: int, metrics: dict[str, float]) -> None:
-        """Batched (metric_batches.py): written from the upload thread, not on the driver's loop."""
-        if self.metrics.add(run_id, epoch, metrics):
-            self.flush_metrics(run_id)
+    def log_epoch(self, r: Running, epoch: int, metrics: dict[str, float]) -> None:
+        """Batched (metric_batches.py): written from the upload thread, not on the driver's loop.
+        Kept on `r` too: its model's metric links are made from them (model_links.points_at)."""
+        r.metric_points += self.metrics.add(r.run_id, epoch, metrics)
+        if self.metrics.due(r.run_id):
+            self.flush_metrics(r.run_id)
 
     def flush_metrics(self, run_id: str) -> None:
         """Queue the run's batched metrics (before any other job of that run: FIFO keeps them first)."""
@@ -247,7 +249,8 @@ class TrialTracker:
             if saved is not None:  # the store's copy is the one kept
                 shutil.rmtree(saved, ignore_errors=True)
         try:
-            link_trial_metrics(self.client, r.run_id, tags["hpolab.model_id"], int(info["best_epoch"]), info.get("objectives") or {})
+            link_trial_metrics(self.client, r.run_id, tags["hpolab.model_id"], int(info["best_epoch"]), info.get("objectives") or {},
+                               logged=r.metric_points)
         except Exception as e:  # the model stands; `study check --repair` links them later
             self.note(f"trial {r.number}: linking its metrics to its model failed: {e}")
         return tags
@@ -258,7 +261,7 @@ class TrialTracker:
         trials = self.retention.study.get_trials(deepcopy=False)  # one read for the plan and the ranks
         items = self.retention.plan(trials)
         if items:
-            self.uploads.submit("retention", self.retention.purge, self.client, items)
+            self.uploads.submit("retention", self.retention.purge, self.client, items, self.experiment_id)
         ranks = self.retention.rank_tags(trials, force=last)
         if ranks is not None:  # after the deletes: only the models still kept are tagged
             self.uploads.submit("model ranks", apply_rank_tags, self.client, self.experiment_id, self.study_name, ranks)
