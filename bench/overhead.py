@@ -43,9 +43,9 @@ TARGETS_NO_MODELS = {(1, 2.0): 1.10, (2, 2.0): 0.80}
 TARGETS_DEFAULT_MODELS = {(1, 2.0): 1.20, (2, 2.0): 0.80}
 
 
-def env() -> dict[str, str]:
-    # This worktree's hpolab, whatever is installed in the venv.
-    return {**os.environ, "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+def env(root: Path = ROOT) -> dict[str, str]:
+    # This worktree's hpolab (or --compare-root's), whatever is installed in the venv.
+    return {**os.environ, "PYTHONPATH": f"{root / 'platform'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
 def load() -> str:
@@ -64,11 +64,11 @@ def hpolab_has_log_models_knob() -> bool:
 # ------------------------------------------------------------------ one measurement each
 
 
-def timed(cmd: list[str], log: Path) -> tuple[float, float, float]:
+def timed(cmd: list[str], log: Path, root: Path = ROOT) -> tuple[float, float, float]:
     """Run cmd from the project root; (wall s, start, end as time.time()). Output goes to `log`."""
     t_start, t0 = time.time(), time.perf_counter()
     with log.open("w") as out:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, cwd=root, env=env(root), stdout=out, stderr=subprocess.STDOUT)
     wall, t_end = time.perf_counter() - t0, time.time()
     if proc.returncode != 0:
         sys.exit(f"overhead: {' '.join(cmd[:4])} ... failed with exit code {proc.returncode}; see {log}")
@@ -84,14 +84,15 @@ def run_baseline(store: Path, trials: int, epochs: int, log_models: bool) -> dic
             "fit_seconds": summary["fit_seconds"], "epochs": summary["epochs"]}
 
 
-def run_hpolab(store: Path, trials: int, epochs: int, parallel: int, log_models: bool | None) -> dict:
+def run_hpolab(store: Path, trials: int, epochs: int, parallel: int, log_models: bool | None, root: Path = ROOT,
+               side: str = "hpolab") -> dict:
     # log_models None: hpolab's default (no knob, or --hpolab-default-models)
     knob = [] if log_models is None else [f"log_models={'complete' if log_models else 'none'}"]
     cmd = [str(Path(sys.executable).with_name("hpolab")), "--store", str(store), "study", "run", SPEC,
            f"n_trials={trials}", f"parallel={parallel}", f"trainer.max_epochs={epochs}", *COMMON, *knob]
     store.mkdir(parents=True)
-    wall, t_start, t_end = timed(cmd, store.parent / f"{store.name}.log")
-    return {"side": "hpolab", "parallel": parallel, "wall": wall, "t_start": t_start, "t_end": t_end, "store": store}
+    wall, t_start, t_end = timed(cmd, store.parent / f"{store.name}.log", root)
+    return {"side": side, "parallel": parallel, "wall": wall, "t_start": t_start, "t_end": t_end, "store": store}
 
 
 # ------------------------------------------------------------------ reading the stores back
@@ -260,6 +261,9 @@ def main() -> int:
     ap.add_argument("--hpolab-default-models", action="store_true",
                     help="hpolab keeps its default model logging (no log_models= override) whatever the baseline "
                          "does: with --no-log-models, 'default logging vs a loop that logs none'")
+    ap.add_argument("--compare-root", type=Path,
+                    help="also run this checkout's hpolab (e.g. an earlier commit unpacked with git archive) in every "
+                         "round at parallel 1: before and after under the same load")
     ap.add_argument("--keep", action="store_true", help="keep the temporary stores (their path is printed)")
     ap.add_argument("--json", type=Path, help="also write every measurement here (e.g. bench/results/overhead.json)")
     args = ap.parse_args()
@@ -291,6 +295,8 @@ def main() -> int:
         print(f"\n## trials of ~{length:g} s: max_epochs={epochs}")
         for rep in range(args.repeats):
             plan = [("baseline", 1)] + [("hpolab", p) for p in args.parallel]
+            if args.compare_root:
+                plan.append(("compared", 1))
             if rep % 2:
                 plan.reverse()  # ABBA: a drifting load hits both sides alike
             for side, p in plan:
@@ -298,6 +304,8 @@ def main() -> int:
                 print(f"  round {rep + 1}: {side:8} p={p}  {load()}", end="", flush=True)
                 if side == "baseline":
                     m = run_baseline(store, args.trials, epochs, args.log_models)
+                elif side == "compared":
+                    m = run_hpolab(store, args.trials, epochs, p, hp_log_models, args.compare_root.resolve(), side)
                 else:
                     m = run_hpolab(store, args.trials, epochs, p, hp_log_models)
                 m["attribution"] = attribution(m)
@@ -317,6 +325,14 @@ def main() -> int:
     else:
         targets = TARGETS_DEFAULT_MODELS if hp_log_models is None else TARGETS_NO_MODELS
     print(ratio_table(results, args.lengths, args.parallel, targets))
+    if args.compare_root:
+        for length in args.lengths:
+            runs = results[length]["runs"]
+            base = statistics.median(m["wall"] for m in runs if m["side"] == "baseline")
+            walls = {s: statistics.median(m["wall"] for m in runs if m["side"] == s and m["parallel"] == 1)
+                     for s in ("hpolab", "compared")}
+            print(f"\n~{length:g} s, p=1: this checkout {walls['hpolab']:.1f} s ({walls['hpolab'] / base:.2f}x), "
+                  f"{args.compare_root} {walls['compared']:.1f} s ({walls['compared'] / base:.2f}x), baseline {base:.1f} s")
     for length in args.lengths:
         print(f"\n## Where the time goes, trials of ~{length:g} s (max_epochs={results[length]['epochs']}), means over rounds\n")
         print(attribution_table(results, length, args.parallel))

@@ -128,7 +128,7 @@ def targets():
         (T, "start_run", "1 start:   start_run", None),
         (tr, "start_child_run", "1 start:     create run", None),
         (tr, "log_params", "1 start:     params", None),
-        (tracker, "log_code", "1 start:     code artifact", None),
+        (MlflowClient, "log_batch", "1 start:     (any thread) client.log_batch", None),
         (runner.TrialRunner, "spawn_trial", "1 start:   spawn trial process", _mark("spawned", at_start=False)),
         (E, "on_epoch", "2 epoch: on_epoch", _mark_epoch),
         (pruning.Pruning, "report", "2 epoch:   pruner report", None),

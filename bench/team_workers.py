@@ -1,0 +1,112 @@
+"""Two workers on a team's stores: one-epoch trials per second, and MLflow server requests per trial.
+
+    PYTHONPATH=platform .venv/bin/python bench/team_workers.py [--trials 150] [--workers 2] [--root TREE]
+
+PostgreSQL (Optuna) + `mlflow server` with a PostgreSQL backend and served artifacts, started natively on
+loopback (bench/team_stores.py, as bench/scale.py --stores team runs them), fresh for each run. The
+workers are `hpolab worker` processes (parallel 1 each) on one study of one-epoch digits trials
+(`log_models: none`, random sampler, no pruning). Reported: trials/s over the whole study (first trial
+start -> last trial complete, from Optuna), over the first and the last 100 trials (or a third of
+them), and the server's requests per trial from its access log.
+
+--root runs another checkout's hpolab (e.g. an older commit unpacked with `git archive`), so a
+before/after pair runs on the same machine at about the same load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from team_stores import team_stores  # noqa: E402
+
+REQUEST = re.compile(r'"(GET|POST|PUT|PATCH|DELETE) (/[^ ?"]*)')
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.2f} / {five:.2f} / {fifteen:.2f} (1/5/15 min, {os.cpu_count()} cores)"
+
+
+def rates(storage: str, window: int) -> dict:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    trials = [t for t in optuna.load_study(study_name="team", storage=storage).get_trials(deepcopy=False)
+              if t.datetime_complete is not None]
+    trials.sort(key=lambda t: t.datetime_complete)
+    done = [t.datetime_complete.timestamp() for t in trials]
+    start = min(t.datetime_start.timestamp() for t in trials)
+
+    def rate(ts: list[float], since: float) -> float:
+        return len(ts) / (ts[-1] - since)
+
+    return {"finished": len(trials), "states": dict(collections.Counter(t.state.name for t in trials)),
+            "trials_per_s": rate(done, start), f"first_{window}": rate(done[:window], start),
+            f"last_{window}": rate(done[-window:], done[-window - 1])}
+
+
+def requests(log: Path, start: int) -> collections.Counter:
+    out = collections.Counter()
+    for method, path in REQUEST.findall(log.read_text()[start:]):
+        path = re.sub(r"/[0-9a-f]{32}(?=/|$)", "/<id>", path)
+        path = re.sub(r"(/mlflow-artifacts/artifacts/).*", r"\1...", path)
+        out[f"{method} {path}"] += 1
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=150)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--root", type=Path, default=HERE.parent, help="the checkout whose hpolab runs (default: this one)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    root = args.root.resolve()
+    env = {**os.environ, "PYTHONPATH": str(root / "platform"), "PYTHONUNBUFFERED": "1"}
+    for k in ("OPTUNA_STORAGE", "MLFLOW_TRACKING_URI", "HPOLAB_STORE"):
+        env.pop(k, None)
+    folder = Path(tempfile.mkdtemp(prefix="hpolab-team-workers-"))
+    exe = str(Path(sys.executable).with_name("hpolab"))
+    spec = ["studies/digits_cnn.yaml", "name=team", f"n_trials={args.trials}", "parallel=1", "trainer.max_epochs=1",
+            "log_models=none", "sampler={type: random}", "pruner={type: none}", "trainer.early_stopping_patience=null"]
+    print(f"{root}: {args.workers} workers, {args.trials} one-epoch trials; {load()}", flush=True)
+    with team_stores(folder, env) as (storage, url):
+        log = folder / "mlflow-server.log"
+        mark = len(log.read_text())
+        wenv = {**env, "OPTUNA_STORAGE": storage, "MLFLOW_TRACKING_URI": url}
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen([exe, "--store", str(folder / f"w{i}"), "worker", *spec], cwd=root, env=wenv,
+                                  stdout=(folder / f"w{i}.log").open("w"), stderr=subprocess.STDOUT) for i in range(args.workers)]
+        codes = [p.wait() for p in procs]
+        wall = time.perf_counter() - t0
+        time.sleep(1.0)  # the last access log lines
+        if any(codes):
+            sys.exit(f"team_workers: worker exit codes {codes}; see {folder}")
+        out = {"root": str(root), "workers": args.workers, "trials": args.trials, "wall": wall,
+               **rates(storage, min(100, args.trials // 3))}
+        counted = requests(log, mark)
+        out["requests_per_trial"] = sum(counted.values()) / out["finished"]
+        out["by_endpoint_per_trial"] = {k: v / out["finished"] for k, v in counted.most_common()}
+    out["load_end"] = os.getloadavg()
+    print(json.dumps(out, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
