@@ -1,4 +1,5 @@
-"""The driver's background writer: checkpoint uploads, model logging, run closes and retention.
+"""The driver's background writer: a trial run's config.yaml and code file, its batched epoch metrics
+(metric_batches.py), checkpoint uploads, model logging, run closes and retention.
 
 Nothing that can take seconds runs on the driver's loop (it answers every trial's epoch): one thread
 takes jobs from a FIFO queue. One thread and FIFO order, so a run's uploads, its model and its close
