@@ -39,6 +39,7 @@ class RecordingTrial:
 
     def report(self, epoch: int, metrics: dict[str, float], checkpoint: dict | None = None) -> bool:
         assert isinstance(epoch, int) and all(isinstance(v, float) for v in metrics.values()), (epoch, metrics)
+        assert not self.reports or epoch > self.reports[-1][0], f"epoch {epoch} reported after {self.reports[-1][0]}: epochs go up"
         self.reports.append((epoch, dict(metrics)))
         if checkpoint is not None:
             self.checkpoint(checkpoint)

@@ -81,20 +81,22 @@ class HpolabCallback(TrainerCallback):
         self._train_loss: float | None = None  # the last training loss logged before an evaluation
         self._pending: tuple[int, dict[str, float]] | None = None  # a report waiting for its epoch's save
         self._stopping = False
+        self._training = False  # between on_train_begin and on_train_end: a trainer.evaluate() after train() is not an epoch
+        self._packed: list[Path] = []  # checkpoint folders sent to the trial: the trial's checkpoint holds them now
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
         if _strategy(args.eval_strategy) != "epoch":
             raise ValueError(f"HpolabCallback reports one evaluation per epoch: set TrainingArguments(eval_strategy='epoch'), "
                              f"not {_strategy(args.eval_strategy)!r}")
-        self._stopping, self._pending = False, None
+        self._stopping, self._pending, self._training = False, None, True
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs: dict | None = None, **kwargs) -> None:
         if logs and "loss" in logs:
             self._train_loss = float(logs["loss"])
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, metrics: dict | None = None, **kwargs) -> None:
-        if self._stopping:
-            return  # after a stop, nothing more is sent (a final trainer.evaluate() call, say)
+        if self._stopping or not self._training:
+            return  # after a stop, or outside train() (a final trainer.evaluate() call), nothing more is sent
         # train() has read a restored folder by its first evaluation: leave no second copy in the trial's folder
         shutil.rmtree(Path(self.trial.dir) / RESUME_DIR, ignore_errors=True)
         reported = {k: v for k, v in _numbers(metrics or {}).items() if k.startswith("eval_")}
@@ -111,6 +113,8 @@ class HpolabCallback(TrainerCallback):
             return  # a stopped trial is not resumed: its last state is not needed
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"  # what the Trainer just wrote
         packed = pack_folder(folder) if folder.is_dir() else None
+        if packed is not None:
+            self._packed.append(folder)
         if self._pending is not None:
             (epoch, metrics), self._pending = self._pending, None
             self._report(control, epoch, metrics, packed)
@@ -121,6 +125,12 @@ class HpolabCallback(TrainerCallback):
         if self._pending is not None:  # a save that never came: the metrics still count
             (epoch, metrics), self._pending = self._pending, None
             self._report(control, epoch, metrics, None)
+        self._training = False
+        # The Trainer is done with its folders (a best model is loaded before this call); the packed ones
+        # live on in the trial's checkpoint, and left in trial.dir they would cost a model's size per trial.
+        for folder in self._packed:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._packed = []
 
     def _report(self, control: TrainerControl, epoch: int, metrics: dict[str, float], checkpoint: dict | None) -> None:
         if self.trial.report(epoch, metrics, checkpoint=checkpoint):
