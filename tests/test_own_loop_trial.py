@@ -51,7 +51,7 @@ def test_best_epoch_checkpoints_and_a_resumed_attempt(tmp_path):
     assert last["epoch"] == 3 and [h["epoch"] for h in last["history"]] == [1, 2, 3] and last["own_loop"] == 1
     assert best["epoch"] == 2 and torch.equal(best["state"]["w"], torch.ones(2) * 2)  # best.pt: the best epoch's state
     summary = trial.summary(False, None)
-    assert (summary["best_value"], summary["best_epoch"], summary["epochs_run"], summary["stop_reason"]) == (pytest.approx(0.8), 2, 3, "max_epochs")
+    assert (summary["best_value"], summary["best_epoch"], summary["epochs_run"], summary["stop_reason"]) == (pytest.approx(0.8), 2, 3, "returned")
 
     again = OwnTrial(Driver().child, _job(tmp_path / "retry", resume_from=str(tmp_path / "last.pt")))
     assert again.start_epoch == 4 and torch.equal(again.restore()["w"], torch.ones(2) * 3)
@@ -98,3 +98,27 @@ def test_objectives_are_the_best_epochs_values_and_costs_need_the_model(tmp_path
         trial.summary(False, None)
     trial.log_model(torch.nn.Linear(3, 2), torch.zeros(1, 3))
     assert trial.summary(False, None)["objectives"]["params"] == 8
+
+
+def test_a_stopped_trial_with_cost_objectives_needs_no_logged_model(tmp_path):
+    # Pruned (or interrupted: retried) after its first epoch, the loop returns at once without
+    # trial.log_model: its summary must not fail for the cost metric it never had a model to measure.
+    job = _job(tmp_path)
+    job["config"].update(objectives=["val_acc", "params"], cost_metrics=["params"])
+    trial = OwnTrial(Driver(stop_at=1).child, job)
+    assert trial.report(1, {"val_acc": 0.4}) is True
+    summary = trial.summary(False, None)
+    assert summary["stop_reason"] == "stopped_by_caller" and summary["objectives"] == {"val_acc": 0.4}
+
+    finished = OwnTrial(Driver().child, _job(tmp_path / "done"))
+    finished.config.update(objectives=["val_acc", "params"], cost_metrics=["params"])
+    finished.report(1, {"val_acc": 0.4})
+    with pytest.raises(TrialFailure, match="call trial.log_model"):  # one that ran to the end still must log it
+        finished.summary(False, None)
+
+
+def test_a_loop_that_returns_before_max_epochs_says_so(tmp_path):
+    trial = OwnTrial(Driver().child, _job(tmp_path))  # trainer.max_epochs: 5
+    trial.report(1, {"val_acc": 0.4})
+    trial.report(2, {"val_acc": 0.5})
+    assert trial.summary(False, None)["stop_reason"] == "returned"  # its own early stopping, not "max_epochs"

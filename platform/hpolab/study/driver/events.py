@@ -235,14 +235,14 @@ class TrialEvents:
         tags[f"hpolab.best_{self.metric}"] = repr(best)
         if not math.isfinite(best):  # Optuna would record FAIL (a warning only): say why in both stores
             tags["hpolab.fail_reason"] = (f"the study metric {self.metric} was never finite (NaN or inf after each of "
-                                          f"{info['epochs_run']} epochs): check the experiment's metrics()")
+                                          f"{info['epochs_run']} epochs): check {_metrics_source(info)}")
             tags["hpolab.fail_kind"] = "metric"
             self.finish(r, TrialState.FAIL, tags)
             return
         told = objective_values.optuna_values(self.spec, info.get("objectives"), best) if self.spec is not None else best
         bad = objective_values.not_finite(self.spec, told) if self.spec is not None else []
         if bad:
-            tags["hpolab.fail_reason"] = f"objective {', '.join(bad)} is not finite (NaN or inf): check the experiment's metrics()"
+            tags["hpolab.fail_reason"] = f"objective {', '.join(bad)} is not finite (NaN or inf): check {_metrics_source(info)}"
             tags["hpolab.fail_kind"] = "metric"
             self.finish(r, TrialState.FAIL, tags)
             return
@@ -283,6 +283,11 @@ class TrialEvents:
                 "hpolab.fail_kind": "interrupted", "hpolab.epochs_run": str(r.epoch)}, retry="interrupted")
             return
         self.finish(r, TrialState.FAIL, {"hpolab.fail_reason": exit_reason(code), "hpolab.fail_kind": "process", "hpolab.epochs_run": str(r.epoch)})
+
+
+def _metrics_source(info: dict[str, Any]) -> str:
+    """Where a trial's metric values come from, for a fail reason."""
+    return "what the experiment's train() reports" if info.get("own_loop") else "the experiment's metrics()"
 
 
 def disagreement(frozen: FrozenTrial | None, state: TrialState, value: float | None, model_info: dict | None,

@@ -162,25 +162,33 @@ class OwnTrial:
             "best_value": loop.best_value,
             "best_epoch": loop.best_epoch,
             "epochs_run": loop.epoch,
-            "stop_reason": "stopped_by_caller" if stopped else "max_epochs",
+            # "returned": the loop ended before trainer.max_epochs by itself (its own early stopping)
+            "stop_reason": "stopped_by_caller" if stopped else "max_epochs" if loop.epoch >= self._max_epochs() else "returned",
             "best_checkpoint": str(self._best_path) if self._best_path else None,
             "last_checkpoint": str(self._last_path) if self._last_path else None,
             "amp": "own loop",
             "device": str(self.device),
             "devices": 1,
             "notes": [],
-            "objectives": self._objective_values(costs) if self.config.get("objectives") else None,
+            "objectives": self._objective_values(costs, stopped) if self.config.get("objectives") else None,
             "own_loop": True,
             "model_logged": self.model_logged,
             "pruned_by_train": pruned_by_train and not self._stopped,  # optuna.TrialPruned raised unasked
         }
 
-    def _objective_values(self, own_costs: Callable | None) -> dict[str, float]:
-        """Every reported metric at the best epoch, and the cost metrics measured on the logged model."""
+    def _max_epochs(self) -> int:
+        return int(self.config.get("trainer", {}).get("max_epochs", 0))
+
+    def _objective_values(self, own_costs: Callable | None, stopped: bool) -> dict[str, float]:
+        """Every reported metric at the best epoch, and the cost metrics measured on the logged model.
+        A stopped trial (pruned, or interrupted and retried) is told no values: what it reported is
+        enough, and a loop that returned at once has logged no model to measure."""
         from hpolab.train.costs import cost_metrics
 
         at_best = next((h for h in self._loop.history if h["epoch"] == self._loop.best_epoch), self._loop.history[-1])
         values = {k: float(v) for k, v in at_best.items() if k != "epoch"}
+        if stopped:
+            return values
         measured = list(self.config.get("cost_metrics") or [])
         missing = [m for m in self.config["objectives"] if m not in values and m not in measured]
         if missing:
