@@ -6,7 +6,7 @@ experiments/digits_own_loop.py is a plain PyTorch loop (its own optimizer and sc
 and dropout, and prunes trials the median pruner finds behind after their second epoch. Each trial
 runs in its own process and is logged to MLflow, as with `hpolab study run`.
 
-Run it from the project folder (the study lives in ./mlruns, or --store / HPOLAB_STORE):
+Run it from the project folder (the study lives in ./mlruns, or in the folder HPOLAB_STORE names):
 
     python examples/own_loop.py                          # the spec as written: 12 trials of 8 epochs
     python examples/own_loop.py n_trials=6 trainer.max_epochs=4

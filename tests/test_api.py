@@ -293,3 +293,16 @@ def test_a_dict_spec_finds_its_experiment_in_project_dir(store, tmp_path):
     with pytest.raises(SpecError) as found:  # found in the project: its MODEL_DEFAULTS are checked
         hpolab.run_study(spec, store=store, project_dir=project, progress=False)
     assert "model.nope: unknown key for experiment api_probe (known: width)" in found.value.problems
+
+
+def test_dict_overrides_take_numpy_values_and_name_a_key_they_cannot_write():
+    import numpy as np
+
+    from hpolab.api.specs import override_strings
+    from hpolab.errors import UserError
+
+    # what a notebook's own search hands over: numpy scalars read back as the numbers they are
+    assert override_strings({"n_trials": np.int64(4), "trainer.lr": np.float64(0.25), "model.sizes": np.array([8, 16])}) == [
+        "n_trials=4", "trainer.lr=0.25", "model.sizes=[8, 16]"]
+    with pytest.raises(UserError, match="override 'model.fn'"):
+        override_strings({"model.fn": print})

@@ -15,7 +15,7 @@ __version__ = "0.3.0"
 
 # name -> the hpolab.api module defining it
 _API = {"run_study": "running", "load_study": "study", "Study": "study", "BestTrial": "study", "Promotion": "study",
-        "lr_find": "models", "predict": "models"}
+        "lr_find": "models", "LRFind": "models", "predict": "models"}
 __all__ = ["__version__", *_API]
 
 

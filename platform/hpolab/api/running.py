@@ -12,11 +12,14 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import hpolab.api.specs as specs
 from hpolab.api.stores import keep_tracking_uri, open_stores
 from hpolab.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, StudyError
+
+if TYPE_CHECKING:  # the annotation only (run_study imports Study when it returns one)
+    from hpolab.api.study import Study
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ def raise_for_outcome(outcome) -> None:
 def run_study(spec: specs.SpecSource, overrides: specs.Overrides = None, *, store: str | Path | None = None,
               storage: str | None = None, tracking_uri: str | None = None, progress: bool = True,
               new_study: str | None = None, allow_spec_change: bool = False, allow_code_change: bool = False,
-              project_dir: str | Path | None = None):
+              project_dir: str | Path | None = None) -> "Study":
     """Run (or continue) a study up to its `n_trials` budget, as `hpolab study run SPEC key=value ...`.
 
     `spec`: a spec file's path, or a dict of the same keys (checked the same way: a SpecError names

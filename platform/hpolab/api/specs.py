@@ -22,13 +22,30 @@ def override_strings(overrides: Overrides, new_study: str | None = None) -> list
     if overrides is None:
         items: list[str] = []
     elif isinstance(overrides, Mapping):
-        items = [f"{k}={json.dumps(v)}" for k, v in overrides.items()]
+        items = [f"{k}={_json_value(k, v)}" for k, v in overrides.items()]
     elif isinstance(overrides, str):
         items = [overrides]  # one "key=value" (a str is a Sequence: never split it into letters)
     else:
         items = [str(o) for o in overrides]
     # JSON-quoted: a YAML scalar like `1` or `yes` stays a string
     return items + ([f"name={json.dumps(new_study)}"] if new_study else [])
+
+
+def _json_value(key: str, value: Any) -> str:
+    """An override's value as JSON; numpy scalars and arrays (from a notebook's search) as their Python
+    values; anything else JSON cannot write is one UserError naming the key."""
+    from hpolab.errors import UserError
+
+    def plain(v: Any) -> Any:
+        if hasattr(v, "tolist"):  # numpy scalars and arrays, 0-d tensors
+            return v.tolist()
+        raise TypeError(type(v).__name__)
+
+    try:
+        return json.dumps(value, default=plain)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"override {key!r}: a {e} value cannot be written to a spec; give numbers, strings, "
+                        "booleans, None, lists or dicts") from None
 
 
 def is_spec_file(spec: SpecSource) -> bool:
