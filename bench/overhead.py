@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -65,20 +64,12 @@ def hpolab_has_log_models_knob() -> bool:
 # ------------------------------------------------------------------ one measurement each
 
 
-CPU: dict[str, float] = {}  # log path -> CPU seconds (user + system) of the command and every process it waited for
-
-
 def timed(cmd: list[str], log: Path, root: Path = ROOT) -> tuple[float, float, float]:
-    """Run cmd from the project root; (wall s, start, end as time.time()). Output goes to `log`.
-    Its CPU seconds (the process tree's, as each parent reaps its children) go to CPU[str(log)]:
-    on a busy machine they vary less than the wall time."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    """Run cmd from the project root; (wall s, start, end as time.time()). Output goes to `log`."""
     t_start, t0 = time.time(), time.perf_counter()
     with log.open("w") as out:
         proc = subprocess.run(cmd, cwd=root, env=env(root), stdout=out, stderr=subprocess.STDOUT)
     wall, t_end = time.perf_counter() - t0, time.time()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    CPU[str(log)] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if proc.returncode != 0:
         sys.exit(f"overhead: {' '.join(cmd[:4])} ... failed with exit code {proc.returncode}; see {log}")
     return wall, t_start, t_end
@@ -90,7 +81,6 @@ def run_baseline(store: Path, trials: int, epochs: int, log_models: bool) -> dic
     wall, t_start, t_end = timed(cmd, store.parent / f"{store.name}.log")
     summary = json.loads((store / "summary.json").read_text())
     return {"side": "baseline", "parallel": 1, "wall": wall, "t_start": t_start, "t_end": t_end, "store": store,
-            "cpu": CPU[str(store.parent / f"{store.name}.log")],
             "fit_seconds": summary["fit_seconds"], "epochs": summary["epochs"]}
 
 
@@ -102,8 +92,7 @@ def run_hpolab(store: Path, trials: int, epochs: int, parallel: int, log_models:
            f"n_trials={trials}", f"parallel={parallel}", f"trainer.max_epochs={epochs}", *COMMON, *knob]
     store.mkdir(parents=True)
     wall, t_start, t_end = timed(cmd, store.parent / f"{store.name}.log", root)
-    return {"side": side, "parallel": parallel, "wall": wall, "t_start": t_start, "t_end": t_end, "store": store,
-            "cpu": CPU[str(store.parent / f"{store.name}.log")]}
+    return {"side": side, "parallel": parallel, "wall": wall, "t_start": t_start, "t_end": t_end, "store": store}
 
 
 # ------------------------------------------------------------------ reading the stores back
@@ -321,7 +310,7 @@ def main() -> int:
                     m = run_hpolab(store, args.trials, epochs, p, hp_log_models)
                 m["attribution"] = attribution(m)
                 m["params"] = params_of(store)
-                print(f"  -> {m['wall']:.1f} s wall, {m['cpu']:.1f} s CPU", flush=True)
+                print(f"  -> {m['wall']:.1f} s")
                 results[length]["runs"].append(m)
                 if not args.keep:
                     shutil.rmtree(store, ignore_errors=True)
@@ -340,12 +329,10 @@ def main() -> int:
         for length in args.lengths:
             runs = results[length]["runs"]
             base = statistics.median(m["wall"] for m in runs if m["side"] == "baseline")
-            for key in ("wall", "cpu"):
-                base = statistics.median(m[key] for m in runs if m["side"] == "baseline")
-                v = {s: statistics.median(m[key] for m in runs if m["side"] == s and m["parallel"] == 1)
+            walls = {s: statistics.median(m["wall"] for m in runs if m["side"] == s and m["parallel"] == 1)
                      for s in ("hpolab", "compared")}
-                print(f"\n~{length:g} s, p=1, {key} s: this checkout {v['hpolab']:.1f} ({v['hpolab'] / base:.2f}x), "
-                      f"{args.compare_root} {v['compared']:.1f} ({v['compared'] / base:.2f}x), baseline {base:.1f}")
+            print(f"\n~{length:g} s, p=1: this checkout {walls['hpolab']:.1f} s ({walls['hpolab'] / base:.2f}x), "
+                  f"{args.compare_root} {walls['compared']:.1f} s ({walls['compared'] / base:.2f}x), baseline {base:.1f} s")
     for length in args.lengths:
         print(f"\n## Where the time goes, trials of ~{length:g} s (max_epochs={results[length]['epochs']}), means over rounds\n")
         print(attribution_table(results, length, args.parallel))
