@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -94,12 +95,13 @@ def time_commands(store: Path, extra_env: dict[str, str] | None = None, commands
     rows = []
     for label, args, target in commands:
         args = [a.format(store=store) for a in args]
-        t0 = time.perf_counter()
+        t0, ru0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
         cmd = [sys.executable, "-c", "import optuna, mlflow"] if label == FLOOR else hpolab(store, *args)
         out = subprocess.run(cmd, cwd=ROOT, env={**env(), **(extra_env or {})}, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
+        wall, ru = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime  # the command's CPU seconds: what a loaded machine does not inflate
         ok = out.returncode == 0 or (label == "study check" and out.returncode == 1)  # 1: it found problems
-        rows.append({"command": label, "seconds": wall, "target": target, "rc": out.returncode,
+        rows.append({"command": label, "seconds": wall, "cpu": cpu, "target": target, "rc": out.returncode,
                      "note": "" if ok else (out.stderr.strip().splitlines() or ["?"])[-1][:80]})
     return rows
 
@@ -152,6 +154,7 @@ def main() -> None:
     ap.add_argument("--store", type=Path, help="default: a new temporary folder (kept, its path printed)")
     ap.add_argument("--reuse", action="store_true", help="time the commands on --store's study without running it")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--pad-to", type=int, default=0, help="team: grow the study to this many trials with copies of its real ones")
     a = ap.parse_args()
     if a.trials < 1:
         sys.exit("scale: --trials must be >= 1")
@@ -160,7 +163,7 @@ def main() -> None:
     if a.stores == "team":
         from scale_team import run_team
 
-        return run_team(store, a.trials, a.reuse, a.json)
+        return run_team(store, a.trials, a.reuse, a.json, a.pad_to)
     samples: list = []
     if not (a.reuse and (store / "optuna.db").exists()):
         t0 = time.perf_counter()

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -76,12 +77,43 @@ def small_studies(urls: dict[str, str], count: int) -> None:
             client.create_experiment(name)
 
 
-def rates(storage: str, name: str) -> dict:
-    """The study's trials/s: overall (first start to last end), over its first and its last 100 trials."""
+def pad_study(urls: dict[str, str], name: str, n: int) -> int:
+    """Grow study `name` to `n` trials with copies of its real finished ones (for timing the reads at a
+    size the workers would take too long to make here): each copy has its source's params, values,
+    intermediate values and attrs in Optuna, and an MLflow run under the same parent with its
+    source's tags, params and latest metrics (the run's own id and trial number). Returns how many."""
+    import optuna
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # (its "View run ..." line per run)
+    study = optuna.load_study(study_name=name, storage=urls["OPTUNA_STORAGE"])
+    client = MlflowClient(tracking_uri=urls["MLFLOW_TRACKING_URI"])
+    real = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and t.user_attrs.get("mlflow_run_id")]
+    added, number = 0, len(study.trials)
+    while number < n:
+        src = real[added % len(real)]
+        run = client.get_run(src.user_attrs["mlflow_run_id"])
+        tags = {**run.data.tags, "optuna.trial_number": str(number), "mlflow.runName": f"trial-{number}"}
+        new = client.create_run(run.info.experiment_id, run_name=f"trial-{number}", tags=tags)
+        client.log_batch(new.info.run_id, metrics=[Metric(k, v, 0, 1) for k, v in run.data.metrics.items()],
+                         params=[Param(k, v) for k, v in run.data.params.items()])
+        client.set_terminated(new.info.run_id, run.info.status)
+        study.add_trial(optuna.trial.create_trial(state=src.state, values=src.values, params=src.params, distributions=src.distributions,
+                                                  user_attrs={**src.user_attrs, "mlflow_run_id": new.info.run_id},
+                                                  system_attrs=src.system_attrs, intermediate_values=src.intermediate_values))
+        added, number = added + 1, number + 1
+    return added
+
+
+def rates(storage: str, name: str, real: int) -> dict:
+    """The study's trials/s: overall (first start to last end), over its first and its last 100 trials
+    (of its first `real` trials: the workers', not pad_study's copies)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    trials = [t for t in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False) if t.number < real]
     ends = sorted(t.datetime_complete.timestamp() for t in trials if t.datetime_complete)
     starts = sorted(t.datetime_start.timestamp() for t in trials if t.datetime_start)
     if len(ends) < 2:
@@ -106,7 +138,7 @@ def quiet_pass(store: Path, urls: dict[str, str]) -> list[dict]:
     return rows
 
 
-def live_pass(store: Path, urls: dict[str, str]) -> tuple[list[dict], int]:
+def live_pass(store: Path, urls: dict[str, str]) -> tuple[list[dict], dict[str, int]]:
     """The commands timed while one worker writes study LIVE (started first, one trial done)."""
     import optuna
 
@@ -121,7 +153,7 @@ def live_pass(store: Path, urls: dict[str, str]) -> tuple[list[dict], int]:
                 pass
             time.sleep(2.0)
         rows = time_commands(store / "reader", urls, COMMANDS)
-        peak = connections(urls["OPTUNA_STORAGE"])
+        peak = {db: connections(urls["OPTUNA_STORAGE"], db) for db in ("optuna", "mlflow")}
         proc.send_signal(signal.SIGINT)  # as Ctrl-C: its running trial is queued to resume
         try:
             proc.wait(timeout=120)
@@ -130,7 +162,7 @@ def live_pass(store: Path, urls: dict[str, str]) -> tuple[list[dict], int]:
     return rows, peak
 
 
-def run_team(store: Path, trials: int, reuse: bool, json_out: Path | None) -> None:
+def run_team(store: Path, trials: int, reuse: bool, json_out: Path | None, pad_to: int = 0) -> None:
     store.mkdir(parents=True, exist_ok=True)
     built = store / "team-built.json"
     with team_stores(store, env()) as (storage, tracking):
@@ -142,11 +174,15 @@ def run_team(store: Path, trials: int, reuse: bool, json_out: Path | None) -> No
             small_studies(urls, STUDIES - 3)
             built.write_text(json.dumps(made))
         made = json.loads(built.read_text())
+        if pad_to > made.get("size", made["trials"]):
+            made["padded"] = made.get("padded", 0) + pad_study(urls, NAME, pad_to)
+            made["size"] = pad_to
+            built.write_text(json.dumps(made))
         quiet = quiet_pass(store, urls)
         live, peak = live_pass(store, urls)
-        driver = rates(storage, NAME)
+        driver = rates(storage, NAME, made["trials"])
     one, five, fifteen = os.getloadavg()
-    res = {"stores": "team", "trials": made["trials"], "parallel": "1 x 2 workers", "load": f"{one:.2f}/{five:.2f}/{fifteen:.2f}",
+    res = {"stores": "team", "trials": made.get("size", made["trials"]), "padded": made.get("padded", 0), "parallel": "1 x 2 workers", "load": f"{one:.2f}/{five:.2f}/{fifteen:.2f}",
            "build_seconds": made["seconds"], "commands": live, "quiet": quiet, "driver": driver, "connections_live": peak}
     print_team(res)
     if json_out:
@@ -155,11 +191,16 @@ def run_team(store: Path, trials: int, reuse: bool, json_out: Path | None) -> No
 
 def print_team(res: dict) -> None:
     print_table(res)  # the figures while a third study is written
-    print(f"\n{'quiet stores (s, MLflow requests)':<34} {'measured':>12} {'requests':>9}")
+    if res["padded"]:
+        print(f"({res['padded']} of the {res['trials']} trials are copies of the real ones: scale_team.pad_study)")
+    print(f"{'(CPU s of each command)':<34} " + " / ".join(f"{r['cpu']:.2f}" for r in res["commands"]))
+    print(f"\n{'quiet stores':<34} {'wall s':>8} {'CPU s':>8} {'MLflow requests':>16}")
     for r in res["quiet"]:
-        print(f"{r['command']:<34} {r['seconds']:>12.2f} {r['requests']:>9}" + (f"  rc={r['rc']} {r['note']}" if r["note"] else ""))
+        print(f"{r['command']:<34} {r['seconds']:>8.2f} {r['cpu']:>8.2f} {r['requests']:>16}" + (f"  rc={r['rc']} {r['note']}" if r["note"] else ""))
     d = res["driver"]
     if "overall" in d:
         print(f"\n2 workers, {d['n']} trials: {d['overall']:.2f} trials/s overall; first {d['window']}: {d['first']:.2f}/s, "
               f"last {d['window']}: {d['last']:.2f}/s ({d['last'] / d['first']:.2f}x; target >= 2 trials/s, >= 0.9x)")
-    print(f"PostgreSQL client connections while a worker writes and the commands read: {res['connections_live']}")
+    c = res["connections_live"]
+    print(f"PostgreSQL client connections after the commands, a worker writing: optuna {c['optuna']}, mlflow {c['mlflow']} "
+          "(the MLflow server's pools: 4 processes)")

@@ -37,7 +37,7 @@ def _as_postgres(*cmd: str) -> subprocess.CompletedProcess:
 
 def _open_path_to(folder: Path) -> None:
     """The `postgres` user must reach the cluster's folder: every folder above it traversable (mkdtemp's are 0700)."""
-    for p in [folder, *folder.parents]:
+    for p in folder.parents:
         if p == Path("/"):
             break
         mode = p.stat().st_mode
@@ -56,6 +56,7 @@ def postgres(folder: Path, max_connections: int = 200) -> Iterator[int]:
     fresh = not (data / "PG_VERSION").exists()
     data.mkdir(parents=True, exist_ok=True)
     _open_path_to(data)
+    data.chmod(0o700)  # (PostgreSQL refuses a data folder others may enter)
     if os.geteuid() == 0:
         shutil.chown(data, "postgres")
     if fresh:
