@@ -272,6 +272,37 @@ def trial_run(t, client):
     return client.get_run(t.user_attrs["mlflow_run_id"])
 
 
+def metric_steps(client, run_id: str, metric: str) -> list[int]:
+    """The epochs (steps) at which a run logged `metric`, in order."""
+    return sorted(m.step for m in client.get_metric_history(run_id, metric))
+
+
+def assert_study_check_clean(store: Path, study: str, cwd: Path = ROOT) -> None:
+    out = run_cli("--store", str(store), "study", "check", study, cwd=cwd, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def assert_sigterm_then_rerun_resumes(store: Path, spec: str, study: str, args: list[str], metric: str, epochs: int) -> None:
+    """SIGTERM a study while two trials train (exit 143), run the same command again: each retried
+    trial is COMPLETE, went on from its checkpoint's epoch, and its run has one continuous curve of
+    `metric` over epochs 1..`epochs`; `study check` is clean."""
+    driver = start_cli("--store", str(store), "study", "run", spec, *args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for_checkpoints(store, 2, study=study)  # both trials are mid-training
+    driver.send_signal(signal.SIGTERM)
+    out, _ = driver.communicate(timeout=120)
+    assert driver.returncode == 143, out
+    run_cli("--store", str(store), "study", "run", spec, *args)  # the same command again: resume
+
+    client, opened = open_study(store, study)
+    retries = [t for t in opened.get_trials() if t.system_attrs.get("retry_history")]
+    assert retries and all(t.state.name == "COMPLETE" for t in retries), out
+    for t in retries:
+        run = trial_run(t, client)
+        assert int(run.data.tags["hpolab.resumed_after_epoch"]) >= 1  # it went on from the restored checkpoint
+        assert metric_steps(client, run.info.run_id, metric) == list(range(1, epochs + 1))  # one continuous curve
+    assert_study_check_clean(store, study)
+
+
 # ---- the inner loop (`scripts/test --fast` = -m "not slow") must still touch every test module
 
 _DESELECTED: set[str] = set()

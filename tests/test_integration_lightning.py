@@ -8,8 +8,6 @@ experiments/digits_lightning.py through the real CLI.
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
 import warnings
 
@@ -23,7 +21,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from hpolab.integrations.lightning import HpolabCallback, resume_path  # noqa: E402
-from conftest import open_study, run_cli, start_cli, trial_run, wait_for_checkpoints  # noqa: E402
+from conftest import assert_sigterm_then_rerun_resumes, assert_study_check_clean, metric_steps, open_study, run_cli, trial_run  # noqa: E402
 from recording_trial import RecordingTrial  # noqa: E402
 
 
@@ -132,15 +130,6 @@ def test_import_without_lightning_names_the_extra(monkeypatch):
 SPEC, STUDY = "studies/digits_lightning.yaml", "digits-lightning"
 
 
-def _steps(client, run_id: str, metric: str) -> list[int]:
-    return sorted(m.step for m in client.get_metric_history(run_id, metric))
-
-
-def _study_check_is_clean(store) -> None:
-    out = run_cli("--store", str(store), "study", "check", STUDY, check=False)
-    assert out.returncode == 0, out.stdout + out.stderr
-
-
 @pytest.mark.slow
 def test_a_lightning_study_prunes_and_logs_its_runs_as_the_routines(store, tmp_path):
     import mlflow.pyfunc
@@ -158,7 +147,7 @@ def test_a_lightning_study_prunes_and_logs_its_runs_as_the_routines(store, tmp_p
         run = trial_run(trial, client)
         assert run.data.tags["hpolab.state"] == trial.state.name
         for metric in ("val_acc", "val_loss", "train_loss"):  # what the module logged, at step = epoch
-            assert _steps(client, run.info.run_id, metric) == epochs
+            assert metric_steps(client, run.info.run_id, metric) == epochs
     tags = trial_run(done, client).data.tags
     best = [a.path for a in client.list_artifacts(trial_run(done, client).info.run_id, "checkpoints")]
     assert best == ["checkpoints/best.pt"]  # the best epoch's trial.checkpoint: Lightning's checkpoint inside
@@ -170,7 +159,7 @@ def test_a_lightning_study_prunes_and_logs_its_runs_as_the_routines(store, tmp_p
     model = mlflow.pyfunc.load_model(tags["hpolab.model_uri"])  # the network train() gave trial.log_model
     assert np.asarray(model.predict(np.zeros((3, 64), dtype=np.float32))).shape == (3, 10)
     assert "hpolab.model_uri" not in trial_run(pruned, client).data.tags
-    _study_check_is_clean(store)
+    assert_study_check_clean(store, STUDY)
     out = run_cli("--store", str(store), "promote", STUDY)  # the experiment's evaluate(model, "test") gates it
     assert client.get_model_version_by_alias(STUDY, "champion").run_id == trial_run(done, client).info.run_id, out.stdout
 
@@ -178,18 +167,4 @@ def test_a_lightning_study_prunes_and_logs_its_runs_as_the_routines(store, tmp_p
 @pytest.mark.slow
 def test_an_interrupted_lightning_trial_resumes_from_its_checkpoint_on_one_epoch_axis(store):
     args = ["n_trials=2", "parallel=2", "trainer.max_epochs=12", "log_models=none"]
-    driver = start_cli("--store", str(store), "study", "run", SPEC, *args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for_checkpoints(store, 2, study=STUDY)  # both trials are mid-fit
-    driver.send_signal(signal.SIGTERM)
-    out, _ = driver.communicate(timeout=120)
-    assert driver.returncode == 143, out
-    run_cli("--store", str(store), "study", "run", SPEC, *args)  # the same command again: resume
-
-    client, study = open_study(store, STUDY)
-    retries = [t for t in study.get_trials() if t.system_attrs.get("retry_history")]
-    assert retries and all(t.state.name == "COMPLETE" for t in retries), out
-    for t in retries:
-        run = trial_run(t, client)
-        assert int(run.data.tags["hpolab.resumed_after_epoch"]) >= 1  # Lightning went on from the checkpoint's epoch
-        assert _steps(client, run.info.run_id, "val_acc") == list(range(1, 13))  # one continuous curve
-    _study_check_is_clean(store)
+    assert_sigterm_then_rerun_resumes(store, SPEC, STUDY, args, "val_acc", 12)

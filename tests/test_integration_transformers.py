@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 
-import signal
-import subprocess
 import sys
 
 import pytest
@@ -24,7 +22,7 @@ from transformers import BertConfig, BertForSequenceClassification, Trainer, Tra
 from transformers.trainer_callback import PrinterCallback  # noqa: E402
 
 from hpolab.integrations.transformers import HpolabCallback, LogitsModel, pack_folder, resume_folder, unpack_folder  # noqa: E402
-from conftest import open_study, run_cli, start_cli, trial_run, wait_for_checkpoints  # noqa: E402
+from conftest import assert_sigterm_then_rerun_resumes, assert_study_check_clean, metric_steps, open_study, run_cli, trial_run  # noqa: E402
 from recording_trial import RecordingTrial  # noqa: E402
 
 VOCAB, LENGTH = 24, 9
@@ -171,15 +169,6 @@ def test_import_without_transformers_names_the_extra(monkeypatch):
 SPEC, STUDY = "studies/tiny_text_hf.yaml", "tiny-text-hf"
 
 
-def _steps(client, run_id: str, metric: str) -> list[int]:
-    return sorted(m.step for m in client.get_metric_history(run_id, metric))
-
-
-def _study_check_is_clean(store) -> None:
-    out = run_cli("--store", str(store), "study", "check", STUDY, check=False)
-    assert out.returncode == 0, out.stdout + out.stderr
-
-
 @pytest.mark.slow
 def test_a_hugging_face_study_prunes_and_logs_its_runs_as_the_routines(store, tmp_path):
     import mlflow.pyfunc
@@ -198,7 +187,7 @@ def test_a_hugging_face_study_prunes_and_logs_its_runs_as_the_routines(store, tm
         run = trial_run(trial, client)
         assert run.data.tags["hpolab.state"] == trial.state.name
         for metric in ("eval_accuracy", "eval_loss", "train_loss"):  # at step = epoch
-            assert _steps(client, run.info.run_id, metric) == epochs
+            assert metric_steps(client, run.info.run_id, metric) == epochs
     run_id = trial_run(done, client).info.run_id
     best = [a.path for a in client.list_artifacts(run_id, "checkpoints")]
     assert best == ["checkpoints/best.pt"]  # the best epoch's trial.checkpoint: the Trainer's folder inside
@@ -209,7 +198,7 @@ def test_a_hugging_face_study_prunes_and_logs_its_runs_as_the_routines(store, tm
     ids = np.ones((3, 16), dtype=np.int64)
     assert np.asarray(model.predict(ids)).shape == (3, 2)
     assert "hpolab.model_uri" not in trial_run(pruned, client).data.tags
-    _study_check_is_clean(store)
+    assert_study_check_clean(store, STUDY)
     out = run_cli("--store", str(store), "promote", STUDY)  # the experiment's evaluate(model, "test") gates it
     assert client.get_model_version_by_alias(STUDY, "champion").run_id == trial_run(done, client).info.run_id, out.stdout
 
@@ -217,18 +206,4 @@ def test_a_hugging_face_study_prunes_and_logs_its_runs_as_the_routines(store, tm
 @pytest.mark.slow
 def test_an_interrupted_hugging_face_trial_resumes_from_its_checkpoint_on_one_epoch_axis(store):
     args = ["n_trials=2", "parallel=2", "trainer.max_epochs=8", "log_models=none"]
-    driver = start_cli("--store", str(store), "study", "run", SPEC, *args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for_checkpoints(store, 2, study=STUDY)  # both trials are mid-training
-    driver.send_signal(signal.SIGTERM)
-    out, _ = driver.communicate(timeout=120)
-    assert driver.returncode == 143, out
-    run_cli("--store", str(store), "study", "run", SPEC, *args)  # the same command again: resume
-
-    client, study = open_study(store, STUDY)
-    retries = [t for t in study.get_trials() if t.system_attrs.get("retry_history")]
-    assert retries and all(t.state.name == "COMPLETE" for t in retries), out
-    for t in retries:
-        run = trial_run(t, client)
-        assert int(run.data.tags["hpolab.resumed_after_epoch"]) >= 1  # the Trainer went on from the restored folder
-        assert _steps(client, run.info.run_id, "eval_accuracy") == list(range(1, 9))  # one continuous curve
-    _study_check_is_clean(store)
+    assert_sigterm_then_rerun_resumes(store, SPEC, STUDY, args, "eval_accuracy", 8)
