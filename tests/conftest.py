@@ -271,6 +271,18 @@ def trial_run(t, client):
     """The MLflow run of an Optuna trial."""
     return client.get_run(t.user_attrs["mlflow_run_id"])
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models: one intra-op thread is the fastest and steadiest setting on a small shared box
+    (a module uses it with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 
 def metric_steps(client, run_id: str, metric: str) -> list[int]:
     """The epochs (steps) at which a run logged `metric`, in order."""

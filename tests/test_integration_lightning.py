@@ -65,12 +65,7 @@ def _fit(trial: RecordingTrial, max_epochs: int, **trainer_kwargs) -> Tiny:
     return module
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # (conftest: tiny models, one intra-op thread)
 
 
 def test_each_validated_epoch_is_reported_once_with_its_metrics_and_checkpoint(tmp_path):

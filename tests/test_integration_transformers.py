@@ -73,12 +73,7 @@ class KilledAfter(RecordingTrial):
         return stop
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # (conftest: tiny models, one intra-op thread)
 
 
 def test_each_evaluation_is_reported_with_its_epoch_metrics_and_checkpoint_folder(tmp_path):

@@ -19,13 +19,7 @@ from hpolab.train.device import resolve_amp, resolve_device
 from hpolab.train.seeding import capture_rng_state, make_generator, restore_rng_state
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    # Tiny models: one intra-op thread is the fastest and steadiest setting on a small shared box.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # (conftest: tiny models, one intra-op thread)
 
 FIT_KEYS = {
     "format_version", "epoch", "global_step", "micro_step", "model", "optimizer", "scheduler", "scaler",

@@ -29,13 +29,7 @@ from hpolab.train.batches import TensorBatches
 from hpolab.train.loop import epoch_metric_names
 from hpolab.train.seeding import make_generator
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    # Tiny models: one intra-op thread is the fastest and steadiest setting on a small shared box.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # (conftest: tiny models, one intra-op thread)
 
 
 LEARNING_KEYS = ("train_loss", "val_loss", "val_acc", "lr", "grad_norm", "grad_norm_max")  # not the timings

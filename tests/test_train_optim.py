@@ -20,13 +20,7 @@ from hpolab.train.optim import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    # Tiny models: one intra-op thread is the fastest and steadiest setting on a small shared box.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # (conftest: tiny models, one intra-op thread)
 
 
 class ConvNet(nn.Module):
