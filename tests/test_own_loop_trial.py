@@ -122,3 +122,36 @@ def test_a_loop_that_returns_before_max_epochs_says_so(tmp_path):
     trial.report(1, {"val_acc": 0.4})
     trial.report(2, {"val_acc": 0.5})
     assert trial.summary(False, None)["stop_reason"] == "returned"  # its own early stopping, not "max_epochs"
+
+
+def test_optuna_trial_pruned_raised_by_the_loop_ends_it_as_pruned_by_train(tmp_path):
+    import types
+
+    import optuna
+
+    from hpolab.study.trials.own_loop import run_own_loop
+    from hpolab.study.trials.trial_process import report
+
+    def train(config, trial):
+        trial.report(1, {"val_acc": 0.3})
+        raise optuna.TrialPruned()  # the loop's own pruning, as with optuna's objective functions
+
+    driver_end, child_end = multiprocessing.Pipe()
+    messages = []
+
+    def serve():
+        while True:
+            try:
+                msg = driver_end.recv()
+            except EOFError:
+                return
+            messages.append(msg)
+            if msg[0] == "epoch":
+                driver_end.send("continue")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    run_own_loop(child_end, _job(tmp_path), types.SimpleNamespace(train=train), report, offer_export=None)
+    thread.join(timeout=10)
+    done = [m for m in messages if m[0] == "done"]
+    assert done and done[0][1]["pruned_by_train"] is True and done[0][1]["stop_reason"] == "stopped_by_caller"

@@ -25,6 +25,7 @@ import copy
 import math
 import operator
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -205,8 +206,6 @@ class OwnTrial:
 def run_own_loop(conn, job: dict[str, Any], experiment, report: Callable, offer_export: Callable) -> None:
     """The trial process with an own loop: train(config, trial), its result, then its model (when it
     logged one and the driver asks: child_export.offer_export)."""
-    import optuna
-
     from hpolab.train import seed_everything
 
     held: dict[str, OwnTrial] = {}
@@ -219,7 +218,9 @@ def run_own_loop(conn, job: dict[str, Any], experiment, report: Callable, offer_
         pruned = False
         try:
             experiment.train(cfg, trial)
-        except optuna.TrialPruned:
+        except Exception as e:
+            if not _is_trial_pruned(e):
+                raise
             pruned = True
         summary = trial.summary(pruned, getattr(experiment, "costs", None))
         if job.get("export_model") and trial.model_logged:
@@ -232,6 +233,13 @@ def run_own_loop(conn, job: dict[str, Any], experiment, report: Callable, offer_
             offer_export(conn, job, summary, save=held["trial"].save_model)
     finally:
         conn.close()
+
+
+def _is_trial_pruned(error: Exception) -> bool:
+    """optuna.TrialPruned, without importing optuna here: a forkserver started afresh (one a notebook's
+    run_study starts) has not imported it (~0.2 s a trial), and a loop that raised it has imported it."""
+    optuna = sys.modules.get("optuna")
+    return optuna is not None and isinstance(error, optuna.TrialPruned)
 
 
 def _epoch_number(epoch: Any, last: int, start: int) -> int:
