@@ -253,3 +253,14 @@ def test_ui_puts_no_password_on_the_server_command_line(tmp_path):
         text = "".join(output)
         assert PASSWORD not in text and f"hpolab:***@127.0.0.1:{pg_port}" in text
         assert proc.returncode == 0
+
+
+def test_an_http_status_is_not_read_out_of_a_port_number():
+    # A hung server on port 40351 timed out, and its error quoted the URL: "403" in the port made the
+    # pre-flight check say the server refused the user (exit 2) instead of "timed out" (exit 1).
+    from hpolab.stores.preflight import _http_status
+
+    assert not _http_status("HTTPConnectionPool(host='127.0.0.1', port=40351): Read timed out", "403")
+    assert not _http_status("http://127.0.0.1:40122/api/2.0/mlflow/experiments/search", "401")
+    assert _http_status("API request to endpoint /api/2.0/mlflow/experiments/search failed with error code 403 != 200", "403")
+    assert _http_status("401 Client Error: UNAUTHORIZED", "401")

@@ -10,7 +10,9 @@ import pytest
 
 from hpolab.train import fit, load_checkpoint
 from hpolab.train.loop import epoch_metric_names
-from test_train_loop import cfg, mlp, one_torch_thread, splits  # noqa: F401 (one_torch_thread: autouse)
+from test_train_loop import cfg, mlp, splits
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # (conftest: tiny models, one intra-op thread)
 
 
 def test_early_stopping(tmp_path):

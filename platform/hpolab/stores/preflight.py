@@ -198,7 +198,8 @@ def _check_mlflow_server(uri: str, shown: str) -> None:
             MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
         except MlflowException as e:
             reason = one_line(e.message if hasattr(e, "message") else e)
-            if any(code in reason for code in ("401", "403", "Unauthorized", "Forbidden", "PERMISSION_DENIED", "UNAUTHENTICATED")):
+            if _http_status(reason, "401") or _http_status(reason, "403") or any(
+                    word in reason for word in ("Unauthorized", "Forbidden", "PERMISSION_DENIED", "UNAUTHENTICATED")):
                 raise UserError(_auth_failed(shown, reason)) from None
             raise StoreUnreachable(f"cannot reach the MLflow tracking server {shown} ({_short(reason)}); is `mlflow server` "
                                    f"running there? ({TRACKING_FIX})") from None
@@ -207,10 +208,16 @@ def _check_mlflow_server(uri: str, shown: str) -> None:
                                    f"running there? ({TRACKING_FIX})") from None
 
 
+def _http_status(reason: str, code: str) -> bool:
+    """Whether an HTTP status code stands in `reason` as a number of its own: not inside another
+    number, nor a URL's port (the reason quotes the URL: port 40351 is no 403)."""
+    return re.search(rf"(?<![\d:]){code}(?!\d)", reason) is not None
+
+
 def _auth_failed(shown: str, reason: str) -> str:
     """The server wants a login (`mlflow server --app-name basic-auth`): which variables to set."""
     given = bool(os.environ.get("MLFLOW_TRACKING_USERNAME") or os.environ.get("MLFLOW_TRACKING_TOKEN"))
-    code = "403" if ("403" in reason or "Forbidden" in reason or "PERMISSION_DENIED" in reason) else "401"
+    code = "403" if (_http_status(reason, "403") or "Forbidden" in reason or "PERMISSION_DENIED" in reason) else "401"
     if code == "403":
         return (f"the MLflow server {shown} refused this user (HTTP 403: authenticated, but not permitted); ask its admin for "
                 f"EDIT permission, or log in as another user with MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD")
