@@ -254,11 +254,7 @@ def _write(client, info, ch, uri: str, test: dict, gate_name, exports, skipped, 
         client.set_terminated(run_id, status="FINISHED")
         return mv
     except BaseException as e:
-        try:
-            tr.set_tags(client, run_id, {"hpolab.fail_reason": f"{type(e).__name__}: {e}"})
-            client.set_terminated(run_id, status="FAILED")
-        except Exception:  # noqa: BLE001
-            pass
+        tr.close_failed(client, run_id, e)
         raise
 
 

@@ -75,11 +75,7 @@ def write_version(client, model_name: str, alias: str, info: StudyInfo, ch: Chal
         client.set_terminated(run_id, status="FINISHED")
         return version
     except BaseException as e:
-        try:
-            tr.set_tags(client, run_id, {"hpolab.fail_reason": f"{type(e).__name__}: {e}"})
-            client.set_terminated(run_id, status="FAILED")
-        except Exception:
-            pass
+        tr.close_failed(client, run_id, e)
         raise
 
 

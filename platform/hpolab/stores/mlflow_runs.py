@@ -104,6 +104,15 @@ def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
     client.log_batch(run_id, tags=[RunTag(k, redact(str(v))[:MAX_PARAM_LEN]) for k, v in tags.items()])
 
 
+def close_failed(client: MlflowClient, run_id: str, error: BaseException) -> None:
+    """Close a run FAILED with why (best effort: the caller re-raises `error` itself)."""
+    try:
+        set_tags(client, run_id, {"hpolab.fail_reason": f"{type(error).__name__}: {error}"})
+        client.set_terminated(run_id, status="FAILED")
+    except Exception:  # noqa: BLE001  (the store may be what failed)
+        pass
+
+
 def close_if_running(client: MlflowClient, run_id: str, tags: dict[str, str], status: str) -> bool:
     """Tag and end a run unless it has ended already; whether it was closed here. A reaper closes a
     dead-looking driver's run this way: an owner that was alive after all has closed it itself,
