@@ -20,6 +20,7 @@ from hpolab.config.own_loop_checks import own_loop_problems
 from hpolab.config.overrides import apply_overrides, parse_overrides  # noqa: F401  (tests import it from here)
 from hpolab.config.objectives import Constraint, Objective, Pruning, WarmStart, declared_costs, experiment_cost_problems, fill_primary, measured_metrics, objective_problems
 from hpolab.config.samplers import check_named
+from hpolab.config.trial_scheduler import Budget, TrialSchedulerSpec, default_pruner_under_scheduler, trial_scheduler_problems
 from hpolab.errors import SpecError
 from hpolab.train.config import TrainConfig
 
@@ -141,7 +142,9 @@ class StudySpec(_Frozen):
     max_failures: int | None = Field(default=5, ge=1)  # stop after this many failed trials in a row (null: never)
     seed: int = Field(default=0, description="the study's seed: the sampler's and each trial's are derived from it")
     sampler: Named = Field(default=Named(type="tpe"), description="the Optuna sampler")
-    pruner: Named = Field(default=Named(type="median"), description="the Optuna pruner")
+    pruner: Named = Field(default=Named(type="median"), description="the Optuna pruner (none under a trial_scheduler)")
+    trial_scheduler: TrialSchedulerSpec | None = Field(default=None, description="pause and resume trials: {type: asha, ...} or {type: pbt, ...} (config/trial_scheduler.py)")
+    budget: Budget = Field(default=Budget(), description="resource budget: {epochs: N} trained over all trials")
     trainer: TrainConfig = Field(default=TrainConfig(), description="the training routine's options")
     model: dict[str, Any] = Field(default_factory=dict, description="values for the experiment's MODEL_DEFAULTS keys")
     data: dict[str, Any] = Field(default_factory=dict, description="values for the experiment's DATA_DEFAULTS keys")
@@ -170,7 +173,7 @@ class StudySpec(_Frozen):
     @model_validator(mode="before")
     @classmethod
     def _primary(cls, data: Any) -> Any:
-        return fill_primary(data)
+        return default_pruner_under_scheduler(fill_primary(data))
 
     @property
     def is_multi_objective(self) -> bool:
@@ -244,7 +247,7 @@ def _pretty_loc(loc: tuple) -> str:
     parts = []
     for p in loc:
         # pydantic puts union tags and function names in the location; keep only user-facing keys.
-        if isinstance(p, str) and (p in ("float", "int", "categorical") or p.startswith("function-")):
+        if isinstance(p, str) and (p in ("float", "int", "categorical", "asha", "pbt") or p.startswith("function-")):
             continue
         parts.append(str(p))
     return ".".join(parts) or "(top level)"
@@ -355,6 +358,7 @@ def spec_from_mapping(raw: Any, source: str, overrides: dict[str, Any] | None = 
     problems = _check_experiment(spec, search_from=search_from)
     problems += check_named(spec)
     problems += check_enqueue(spec.search_space, spec.enqueue)
+    problems += [] if problems or not spec.trial_scheduler else trial_scheduler_problems(spec, load_experiment(spec.experiment, search_from=search_from))
     if problems:
         raise SpecError(source, problems)
     return spec
