@@ -1,0 +1,80 @@
+"""The one interface between the driver and a trial scheduler (ASHA: asha.py; PBT: pbt.py).
+
+A trial scheduler pauses trials at epochs it chooses and resumes them later from a checkpoint. The
+driver does the mechanics (a pause is a stop at `pause_epoch`: checkpoint written, process ended,
+Optuna trial kept RUNNING with PAUSED_ATTR, MLflow run kept open); the scheduler only decides:
+
+    pause_epoch(trial, start_epoch)  where the segment that starts training at `start_epoch` pauses
+    next_resume(trials)              which paused trial resumes now (called under the budget lock)
+    may_start_new(trials)            whether a new configuration may be sampled now
+    at_end(paused)                   what the trials still paused become when nothing can run
+
+A paused trial's state lives in the Optuna storage only (so a re-run, or another worker, sees it):
+system attr PAUSED_ATTR = {"rung": k, "epoch": e} while paused, None once resumed; user attr
+RUNG_ATTR = the highest rung reached; CHANGES_ATTR = the config changes applied to it so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from optuna.trial import FrozenTrial, TrialState
+
+PAUSED_ATTR = "hpolab.paused"  # system attr: {"rung": k, "epoch": e} while paused; None when not
+RUNG_ATTR = "hpolab.rung"  # user attr: the highest rung (0-based) the trial reached
+CHANGES_ATTR = "hpolab.config_changes"  # user attr: dotted config key -> value, applied over its params
+
+
+@dataclass
+class Resume:
+    number: int  # the paused trial to resume now (its Optuna trial and MLflow run are kept)
+    checkpoint: Path  # the file it resumes from (ASHA: its own last.pt; PBT: maybe a copy of another member's)
+    config_changes: dict[str, Any] = field(default_factory=dict)  # dotted config keys -> values for this segment on
+    tags: dict[str, str] = field(default_factory=dict)  # set on its MLflow run when it resumes (e.g. hpolab.rung)
+    params: dict[str, float] = field(default_factory=dict)  # metrics logged at the resume epoch (PBT: the schedule)
+
+
+class TrialScheduler(Protocol):
+    def pause_epoch(self, trial: FrozenTrial, start_epoch: int) -> int | None:
+        """The epoch after which the segment starting at `start_epoch` pauses (None: it runs to the end)."""
+
+    def next_resume(self, trials: list[FrozenTrial]) -> Resume | None:
+        """The paused trial to resume now, or None. Called under the budget lock, before a new trial is asked."""
+
+    def may_start_new(self, trials: list[FrozenTrial]) -> bool:
+        """Whether a new configuration may be sampled (n_trials and the epoch budget are the driver's)."""
+
+    def at_end(self, paused: list[FrozenTrial]) -> list[tuple[int, str, dict[str, str]]]:
+        """(number, "PRUNED" | "COMPLETE", run tags) for each trial still paused when nothing can run."""
+
+
+def paused_at(trial: FrozenTrial) -> dict[str, int] | None:
+    """{"rung": k, "epoch": e} when the trial is paused now, else None."""
+    info = trial.system_attrs.get(PAUSED_ATTR)
+    return info if trial.state == TrialState.RUNNING and isinstance(info, dict) else None
+
+
+def chain_root(trial: FrozenTrial) -> int:
+    """The first attempt of the trial's retry chain: a retry copy is the same configuration at the
+    same place in the schedule as the attempt it continues."""
+    return int(trial.system_attrs.get("failed_trial", trial.number))
+
+
+def scheduler_for(spec, stores) -> TrialScheduler | None:
+    """The spec's trial scheduler (None without `trial_scheduler:`)."""
+    ts = spec.trial_scheduler
+    if ts is None:
+        return None
+    if ts.type == "asha":
+        from hpolab.study.objectives.asha import Asha
+
+        return Asha(spec, stores)
+    try:
+        from hpolab.study.objectives.pbt import Pbt  # type: ignore[import-not-found]
+    except ImportError:
+        from hpolab.errors import UserError
+
+        raise UserError("trial_scheduler.type: pbt is not available yet") from None
+    return Pbt(spec, stores)
