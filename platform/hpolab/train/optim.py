@@ -219,6 +219,32 @@ class LRSchedule:
         if self.plateau is not None and self.steps_done >= self.warmup_steps and math.isfinite(metric_value):
             self.plateau.step(metric_value)
 
+    def take_new_lr(self, lr: float, saved_lr: float, optimizer: torch.optim.Optimizer) -> None:
+        """After a restore: continue this schedule from peak LR `lr` instead of the checkpoint's `saved_lr`.
+
+        The schedule's position (steps done, plateau cuts) is kept: the LR of the next step is what
+        the schedule gives at this step for the new peak, e.g. a cosine goes on along the curve of `lr`.
+        """
+        if lr == saved_lr:
+            return
+        ratio = lr / saved_lr
+        lambda_owns = isinstance(self.per_step, torch.optim.lr_scheduler.LambdaLR) and not (
+            self.kind == "plateau" and self.steps_done > self.warmup_steps
+        )
+        for i, group in enumerate(optimizer.param_groups):
+            group["lr"] *= ratio  # none, plateau (its cuts kept), onecycle (linear in its peak)
+            if self.kind == "onecycle":
+                group["max_lr"], group["initial_lr"], group["min_lr"] = lr, group["initial_lr"] * ratio, group["min_lr"] * ratio
+            elif "initial_lr" in group:
+                group["initial_lr"] = lr
+            if lambda_owns:  # exact: the new config's lambda (its floor, decay) at this step
+                group["lr"] = lr * self.per_step.lr_lambdas[i](self.per_step.last_epoch)
+        for scheduler in (self.per_step, self.plateau):
+            if scheduler is not None:
+                scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+        if self.per_step is not None:
+            self.per_step.base_lrs = [group.get("initial_lr", lr) for group in optimizer.param_groups]
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
@@ -235,6 +261,18 @@ class LRSchedule:
             self.per_step.load_state_dict(state["per_step"])
         if self.plateau is not None and state.get("plateau") is not None:
             self.plateau.load_state_dict(state["plateau"])
+
+
+def take_group_settings(optimizer: torch.optim.Optimizer, cfg) -> None:
+    """After a restore: the param groups take the config's weight decay, momentum and betas (the
+    optimizer's state, its moments, is kept). The no-decay group keeps no decay."""
+    for group in optimizer.param_groups:
+        if group.get("name") == "decay":
+            group["weight_decay"] = cfg.weight_decay
+        if "momentum" in group:
+            group["momentum"], group["nesterov"] = cfg.momentum, cfg.nesterov
+        if "betas" in group:
+            group["betas"] = tuple(cfg.betas)
 
 
 def optimizer_from_config(cfg, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:

@@ -19,7 +19,7 @@ from torch import nn
 
 from .checkpoint import CHECKPOINT_FORMAT, atomic_write_bytes, load_checkpoint, load_model_state, serialize_checkpoint
 from .config import TrainConfig
-from .optim import LRSchedule
+from .optim import LRSchedule, take_group_settings
 from .seeding import capture_rng_state, restore_rng_state
 
 
@@ -144,6 +144,10 @@ def restore(
     load_model_state(parts.model, ckpt["model"])
     parts.optimizer.load_state_dict(ckpt["optimizer"])
     parts.schedule.load_state_dict(ckpt["scheduler"])
+    # The checkpoint's optimizer settings are replaced by the config's (PBT changes them between segments);
+    # loading restored the saved ones along with the moments, which stay.
+    take_group_settings(parts.optimizer, cfg)
+    parts.schedule.take_new_lr(cfg.lr, float(ckpt["config"]["lr"]), parts.optimizer)
     if parts.scaler.is_enabled() and ckpt.get("scaler"):
         parts.scaler.load_state_dict(ckpt["scaler"])
     state = LoopState(
