@@ -57,13 +57,15 @@ from hpolab.study.objectives.ranking import directions_of
 from hpolab.study.driver.progress import Progress
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.environment import capture_environment
-from hpolab.study.state.budget import FINISHED, FailureStreak, count_existing_trials, may_start_another, over_budget, release, trial_counts
+from hpolab.study.state.budget import FINISHED, FailureStreak, count_existing_trials, epoch_budget_spent, may_start_another, over_budget, release, trial_counts
 from hpolab.study.driver.heartbeat import HEARTBEAT_ATTR, AttrBeats, Heartbeats, others_running, reap_dead_trials
 from hpolab.study.lr_test.lr_step import ensure_lr_range_test, lr_bounds
 from hpolab.study.state.outage import StorageOutage
 from hpolab.study.state.owners import owner_gone, owner_of, owner_record
 from hpolab.study.driver.parent_run import close_parent_run, fail_parent_run, open_parent_run
 from hpolab.study.driver.events import TrialEvents
+from hpolab.study.driver.pauses import Claimed, Pauses
+from hpolab.study.objectives.trial_scheduler import scheduler_for
 from hpolab.study.state.repair import close_orphan_runs
 from hpolab.study.retention.retention import Retention
 from hpolab.study.state.retry import RetryCopy
@@ -181,10 +183,13 @@ class Driver:
                                     self.experiment, self.env_tags, self.progress.note, retention,
                                     self.spec.checkpoint_upload_every, guard=self.outage.call,
                                     mlflow_guard=self.mlflow_outage.call, code=self.code)
+        scheduler = scheduler_for(self.spec, self.stores)  # ASHA / PBT: pause and resume trials (pauses.py)
+        self.pauses = scheduler and Pauses(scheduler, self.spec, self.stores, self.study, self.storage, self.running, self.tracker,
+                                           self.progress.note, self.outage.call)
         self.events = TrialEvents(self.study, self.storage, self.running, self.tracker, self.runner, self.progress,
                                   self.spec.metric, self.retry, self.streak,
                                   stopping=lambda: self.signals.stopping, aborting=lambda: self.signals.aborting,
-                                  guard=self.outage.call, spec=self.spec, pruning=self.pruning)
+                                  guard=self.outage.call, spec=self.spec, pruning=self.pruning, pauses=self.pauses)
         self.heartbeats = Heartbeats(self.storage, self.running)
         close_orphan_runs(self.client, self.experiment_id, self.study, self.tracker.close_run, self.progress.note)
 
@@ -195,6 +200,8 @@ class Driver:
         src = g(retry_source, self.study, self.stores, self.spec.name, trial.number)
         config = self.spec.resolved_config(self.experiment, trial.params)
         config["trainer"].update(src.overrides)  # e.g. the halved micro-batch after a CUDA OOM
+        if self.pauses:
+            self.pauses.adjust(config, trial.user_attrs)
         trial_dir = self.stores.trial_dir(self.spec.name, trial.number)
         trial_dir.mkdir(parents=True, exist_ok=True)
         # torch's thread count changes float reduction order: recorded so `hpolab reproduce` matches it
@@ -208,6 +215,8 @@ class Driver:
         r = Running(trial=trial, run_id=run_id, config=config, trial_dir=trial_dir)
         if src.resume_from:
             self.tracker.carry_over_history(r, src.resume_from, self.spec.metric, self.pruning.report)
+        if self.pauses:
+            self.pauses.plan(r)  # where this segment pauses (a retry copy: at the same place as its attempt)
         self.running[trial.number] = r
         self.runner.spawn_trial(r, src.resume_from, self.running.values())
         self.progress.trial_started(trial.number, trial.params, src.retry_of)
@@ -224,13 +233,24 @@ class Driver:
             trial = self.outage.call(self._claim_trial)  # before ask(): all again; after it, its own writes are retried
             if trial is None:
                 break
-            self._start_trial(trial)
+            if isinstance(trial, Claimed):  # a paused trial resumes
+                self.pauses.start(trial, self.experiment, self.runner, self.progress)
+            else:
+                self._start_trial(trial)
 
-    def _claim_trial(self) -> optuna.Trial | None:
+    def _claim_trial(self) -> optuna.Trial | Claimed | None:
         """Count and ask under the study's budget lock: with any number of workers, never more than
-        n_trials (the asked trial is RUNNING, so the next worker's count includes it)."""
+        n_trials (the asked trial is RUNNING, so the next worker's count includes it), no new trial
+        once budget.epochs is spent (a WAITING retry copy still runs). A trial scheduler's paused
+        trial that may resume comes first; it is claimed here, under the lock."""
         with budget_lock(self.storage, self.spec.name) as locked:
-            if not may_start_another(trial_counts(self.study), self.spec.n_trials):
+            trials, counts = self.study.get_trials(deepcopy=False), trial_counts(self.study)
+            if epoch_budget_spent(trials, self.spec) and not counts["waiting"]:
+                return None
+            claimed = self.pauses.claim(trials) if self.pauses else None
+            if claimed is not None or (self.pauses and not self.pauses.may_start_new(trials)):
+                return claimed
+            if not may_start_another(counts, self.spec.n_trials):
                 return None
             trial = self.study.ask(fixed_distributions=optuna_distributions(self.spec, lr_bounds(self.study)))
             g = self.outage.call
@@ -322,6 +342,8 @@ class Driver:
                 if not self.running:
                     if self._others_still_running():
                         continue
+                    if self.pauses and not self.signals.stopping and not self.outage.call(self.pauses.end_paused, self.draining):
+                        continue  # a paused trial can resume now
                     break
                 handles = [r.conn for r in self.running.values()] + [r.process.sentinel for r in self.running.values()]
                 wait(handles, timeout=1.0)

@@ -49,7 +49,7 @@ class TrialEvents:
     def __init__(self, study: optuna.Study, storage, running: dict[int, Running], tracker: TrialTracker, runner: TrialRunner,
                  progress: Progress, metric: str, retry: RetryCopy, streak: FailureStreak,
                  stopping: Callable[[], bool], aborting: Callable[[], bool], guard: Callable[..., Any] = passthrough,
-                 spec=None, pruning: Pruning | None = None):
+                 spec=None, pruning: Pruning | None = None, pauses=None):
         self.study = study
         self.storage = storage  # for the heartbeat after every epoch
         self.running = running  # the driver's own dict: a finished trial leaves it here
@@ -68,6 +68,7 @@ class TrialEvents:
         self.stopping = stopping  # first Ctrl-C / SIGTERM: trials stop after their current epoch
         self.aborting = aborting  # second one: the driver kills the trials
         self.guard = guard  # calls the Optuna storage, riding out a database outage (outage.py)
+        self.pauses = pauses  # a trial scheduler's pauses (pauses.py); None without one
 
     def handle(self, r: Running) -> None:
         """Drain everything the trial sent, then notice if its process ended (or it was lost)."""
@@ -111,7 +112,8 @@ class TrialEvents:
             return
         # After its last epoch a trial is done anyway: a Ctrl-C then must not make it an interrupted one.
         last = epoch >= int(r.config["trainer"]["max_epochs"])
-        reply = "stop" if r.pruned_at is not None or (self.stopping() and not last) else "continue"
+        pause = self.pauses is not None and self.pauses.stop_here(r, epoch)  # its rung: it pauses (pauses.py)
+        reply = "stop" if r.pruned_at is not None or pause or (self.stopping() and not last) else "continue"
         staged = self.tracker.stage_upload(r)  # before the reply: the child cannot overwrite last.pt yet
         try:
             r.conn.send(reply)
@@ -203,6 +205,9 @@ class TrialEvents:
 
     def on_done(self, r: Running, info: dict[str, Any]) -> None:
         r.awaits_export = bool(info.get("export_in_child"))  # it saves its model if the tracker says so
+        if self.pauses is not None and self.pauses.pausing(r, info):  # stopped at its rung: paused, not finished
+            self.pauses.pause(r, info)
+            return
         tags = {
             "hpolab.best_epoch": str(info["best_epoch"]),
             "hpolab.epochs_run": str(info["epochs_run"]),

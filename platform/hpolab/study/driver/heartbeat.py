@@ -29,6 +29,7 @@ from optuna.trial import TrialState
 from hpolab.stores.optuna_storage import GRACE_PERIOD, HEARTBEAT_INTERVAL
 from hpolab.study.state.outage import passthrough
 from hpolab.study.state.owners import age_since_start, describe, heartbeat_age, owner_gone, owner_of, owner_record
+from hpolab.study.objectives.trial_scheduler import paused_at
 from hpolab.study.state.retry import RetryCopy
 from hpolab.study.trials.runner import Running
 
@@ -129,7 +130,10 @@ def lost_reason(storage, r: Running) -> str | None:
 
 
 def why_dead(t, stale_ids: set[int], storage) -> tuple[str, str] | None:
-    """(kind, reason) when RUNNING trial `t` of another driver is dead, else None (it may be alive)."""
+    """(kind, reason) when RUNNING trial `t` of another driver is dead, else None (it may be alive).
+    A paused trial (a trial scheduler's: pauses.py) has no process and no heartbeat: never dead."""
+    if paused_at(t) is not None:
+        return None
     owner = owner_of(t)
     gone = owner_gone(owner)
     if gone:
@@ -204,7 +208,7 @@ def others_running(study: optuna.Study, storage, mine: dict[int, Running], watch
     """RUNNING trials of other (live-looking) drivers, described with their owner and heartbeat age."""
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.number in mine:
+        if t.number in mine or paused_at(t) is not None:  # (a paused trial waits for a driver to resume it)
             continue
         if watch is not None and not hasattr(storage, "record_heartbeat"):
             age = watch.silent_for(t) if t.system_attrs.get(HEARTBEAT_ATTR) is not None else None

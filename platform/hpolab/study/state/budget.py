@@ -93,3 +93,22 @@ class FailureStreak:
     @property
     def hit(self) -> bool:
         return self.max_failures is not None and self.count >= self.max_failures
+
+
+def epochs_used(trials) -> int:
+    """Epochs trained by the study's trials (`budget.epochs`): per configuration, the last epoch it
+    reported. A configuration is a retry chain (a copy resumes its attempt's epochs, not counted twice)
+    and, under a trial scheduler, one trial across its pauses."""
+    last: dict[int, int] = {}
+    for t in trials:
+        if t.system_attrs.get(RELEASED) or t.system_attrs.get(IMPORTED) or not t.intermediate_values:
+            continue
+        root = int(t.system_attrs.get("failed_trial", t.number))
+        last[root] = max(last.get(root, 0), max(t.intermediate_values))
+    return sum(last.values())
+
+
+def epoch_budget_spent(trials, spec) -> bool:
+    """Whether `budget.epochs` is used up: no trial may start or resume (None: no epoch budget)."""
+    limit = spec.budget.epochs
+    return limit is not None and epochs_used(trials) >= limit

@@ -41,6 +41,7 @@ CARRIED_SYSTEM_ATTRS = {
 }
 CARRIED_USER_ATTRS = {
     "hpolab.warm_start_from": "where the configuration came from (a warm start's enqueued trial)",
+    "hpolab.config_changes": "a trial scheduler's config changes so far (PBT): the copy resumes the same configuration",
 }
 KINDS = "hpolab.retry_kinds"  # system attr: why each attempt of retry_history ended, in the same order
 # Why an attempt ended that is not the trial's fault: its retry is free (never counts against max_retries).

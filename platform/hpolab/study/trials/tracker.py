@@ -110,6 +110,29 @@ class TrialTracker:
         self.flush_metrics(r.run_id)
         self.mlflow_guard(tr.set_tags, self.client, r.run_id, {"hpolab.resumed_after_epoch": str(r.epoch)})
 
+    def pause(self, r: Running, tags: dict[str, str]) -> None:
+        """A paused trial (driver/pauses.py): its checkpoint uploaded (it may resume on another worker),
+        its process told to save no model, its run left open with `tags`."""
+        self.flush_metrics(r.run_id)
+        self.upload(r, self.stage_upload(r, force=True))
+        self.metrics.forget(r.run_id)
+        if r.awaits_export:
+            answer_child(r.conn, r.lifeline, False)
+        else:
+            for c in (r.conn, r.lifeline):
+                try:
+                    c.close()
+                except OSError:
+                    pass
+        self.mlflow_guard(tr.set_tags, self.client, r.run_id, tags)  # now: another worker may resume it next
+
+    def resume(self, r: Running, tags: dict[str, str], params: dict[str, float]) -> None:
+        """A paused trial resumes in its own run: `tags` set now, `params` logged at its resume epoch."""
+        self.mlflow_guard(tr.set_tags, self.client, r.run_id, tags)
+        self.metrics.start(r.run_id)
+        if params:
+            self.log_epoch(r, r.epoch, params)
+
     def log_epoch(self, r: Running, epoch: int, metrics: dict[str, float]) -> None:
         """Batched (metric_batches.py): written from the upload thread, not on the driver's loop.
         Kept on `r` too: its model's metric links are made from them (model_links.points_at)."""

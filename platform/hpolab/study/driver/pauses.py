@@ -1,0 +1,194 @@
+"""Pause and resume: the driver's side of a trial scheduler (study/objectives/trial_scheduler.py).
+
+    pause   the driver answers "stop" after the epoch the scheduler chose; the child writes last.pt
+            (the pause epoch's) and ends as a stopped trial. Its Optuna trial stays RUNNING (Optuna
+            has no paused state) with system attr hpolab.paused = {rung, epoch}, user attr
+            hpolab.rung, and an owner record without a process (owners.py: nobody to wait for, no
+            heartbeat to miss: the reaper, `study check` and repair leave it alone). Its MLflow run
+            stays open, tagged hpolab.state=PAUSED and hpolab.rung; no model is logged.
+    resume  under the study's budget lock the scheduler picks a paused trial, whose owner record
+            becomes this driver before the lock is let go (two workers never resume the same
+            trial). A new trial process resumes it from its checkpoint in the same Optuna trial and
+            MLflow run: its epochs continue the step axis (nothing logged twice).
+    end     nothing runs anywhere, nothing can be resumed and no new trial may start: the trials
+            still paused end as the scheduler says (ASHA: PRUNED, tagged with the rung reached).
+
+A Ctrl-C or SIGTERM stop is not a pause (events.py: FAIL and a retry copy, as always).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from hpolab.stores.artifacts import fetch_checkpoint
+from hpolab.stores.budget_lock import budget_lock
+from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR, PAUSED_ATTR, RUNG_ATTR, Resume, TrialScheduler, paused_at
+from hpolab.study.state.budget import epoch_budget_spent
+from hpolab.study.state.owners import OWNER_ATTR, owner_record
+from hpolab.study.state.retry import OVERRIDES
+from hpolab.study.trials.runner import Running
+
+PAUSED_OWNER = "paused"  # the owner record of a paused trial: {"trial": n, "paused": True} (no process)
+
+
+@dataclass
+class Claimed:
+    """A paused trial this driver claimed under the lock: what to resume, and from which epoch."""
+
+    resume: Resume
+    epoch: int  # the epoch it paused after (its checkpoint's)
+    trial: FrozenTrial
+
+
+def set_dotted(config: dict[str, Any], changes: dict[str, Any]) -> None:
+    """Apply `section.key` -> value changes over a resolved config."""
+    for path, value in changes.items():
+        section, key = path.split(".", 1)
+        config.setdefault(section, {})[key] = value
+
+
+class Pauses:
+    """Pauses, resumes and the end of paused trials for one driver (the driver and events.py call it)."""
+
+    def __init__(self, scheduler: TrialScheduler, spec, stores, study: optuna.Study, storage, running: dict[int, Running],
+                 tracker, note: Callable[[str], None], guard: Callable[..., Any]):
+        self.scheduler, self.spec, self.stores = scheduler, spec, stores
+        self.study, self.storage, self.running = study, storage, running
+        self.tracker, self.note, self.guard = tracker, note, guard
+        self.pause_at: dict[int, int | None] = {}  # trial number -> the epoch its current segment pauses after
+
+    # ------------------------------------------------------------ configs and plans
+
+    def adjust(self, config: dict[str, Any], user_attrs: dict[str, Any]) -> None:
+        """A trial's config: trainer.max_epochs is the top rung (its LR schedule spans the whole
+        training), then the config changes recorded on it so far (a retry copy carries them)."""
+        top = getattr(self.scheduler, "top_epochs", None)
+        if top is not None:
+            config["trainer"]["max_epochs"] = int(top())
+        set_dotted(config, user_attrs.get(CHANGES_ATTR) or {})
+
+    def plan(self, r: Running) -> None:
+        """Where the segment `r` starts now (at epoch r.epoch + 1) pauses."""
+        frozen = self.guard(self.storage.get_trial, r.trial._trial_id)
+        self.pause_at[r.number] = self.scheduler.pause_epoch(frozen, r.epoch + 1)
+
+    def stop_here(self, r: Running, epoch: int) -> bool:
+        at = self.pause_at.get(r.number)
+        return at is not None and epoch >= at
+
+    def pausing(self, r: Running, info: dict[str, Any]) -> bool:
+        """The trial's "done" is the pause it was asked for (not a Ctrl-C, not its own early stop)."""
+        at = self.pause_at.get(r.number)
+        return at is not None and info.get("stop_reason") == "stopped_by_caller" and int(info["epochs_run"]) >= at
+
+    # ------------------------------------------------------------ pause
+
+    def pause(self, r: Running, info: dict[str, Any]) -> None:
+        epoch = int(info["epochs_run"])
+        self.running.pop(r.number, None)  # (no more heartbeats: a paused trial has no process)
+        self.pause_at.pop(r.number, None)
+        g, tid = self.guard, r.trial._trial_id
+        rung = self._rung(r, epoch)
+        # Its run first, then the paused mark in Optuna (from then on any worker may resume it). A driver
+        # killed in between leaves a RUNNING trial of a dead owner: reaped and retried as always.
+        self.tracker.pause(r, {"hpolab.state": "PAUSED", "hpolab.rung": str(rung), "hpolab.paused_at_epoch": str(epoch)})
+        g(self.storage.set_trial_user_attr, tid, RUNG_ATTR, rung)
+        g(self.storage.set_trial_system_attr, tid, PAUSED_ATTR, {"rung": rung, "epoch": epoch})
+        g(self.storage.set_trial_user_attr, tid, OWNER_ATTR, {"trial": r.number, PAUSED_OWNER: True})
+        self.note(f"trial {r.number} paused at rung {rung} (epoch {epoch})")
+
+    def _rung(self, r: Running, epoch: int) -> int:
+        rung_of = getattr(self.scheduler, "rung_index", None)
+        frozen = self.guard(self.storage.get_trial, r.trial._trial_id)
+        k = rung_of(frozen, epoch) if rung_of is not None else None
+        return int(k) if k is not None else int(frozen.user_attrs.get(RUNG_ATTR, -1)) + 1
+
+    # ------------------------------------------------------------ resume
+
+    def claim(self, trials: list[FrozenTrial]) -> Claimed | None:
+        """Under the budget lock: the paused trial to resume now, owned by this driver from here on."""
+        res = self.scheduler.next_resume(trials)
+        if res is None:
+            return None
+        t = trials[res.number]
+        info = paused_at(t)
+        if info is None:  # (a scheduler must only name paused trials)
+            return None
+        g = self.guard
+        g(self.storage.set_trial_user_attr, t._trial_id, OWNER_ATTR, owner_record(t.number))
+        g(self.storage.set_trial_system_attr, t._trial_id, PAUSED_ATTR, None)
+        if hasattr(self.storage, "record_heartbeat"):
+            g(self.storage.record_heartbeat, t._trial_id)
+        return Claimed(res, int(info["epoch"]), t)
+
+    def may_start_new(self, trials: list[FrozenTrial]) -> bool:
+        return self.scheduler.may_start_new(trials)
+
+    def start(self, c: Claimed, experiment, runner, progress) -> None:
+        """Resume a claimed trial in a new process, in its own Optuna trial and MLflow run."""
+        t, res, g = c.trial, c.resume, self.guard
+        changes = {**(t.user_attrs.get(CHANGES_ATTR) or {}), **res.config_changes}
+        if res.config_changes:  # a re-run rebuilds the config from the params and these
+            g(self.storage.set_trial_user_attr, t._trial_id, CHANGES_ATTR, changes)
+        config = self.spec.resolved_config(experiment, t.params)
+        config["trainer"].update(t.system_attrs.get(OVERRIDES) or {})  # e.g. the halved micro-batch after an OOM
+        self.adjust(config, {CHANGES_ATTR: changes})
+        run_id = t.user_attrs["mlflow_run_id"]
+        trial_dir = self.stores.trial_dir(self.spec.name, t.number)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint = self._checkpoint(res.checkpoint, run_id, trial_dir)
+        r = Running(trial=optuna.Trial(self.study, t._trial_id), run_id=run_id, config=config, trial_dir=trial_dir)
+        r.epoch = r.uploaded_epoch = c.epoch
+        r.last_value = t.intermediate_values.get(c.epoch)
+        self.tracker.resume(r, {"hpolab.state": "RUNNING", "hpolab.resumed_after_epoch": str(c.epoch), **res.tags}, res.params)
+        self.running[t.number] = r
+        self.plan(r)
+        runner.spawn_trial(r, str(checkpoint) if checkpoint else None, self.running.values())
+        progress.trial_started(t.number, t.params, None)
+        self.note(f"trial {t.number} resumed after epoch {c.epoch} from {checkpoint}")
+
+    def _checkpoint(self, path: Path, run_id: str, trial_dir: Path) -> Path | None:
+        """The checkpoint to resume from: local, else the one uploaded to its run (another worker paused it)."""
+        if Path(path).is_file():
+            return Path(path)
+        fetched = self.guard(fetch_checkpoint, self.stores.tracking_uri, run_id, trial_dir / "fetched")
+        if fetched is None:
+            self.note(f"no checkpoint at {path} nor in run {run_id}: the trial starts over")
+        return fetched
+
+    # ------------------------------------------------------------ end
+
+    def end_paused(self, draining: bool) -> bool:
+        """With nothing of this driver's running: end the trials still paused if nothing can run any
+        more anywhere. False: something can still run (the loop goes on)."""
+        with budget_lock(self.storage, self.spec.name):
+            trials = self.guard(self.study.get_trials, deepcopy=False)
+            if any(t.state == TrialState.WAITING or (t.state == TrialState.RUNNING and paused_at(t) is None) for t in trials):
+                return False
+            spent = epoch_budget_spent(trials, self.spec)
+            if not (draining or spent) and self.scheduler.next_resume(trials) is not None:
+                return False
+            if draining and not spent:
+                return True  # a timeout or a stop rule: paused trials stay resumable by a re-run
+            paused = [t for t in trials if paused_at(t) is not None]
+            for number, state, tags in self.scheduler.at_end(paused) if paused else []:
+                self._end(trials[number], TrialState[state], tags)
+        return True
+
+    def _end(self, t: FrozenTrial, state: TrialState, tags: dict[str, str]) -> None:
+        info = paused_at(t) or {}
+        value = t.intermediate_values.get(info.get("epoch")) if state == TrialState.COMPLETE else None
+        try:
+            self.guard(self.study.tell, t.number, value, state=None if state == TrialState.COMPLETE else state, skip_if_finished=True)
+        except Exception as e:
+            self.note(f"trial {t.number}: ending it {state.name} failed: {type(e).__name__}: {e}")
+            return
+        run_id = t.user_attrs.get("mlflow_run_id")
+        if run_id:
+            self.tracker.close_run(run_id, state, {"hpolab.rung": str(info.get("rung")), **tags})
+        self.note(f"trial {t.number} {state.name} at rung {info.get('rung')} (epoch {info.get('epoch')}): never promoted")
