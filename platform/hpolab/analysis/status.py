@@ -18,7 +18,7 @@ def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
     read = _read_sql(name, stores)
     if read is not None and len(read[0]) == 1:
         directions, rows = read
-        return _print_trials(name, directions[0], rows, _best_row(rows, directions[0]), limit)
+        return _print_trials(name, directions[0], rows, _best_row(rows, directions[0]), limit, lambda: _budget_sql(name, stores))
     from hpolab.stores.optuna_storage import load_study  # (here: `study list` needs no Optuna)
     from hpolab.stores.optuna_sql import TrialRow, ranking_attrs
 
@@ -41,7 +41,8 @@ def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
     rows = [TrialRow(t.number, t.state.name, t.value, t.params, len(t.intermediate_values), t.user_attrs.get("mlflow_run_id"),
                      ranking_attrs(t.system_attrs)) for t in trials]
     top = ranking.best(trials, ranking.directions_of(study))  # (feasible, not imported by a warm start)
-    return _print_trials(name, study.direction.name.lower(), rows, (top.number, top.value) if top is not None else None, limit)
+    return _print_trials(name, study.direction.name.lower(), rows, (top.number, top.value) if top is not None else None, limit,
+                         lambda: study.user_attrs.get(BUDGET_ATTR))
 
 
 def _read_sql(name: str, stores: Stores):
@@ -49,6 +50,34 @@ def _read_sql(name: str, stores: Stores):
 
     src = source(stores.optuna_url)  # an embedded store's file, or a PostgreSQL storage's URL
     return read_trials(src, name) if src is not None else None
+
+
+BUDGET_ATTR = "hpolab.budget_epochs"  # study user attr: the spec's budget.epochs (the driver writes it)
+PAUSED = "hpolab.paused"  # trial system attr of a trial scheduler's trials: {rung, epoch} while paused
+
+
+def _budget_sql(name: str, stores: Stores) -> int | None:
+    from hpolab.stores.optuna_sql import read_studies, source
+
+    studies = read_studies(source(stores.optuna_url)) or []
+    return next((s.user_attrs.get(BUDGET_ATTR) for s in studies if s.name == name), None)
+
+
+def epochs_line(rows: list, budget) -> str | None:
+    """'epochs used: 16 / 40 (budget.epochs); 2 paused, 5 pruned at a rung' for a study with a
+    trial scheduler or an epoch budget (None otherwise). Epochs per configuration: the steps of the
+    last attempt of its retry chain (a copy carries its attempt's epochs)."""
+    scheduled = any(PAUSED in r.system_attrs for r in rows)
+    if not scheduled and budget is None:
+        return None
+    last: dict[int, int] = {}
+    for r in rows:
+        root = (r.system_attrs.get("retry_history") or [r.number])[0]
+        last[root] = max(last.get(root, 0), r.steps)
+    paused = sum(1 for r in rows if r.state == "RUNNING" and isinstance(r.system_attrs.get(PAUSED), dict))
+    at_rung = sum(1 for r in rows if r.state == "PRUNED" and PAUSED in r.system_attrs)
+    line = f"epochs used: {sum(last.values())}" + (f" / {budget} (budget.epochs)" if budget is not None else "")
+    return line + (f"; {paused} paused, {at_rung} pruned at a rung (never promoted)" if scheduled else "")
 
 
 def _ranked_rows(rows: list, direction: str) -> list:
@@ -81,7 +110,8 @@ def shown_rows(rows: list, direction: str, limit: int | None) -> list:
     return [r for r in rows if r.number in keep]
 
 
-def _print_trials(name: str, direction: str, all_rows: list, best: tuple[int, float] | None, limit: int | None = None) -> int:
+def _print_trials(name: str, direction: str, all_rows: list, best: tuple[int, float] | None, limit: int | None = None,
+                  budget=lambda: None) -> int:
     rows = shown_rows(all_rows, direction, limit)
     params = sorted({p for r in rows for p in r.params})
     table = Table(title=f"study {name} ({direction})")
@@ -106,6 +136,9 @@ def _print_trials(name: str, direction: str, all_rows: list, best: tuple[int, fl
     summary = describe(count_trials(all_rows))  # (the budget's rule: a retried attempt or an imported trial is no result)
     top = f"best: trial {best[0]} value {best[1]:.4g}" if best is not None else "best: none yet"
     console.print(f"{summary}; {top}")
+    epochs = epochs_line(all_rows, budget())
+    if epochs:
+        console.print(epochs)
     return 0
 
 

@@ -177,6 +177,7 @@ class Driver:
         record_code(self.study, self.client, self.parent_run_id, self.code, code_change, self.progress.note)
         if self.study.user_attrs.get(warm_start.DONE_ATTR):
             tr.set_tags(self.client, self.parent_run_id, {warm_start.DONE_ATTR: self.study.user_attrs[warm_start.DONE_ATTR]})
+        self.outage.call(self.study.set_user_attr, "hpolab.budget_epochs", self.spec.budget.epochs)  # (`study status` shows it)
         self.no_improvement = NoImprovementStop(self.spec, self.study, self.client, self.parent_run_id, self.progress.note)
         retention = Retention(self.spec, self.study, lambda n: self.stores.trial_dir(self.spec.name, n))
         self.tracker = TrialTracker(self.client, self.experiment_id, self.parent_run_id, self.spec.name,
@@ -185,7 +186,7 @@ class Driver:
                                     mlflow_guard=self.mlflow_outage.call, code=self.code)
         scheduler = scheduler_for(self.spec, self.stores)  # ASHA / PBT: pause and resume trials (pauses.py)
         self.pauses = scheduler and Pauses(scheduler, self.spec, self.stores, self.study, self.storage, self.running, self.tracker,
-                                           self.progress.note, self.outage.call)
+                                           self.progress, self.outage.call)
         self.events = TrialEvents(self.study, self.storage, self.running, self.tracker, self.runner, self.progress,
                                   self.spec.metric, self.retry, self.streak,
                                   stopping=lambda: self.signals.stopping, aborting=lambda: self.signals.aborting,
@@ -234,7 +235,7 @@ class Driver:
             if trial is None:
                 break
             if isinstance(trial, Claimed):  # a paused trial resumes
-                self.pauses.start(trial, self.experiment, self.runner, self.progress)
+                self.pauses.start(trial, self.experiment, self.runner)
             else:
                 self._start_trial(trial)
 

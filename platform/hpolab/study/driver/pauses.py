@@ -56,10 +56,10 @@ class Pauses:
     """Pauses, resumes and the end of paused trials for one driver (the driver and events.py call it)."""
 
     def __init__(self, scheduler: TrialScheduler, spec, stores, study: optuna.Study, storage, running: dict[int, Running],
-                 tracker, note: Callable[[str], None], guard: Callable[..., Any]):
+                 tracker, progress, guard: Callable[..., Any]):
         self.scheduler, self.spec, self.stores = scheduler, spec, stores
         self.study, self.storage, self.running = study, storage, running
-        self.tracker, self.note, self.guard = tracker, note, guard
+        self.tracker, self.progress, self.note, self.guard = tracker, progress, progress.note, guard
         self.pause_at: dict[int, int | None] = {}  # trial number -> the epoch its current segment pauses after
 
     # ------------------------------------------------------------ configs and plans
@@ -100,7 +100,7 @@ class Pauses:
         g(self.storage.set_trial_user_attr, tid, RUNG_ATTR, rung)
         g(self.storage.set_trial_system_attr, tid, PAUSED_ATTR, {"rung": rung, "epoch": epoch})
         g(self.storage.set_trial_user_attr, tid, OWNER_ATTR, {"trial": r.number, PAUSED_OWNER: True})
-        self.note(f"trial {r.number} paused at rung {rung} (epoch {epoch})")
+        self.progress.trial_paused(r.number, rung, epoch)
 
     def _rung(self, r: Running, epoch: int) -> int:
         rung_of = getattr(self.scheduler, "rung_index", None)
@@ -129,7 +129,7 @@ class Pauses:
     def may_start_new(self, trials: list[FrozenTrial]) -> bool:
         return self.scheduler.may_start_new(trials)
 
-    def start(self, c: Claimed, experiment, runner, progress) -> None:
+    def start(self, c: Claimed, experiment, runner) -> None:
         """Resume a claimed trial in a new process, in its own Optuna trial and MLflow run."""
         t, res, g = c.trial, c.resume, self.guard
         changes = {**(t.user_attrs.get(CHANGES_ATTR) or {}), **res.config_changes}
@@ -149,8 +149,7 @@ class Pauses:
         self.running[t.number] = r
         self.plan(r)
         runner.spawn_trial(r, str(checkpoint) if checkpoint else None, self.running.values())
-        progress.trial_started(t.number, t.params, None)
-        self.note(f"trial {t.number} resumed after epoch {c.epoch} from {checkpoint}")
+        self.progress.trial_resumed(t.number, c.epoch, checkpoint or "scratch")
 
     def _checkpoint(self, path: Path, run_id: str, trial_dir: Path) -> Path | None:
         """The checkpoint to resume from: local, else the one uploaded to its run (another worker paused it)."""

@@ -53,6 +53,15 @@ class Progress:
         extra = f" (retry of trial {retry_of}, resuming from its checkpoint)" if retry_of is not None else ""
         self._print(f"[dim]{self._clock()}[/] trial {number} started{extra}: {shown}")
 
+    def trial_paused(self, number: int, rung: int, epoch: int) -> None:
+        """A trial scheduler paused it (driver/pauses.py): not running, not finished."""
+        self.epochs.pop(number, None)
+        self._print(f"[dim]{self._clock()}[/] trial {number} [cyan]paused[/] at rung {rung} (epoch {epoch}) | running: {self._running()}")
+
+    def trial_resumed(self, number: int, epoch: int, checkpoint) -> None:
+        self.epochs[number] = epoch
+        self._print(f"[dim]{self._clock()}[/] trial {number} resumed after epoch {epoch} (promoted; from {escape(str(checkpoint))})")
+
     def epoch(self, number: int, epoch: int) -> None:
         self.epochs[number] = epoch
         if self.bar is not None:
@@ -136,7 +145,18 @@ class Progress:
                 f"{secs:.1f}" if secs is not None else "-",
             )
         self.console.print(table)
+        self._print_epochs(study, spec, trials)
         self._print_elapsed(spec)
+
+    def _print_epochs(self, study, spec, trials) -> None:
+        """Under a trial scheduler or an epoch budget: epochs used (of the budget), trials ended at a rung."""
+        if spec.trial_scheduler is None and spec.budget.epochs is None:
+            return
+        from hpolab.study.state.budget import epochs_used
+
+        budget = f" / {spec.budget.epochs} (budget.epochs)" if spec.budget.epochs is not None else ""
+        at_rung = sum(1 for t in trials if t.state.name == "PRUNED" and "hpolab.paused" in t.system_attrs)
+        self.console.print(f"epochs used: {epochs_used(trials)}{budget}" + (f"; {at_rung} pruned at a rung (never promoted)" if at_rung else ""))
 
     def _print_elapsed(self, spec) -> None:
         self.console.print(f"elapsed {time.monotonic() - self.t0:.1f} s. Browse the runs: [bold]hpolab ui[/]   (or: hpolab study status {spec.name})")

@@ -65,6 +65,7 @@ class TrialTracker:
         self.uploads = Uploader(note, mlflow_guard)
         self.code = code  # the experiment's ExperimentCode: code/<module>.py on every trial run (None: no file)
         self.metrics = MetricBatches()  # epochs not yet handed to the upload thread, per run
+        self.resumed_runs: set[str] = set()  # runs of paused trials resumed here: earlier points were logged elsewhen
 
     def start_run(self, trial: optuna.Trial, config: dict[str, Any], trial_dir: Path, tags: dict[str, str]) -> str:
         """The trial's child run with its params (on the loop), config.yaml and code file (queued first
@@ -130,6 +131,7 @@ class TrialTracker:
         """A paused trial resumes in its own run: `tags` set now, `params` logged at its resume epoch."""
         self.mlflow_guard(tr.set_tags, self.client, r.run_id, tags)
         self.metrics.start(r.run_id)
+        self.resumed_runs.add(r.run_id)
         if params:
             self.log_epoch(r, r.epoch, params)
 
@@ -272,8 +274,10 @@ class TrialTracker:
             if saved is not None:  # the store's copy is the one kept
                 shutil.rmtree(saved, ignore_errors=True)
         try:
+            # (a resumed run's best epoch may be in an earlier segment: its points are read back from the run)
+            logged = None if r.run_id in self.resumed_runs else r.metric_points
             link_trial_metrics(self.client, r.run_id, tags["hpolab.model_id"], int(info["best_epoch"]), info.get("objectives") or {},
-                               logged=r.metric_points)
+                               logged=logged)
         except Exception as e:  # the model stands; `study check --repair` links them later
             self.note(f"trial {r.number}: linking its metrics to its model failed: {e}")
         return tags
