@@ -70,6 +70,7 @@ def default_pruner_under_scheduler(data: Any) -> Any:
     (other than none) is refused, it would kill the trials the scheduler pauses."""
     if not isinstance(data, dict) or not isinstance(data.get("trial_scheduler"), dict):
         return data
+    data = n_trials_from_population(data)
     pruner = data.get("pruner")
     if pruner is None:
         return {**data, "pruner": {"type": "none"}}
@@ -78,6 +79,21 @@ def default_pruner_under_scheduler(data: Any) -> Any:
         raise ValueError(f"pruner: {kind!r} cannot be combined with trial_scheduler (it pauses and promotes trials itself); "
                          "remove pruner: or set pruner: {type: none}")
     return data
+
+
+def n_trials_from_population(data: dict) -> dict:
+    """PBT: one trial per member, so n_trials is the population (one set explicitly must agree)."""
+    ts = data["trial_scheduler"]
+    if ts.get("type") != "pbt":
+        return data
+    population = ts.get("population", PbtSpec.model_fields["population"].default)
+    if "n_trials" in data and data["n_trials"] != population:
+        raise ValueError(f"n_trials: {data['n_trials']} differs from trial_scheduler.population ({population}): PBT runs one trial "
+                         f"per member; remove n_trials or set it to {population}")
+    return {**data, "n_trials": population}
+
+
+FIXED_DURING_TRAINING = ("trainer.max_epochs", "trainer.optimizer", "trainer.scheduler", "trainer.devices")  # a checkpoint holds them
 
 
 def trial_scheduler_problems(spec, experiment=None) -> list[str]:
@@ -101,6 +117,8 @@ def trial_scheduler_problems(spec, experiment=None) -> list[str]:
             defaults = getattr(experiment, f"{section.upper()}_DEFAULTS", None) or {}
             known |= {f"{section}.{k}" for k in {**defaults, **getattr(spec, section)}}
         for key in ts.mutations:
-            if key not in known:
+            if key in FIXED_DURING_TRAINING:
+                problems.append(f"trial_scheduler.mutations.{key}: cannot change during training (the checkpoint a member resumes holds it)")
+            elif key not in known:
                 problems.append(f"trial_scheduler.mutations.{key}: not a searched or config key (use a search_space key or trainer.<key>)")
     return problems
