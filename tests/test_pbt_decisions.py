@@ -64,6 +64,7 @@ def with_last_pt(pbt: Pbt, trials, content=b"ckpt") -> None:
         d = pbt.trial_dir(t.number)
         d.mkdir(parents=True, exist_ok=True)
         (d / "last.pt").write_bytes(content + str(t.number).encode())
+        (d / "best.pt").write_bytes(b"best" + str(t.number).encode())
 
 
 def test_pauses_at_each_interval_boundary_below_max_epochs(tmp_path):
@@ -93,6 +94,8 @@ def test_a_boundary_waits_for_the_whole_population_then_the_worst_copies_the_bes
     assert decision.donor == 1 and decision.values["trainer.lr"] in (pytest.approx(0.016), pytest.approx(0.025))
     resume = pbt.resume_for(members_of(trials)[3], trials[3], decision)
     assert resume.checkpoint == pbt.trial_dir(1) / "pbt_epoch_2.pt"
+    # its best.pt is the donor's of epoch 2 (the checkpoint's best value and epoch are the donor lineage's)
+    assert (pbt.trial_dir(3) / "best.pt").read_bytes() == b"best1" == (pbt.trial_dir(1) / "pbt_epoch_2_best.pt").read_bytes()
     assert resume.config_changes == {"trainer.lr": decision.values["trainer.lr"]}
     assert resume.tags == {PARENTS_TAG: "1@2", EXPLOITED_TAG: "1@2"}
     assert resume.params == {"pbt.trainer.lr": decision.values["trainer.lr"]}

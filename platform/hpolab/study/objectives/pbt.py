@@ -195,16 +195,16 @@ class Pbt:
         return self.trial_dir(root) / snapshot_name(epoch)
 
     def snapshot(self, members: dict[int, Member], epoch: int) -> None:
-        """Each member paused at `epoch`: its last.pt kept as pbt_epoch_<epoch>.pt (once; before any of them resumes)."""
+        """Each member paused at `epoch`: its last.pt kept as pbt_epoch_<epoch>.pt and its best.pt as
+        pbt_epoch_<epoch>_best.pt (once; before any of them resumes and overwrites them)."""
         for m in members.values():
             info = paused_at(m.latest)
             target = self.snapshot_path(m.root, epoch)
-            source = self.trial_dir(m.latest.number) / "last.pt"
-            if info and info.get("epoch") == epoch and not target.exists() and source.is_file():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                partial = target.with_name(f".{target.name}.partial")
-                shutil.copyfile(source, partial)
-                os.replace(partial, target)  # whole or absent: a killed copy is redone by the next call
+            folder = self.trial_dir(m.latest.number)
+            if info and info.get("epoch") == epoch and not target.exists() and (folder / "last.pt").is_file():
+                if (folder / "best.pt").is_file():
+                    copy_whole(folder / "best.pt", best_beside(target))
+                copy_whole(folder / "last.pt", target)  # last: its presence says the pair is complete
 
     def resume_for(self, member: Member, trial: FrozenTrial, d: Decision) -> Resume:
         schedule = {str(k): dict(v) for k, v in member.user_attr(SCHEDULE_ATTR, {}).items()}
@@ -218,6 +218,12 @@ class Pbt:
         self.write_attrs(trial, {SCHEDULE_ATTR: schedule, PARENTS_ATTR: parents})
         tags = {PARENTS_TAG: ",".join(parents), EXPLOITED_TAG: parents[-1]} if parents else {}
         own = self.trial_dir(trial.number) / "last.pt"
+        if d.donor is not None:  # its best so far is the donor's lineage's: the checkpoint's best value and epoch say so
+            donor_best, best = best_beside(self.snapshot_path(d.donor, d.epoch)), own.with_name("best.pt")
+            if donor_best.is_file():
+                copy_whole(donor_best, best)
+            else:
+                best.unlink(missing_ok=True)
         checkpoint = self.snapshot_path(d.donor, d.epoch) if d.donor is not None else own
         # An exploit takes the donor's whole configuration (a searched model width must fit its checkpoint).
         changes = d.config if d.donor is not None else {}
@@ -234,6 +240,18 @@ class Pbt:
             self._storage = open_storage(self.stores.optuna_url)
         for key, value in attrs.items():
             self._storage.set_trial_user_attr(trial._trial_id, key, value)
+
+
+def best_beside(snapshot: Path) -> Path:
+    return snapshot.with_name(snapshot.stem + "_best.pt")
+
+
+def copy_whole(source: Path, target: Path) -> None:
+    """Whole or absent: a copy killed half-way leaves no file under the target's name."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.partial")
+    shutil.copyfile(source, partial)
+    os.replace(partial, target)
 
 
 def schedule_of(trial: FrozenTrial) -> list[tuple[int, dict[str, Any]]]:

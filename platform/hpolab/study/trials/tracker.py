@@ -128,12 +128,13 @@ class TrialTracker:
         self.mlflow_guard(tr.set_tags, self.client, r.run_id, tags)  # now: another worker may resume it next
 
     def resume(self, r: Running, tags: dict[str, str], params: dict[str, float]) -> None:
-        """A paused trial resumes in its own run: `tags` set now, `params` logged at its resume epoch."""
+        """A paused trial resumes in its own run: `tags` set now, `params` logged at the first epoch it
+        trains again (PBT's schedule: the values from that epoch on)."""
         self.mlflow_guard(tr.set_tags, self.client, r.run_id, tags)
         self.metrics.start(r.run_id)
         self.resumed_runs.add(r.run_id)
         if params:
-            self.log_epoch(r, r.epoch, params)
+            self.log_epoch(r, r.epoch + 1, params)
 
     def log_epoch(self, r: Running, epoch: int, metrics: dict[str, float]) -> None:
         """Batched (metric_batches.py): written from the upload thread, not on the driver's loop.
