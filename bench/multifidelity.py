@@ -1,0 +1,259 @@
+"""Multi-fidelity benchmark: random search vs Optuna's Hyperband pruner vs hpolab ASHA vs PBT, side by side.
+
+    nice -n 10 .venv/bin/python bench/multifidelity.py [--seeds 0 1 2] [--trials 12] [--arms random hyperband asha pbt]
+        [--json bench/results/multifidelity.json] [--plot docs/img/multifidelity.png] [--markdown bench/results/multifidelity.md]
+
+Every arm is one `hpolab study run studies/bench_multifidelity.yaml` through the real CLI in a fresh
+temporary store, with the same sampler seed per seed round (random sampler: the arms draw the same
+configurations in the same order), the same task (a small MLP on the 8x8 digits, SGD at a constant LR,
+27 epochs) and the same epoch budget, `budget: {epochs: 27 x --trials}` = what random search trains:
+
+  random     --trials configurations, each trained to 27 epochs (no pruning)
+  hyperband  3 x --trials configurations under Optuna's HyperbandPruner (min 1, max 27, factor 3): a
+             pruned trial's epochs are thrown away
+  asha       3 x --trials configurations under `trial_scheduler: {type: asha}` (rungs 1, 3, 9, 27,
+             factor 3): a trial pauses at its rung and resumes from its checkpoint when promoted
+  pbt        a population of --trials members (the same first configurations as `random`) under
+             `trial_scheduler: {type: pbt}`: every 3 epochs the bottom quarter copies a top-quarter
+             member's checkpoint and multiplies its lr by 0.5 or 2. `random` is the same population
+             with exploit/explore off, i.e. the fixed (constant-LR) schedule PBT must beat: with SGD at a
+             constant LR a high LR learns fastest early and a lower one wins late.
+
+Read back from the stores (MLflow metric histories of each trial's run, Optuna for the trials): the
+best val_acc of any epoch of any trial; the epochs trained (distinct (trial, epoch) pairs: a resumed
+ASHA trial continues its one run, so its segments count once); the epochs trained, in the order the
+driver received them, until the arm first reached random search's best - 0.5 points of the same seed;
+the wall time of the command. An arm the CLI refuses (exit 2: its spec key does not exist yet) is
+reported as missing. The load average is recorded before each study.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from overhead import ROOT, env, load  # noqa: E402  (this checkout's hpolab, the load line)
+
+SPEC = "studies/bench_multifidelity.yaml"
+STUDY = "bench-multifidelity"
+MAX_EPOCHS = 27
+TARGET_POINTS = 0.5  # ASHA must reach random search's best within this many points of accuracy
+ARMS = ("random", "hyperband", "asha", "pbt")
+
+
+def arm_overrides(arm: str, trials: int) -> list[str]:
+    """The spec overrides of one arm; every arm gets the same epoch budget (what random search trains)."""
+    budget = f"budget={{epochs: {MAX_EPOCHS * trials}}}"
+    if arm == "random":
+        return [f"n_trials={trials}", budget]
+    if arm == "hyperband":
+        return [f"n_trials={3 * trials}", budget,
+                f"pruner={{type: hyperband, kwargs: {{min_resource: 1, max_resource: {MAX_EPOCHS}, reduction_factor: 3}}}}"]
+    if arm == "asha":
+        return [f"n_trials={3 * trials}", budget,
+                f"trial_scheduler={{type: asha, min_epochs: 1, max_epochs: {MAX_EPOCHS}, reduction_factor: 3, brackets: 1}}"]
+    if arm == "pbt":
+        return [f"n_trials={trials}", budget,
+                f"trial_scheduler={{type: pbt, population: {trials}, interval_epochs: 3, quantile: 0.25, "
+                "mutations: {trainer.lr: {factor: [0.5, 2.0]}}}"]
+    raise ValueError(f"unknown arm {arm!r}")
+
+
+# ------------------------------------------------------------------ pure parts (tested without training)
+
+
+def epochs_of(histories: dict[int, list[tuple[float, int, float]]]) -> list[tuple[float, int, int, float]]:
+    """{trial number: [(timestamp s, epoch, value)...]} -> [(timestamp, trial, epoch, value)] in the order the
+    driver received them, each (trial, epoch) once (its first report: a resumed trial's epochs are never
+    trained twice, but a retried copy's re-reported history must not count again)."""
+    seen: dict[tuple[int, int], tuple[float, int, int, float]] = {}
+    for number, points in histories.items():
+        for ts, epoch, value in points:
+            key = (number, epoch)
+            if key not in seen or ts < seen[key][0]:
+                seen[key] = (ts, number, epoch, value)
+    return sorted(seen.values(), key=lambda e: (e[0], e[1], e[2]))
+
+
+def summarise(events: list[tuple[float, int, int, float]], target: float | None, maximize: bool = True) -> dict:
+    """Best value, epochs trained and epochs until the first value at least as good as `target` (None: never)."""
+    better = (lambda v, t: v >= t) if maximize else (lambda v, t: v <= t)
+    values = [e[3] for e in events]
+    best = (max if maximize else min)(values) if values else None
+    to_target = None
+    if target is not None:
+        to_target = next((i + 1 for i, v in enumerate(values) if better(v, target)), None)
+    return {"best": best, "epochs": len(events), "epochs_to_target": to_target}
+
+
+def best_so_far(events: list[tuple[float, int, int, float]], maximize: bool = True) -> list[float]:
+    """The best value seen after each epoch (the curve the plot draws against epochs trained)."""
+    out: list[float] = []
+    for e in events:
+        out.append(e[3] if not out else (max if maximize else min)(out[-1], e[3]))
+    return out
+
+
+def mean_sd(xs: list[float | None]) -> tuple[float | None, float | None, int]:
+    """(mean, sd, how many) of the values that exist; sd 0 for one value."""
+    vals = [x for x in xs if x is not None]
+    if not vals:
+        return None, None, 0
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0), len(vals)
+
+
+# ------------------------------------------------------------------ running and reading the stores
+
+
+def run_arm(arm: str, seed: int, trials: int, workdir: Path) -> dict:
+    """One study through the real CLI in its own store; {'refused': line} when the CLI refuses the arm's spec."""
+    store = workdir / f"{arm}-seed{seed}"
+    cmd = [str(Path(sys.executable).with_name("hpolab")), "--store", str(store), "study", "run", SPEC,
+           f"seed={seed}", *arm_overrides(arm, trials)]
+    before = load()
+    log = workdir / f"{arm}-seed{seed}.log"
+    t0 = time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    text = log.read_text()
+    if proc.returncode == 2:
+        return {"arm": arm, "seed": seed, "refused": text.strip().splitlines()[-1] if text.strip() else "exit 2"}
+    got = read_store(store) if proc.returncode in (0, 1) else {"states": {}}
+    # Exit 1 is also how `study run` ends when budget.epochs stops it early or when ASHA pruned every
+    # trial at a rung (no COMPLETE trial): an arm's result, as long as no trial failed or is left running.
+    if proc.returncode != 0 and not (proc.returncode == 1 and got["states"] and set(got["states"]) <= {"COMPLETE", "PRUNED"}):
+        sys.exit(f"multifidelity: {arm} seed {seed} failed with exit code {proc.returncode}; see {log}")
+    return {"arm": arm, "seed": seed, "wall_s": round(wall, 1), "load_before": before, "store": store,
+            "exit_code": proc.returncode, "last_line": text.strip().splitlines()[-1] if text.strip() else "", **got}
+
+
+def read_store(store: Path) -> dict:
+    """The val_acc history of every trial's MLflow run, and the trials' final states from Optuna."""
+    import optuna
+    from mlflow import MlflowClient
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{store / 'optuna.db'}")
+    client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
+    histories, states = {}, {}
+    for t in study.trials:
+        states[t.state.name] = states.get(t.state.name, 0) + 1
+        run_id = t.user_attrs.get("mlflow_run_id")
+        if run_id:
+            hist = client.get_metric_history(run_id, "val_acc")
+            histories[t.number] = [(m.timestamp / 1000, m.step, m.value) for m in hist]
+    return {"trials": len(study.trials), "states": states, "histories": histories}
+
+
+# ------------------------------------------------------------------ output
+
+
+def table(rows: list[dict], arms: list[str], random_epochs: float | None) -> str:
+    lines = ["| arm | seeds | best val_acc (mean ± sd) | epochs trained | epochs to target | of random's epochs | wall s |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for arm in arms:
+        mine = [r for r in rows if r["arm"] == arm]
+        if not mine or all("refused" in r for r in mine):
+            why = mine[0]["refused"] if mine else "not run"
+            lines.append(f"| {arm} | 0 | missing: {why} | | | | |")
+            continue
+        mine = [r for r in mine if "refused" not in r]
+        best, best_sd, n = mean_sd([r["best"] for r in mine])
+        ep, ep_sd, _ = mean_sd([r["epochs"] for r in mine])
+        tt, tt_sd, reached = mean_sd([r["epochs_to_target"] for r in mine])
+        wall, wall_sd, _ = mean_sd([r["wall_s"] for r in mine])
+        share = f"{tt / random_epochs:.2f}" if tt is not None and random_epochs else "-"
+        tt_text = f"{tt:.0f} ± {tt_sd:.0f} ({reached}/{n} reached)" if tt is not None else f"never (0/{n})"
+        lines.append(f"| {arm} | {n} | {100 * best:.2f} ± {100 * best_sd:.2f} | {ep:.0f} ± {ep_sd:.0f} | {tt_text} | "
+                     f"{share} | {wall:.0f} ± {wall_sd:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], arms: list[str], path: Path) -> None:
+    """Best val_acc so far against epochs trained, one line per arm and seed, the target of seed 0 dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display
+    import matplotlib.pyplot as plt
+
+    colors = {"random": "#718096", "hyperband": "#dd8a1a", "asha": "#2b6cb0", "pbt": "#2f855a"}
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for r in rows:
+        if "refused" in r:
+            continue
+        curve = best_so_far(r["events"])
+        label = r["arm"] if r["seed"] == rows[0]["seed"] else None
+        ax.step(range(1, len(curve) + 1), [100 * v for v in curve], where="post", color=colors.get(r["arm"], "k"),
+                alpha=0.8, lw=1.4, label=label)
+        if r["arm"] == "random" and r.get("target") is not None:
+            ax.axhline(100 * r["target"], color="#718096", ls=":", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_ylim(80, 100)
+    ax.set_xlabel("epochs trained (all trials, in the order received)")
+    ax.set_ylabel("best val_acc so far (%)")
+    ax.set_title("digits MLP, 27 epochs a trial (one line per arm and seed)")
+    ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--trials", type=int, default=12, help="random search's configurations (and PBT's population)")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--plot", type=Path)
+    ap.add_argument("--markdown", type=Path)
+    args = ap.parse_args()
+    arms = ["random", *[a for a in args.arms if a != "random"]]  # random first: it sets each seed's target
+
+    started, rows = time.time(), []
+    workdir = Path(tempfile.mkdtemp(prefix="hpolab-bench-mf-"))
+    for seed in args.seeds:
+        target = None
+        for arm in arms:
+            r = run_arm(arm, seed, args.trials, workdir)
+            if "refused" not in r:
+                r["events"] = epochs_of(r.pop("histories"))
+                if arm == "random":
+                    target = summarise(r["events"], None)["best"] - TARGET_POINTS / 100
+                r.update(summarise(r["events"], target), target=target)
+                print(f"seed {seed} {arm:>9}: best {r['best']:.4f}, {r['epochs']} epochs, to target {r['epochs_to_target']}, "
+                      f"{r['wall_s']} s, {r['states']}  [{r['load_before']}]", flush=True)
+            else:
+                print(f"seed {seed} {arm:>9}: refused: {r['refused']}", flush=True)
+            rows.append(r)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+    random_epochs = mean_sd([r["epochs"] for r in rows if r["arm"] == "random"])[0]
+    md = table(rows, arms, random_epochs)
+    head = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, seeds {args.seeds}, {args.trials} random "
+            f"configurations x {MAX_EPOCHS} epochs, {time.time() - started:.0f} s in all; after: {load()}")
+    print(head + "\n\n" + md)
+    for r in rows:
+        r.pop("store", None)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"header": head, "rows": rows}, indent=1))
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(head + "\n\n" + md + "\n")
+    if args.plot:
+        plot(rows, arms, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""bench/multifidelity.py: its pure parts on fabricated metric histories (no training), the arms' specs
+through the real spec loader, and one slow smoke run of the script through the CLI."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_multifidelity", ROOT / "bench" / "multifidelity.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+mf = _bench()
+
+
+def test_epochs_are_counted_once_in_the_order_received_and_the_target_is_the_first_good_enough():
+    # Trial 0 trains 3 epochs; trial 1 pauses after epoch 1 and resumes for epochs 2-3 later; trial 2 is a
+    # retried copy that re-reports trial 2's epoch 1 (same step, later): counted once, at its first report.
+    histories = {
+        0: [(10.0, 1, 0.50), (11.0, 2, 0.70), (12.0, 3, 0.80)],
+        1: [(10.5, 1, 0.60), (20.0, 2, 0.90), (21.0, 3, 0.95)],
+        2: [(13.0, 1, 0.40), (14.0, 1, 0.40), (15.0, 2, 0.93)],
+    }
+    events = mf.epochs_of(histories)
+    assert [(e[1], e[2]) for e in events] == [(0, 1), (1, 1), (0, 2), (0, 3), (2, 1), (2, 2), (1, 2), (1, 3)]
+    got = mf.summarise(events, target=0.92)
+    assert got == {"best": 0.95, "epochs": 8, "epochs_to_target": 6}  # trial 2's epoch 2 (0.93) is the 6th epoch
+    assert mf.summarise(events, target=0.99)["epochs_to_target"] is None
+    assert mf.summarise(events, target=None)["epochs_to_target"] is None
+    assert mf.best_so_far(events) == [0.5, 0.6, 0.7, 0.8, 0.8, 0.93, 0.93, 0.95]
+
+
+def test_a_metric_to_minimise_counts_down():
+    events = mf.epochs_of({0: [(1.0, 1, 3.0), (2.0, 2, 1.5)], 1: [(1.5, 1, 2.0)]})
+    assert mf.summarise(events, target=1.8, maximize=False) == {"best": 1.5, "epochs": 3, "epochs_to_target": 3}
+    assert mf.best_so_far(events, maximize=False) == [3.0, 2.0, 1.5]
+
+
+def test_mean_and_sd_skip_arms_that_never_reached_the_target():
+    assert mf.mean_sd([None, None]) == (None, None, 0)
+    assert mf.mean_sd([4.0]) == (4.0, 0.0, 1)
+    mean, sd, n = mf.mean_sd([2.0, None, 4.0])
+    assert (mean, n) == (3.0, 2) and sd == pytest.approx(1.41421, rel=1e-4)
+
+
+def test_the_table_names_a_missing_arm_and_each_arms_share_of_random_epochs():
+    rows = [{"arm": "random", "seed": 0, "best": 0.97, "epochs": 324, "epochs_to_target": 200, "wall_s": 30.0},
+            {"arm": "asha", "seed": 0, "best": 0.968, "epochs": 110, "epochs_to_target": 81, "wall_s": 40.0},
+            {"arm": "pbt", "seed": 0, "refused": "hpolab: trial_scheduler.type: pbt is not available yet"}]
+    text = mf.table(rows, ["random", "asha", "pbt"], random_epochs=324)
+    assert "| asha | 1 | 96.80 ± 0.00 | 110 ± 0 | 81 ± 0 (1/1 reached) | 0.25 | 40 ± 0 |" in text
+    assert "| pbt | 0 | missing: hpolab: trial_scheduler.type: pbt is not available yet |" in text
+
+
+@pytest.mark.parametrize("arm", ["random", "hyperband"])
+def test_the_arms_specs_load(arm):
+    # The overrides each arm passes on the command line are a valid spec (the arms that need a trial
+    # scheduler are checked by the smoke run, where the CLI may still refuse them).
+    sys.path.insert(0, str(ROOT / "platform"))
+    from hpolab.config.spec import load_spec
+
+    spec = load_spec(ROOT / mf.SPEC, ["seed=1", *mf.arm_overrides(arm, 4)])
+    assert spec.name == mf.STUDY and spec.trainer.max_epochs == mf.MAX_EPOCHS
+    assert spec.n_trials == (4 if arm == "random" else 12)
+
+
+@pytest.mark.slow
+def test_the_script_runs_two_arms_through_the_cli(tmp_path):
+    out = tmp_path / "mf.json"
+    proc = subprocess.run([sys.executable, "bench/multifidelity.py", "--seeds", "0", "--trials", "2", "--arms", "random",
+                           "hyperband", "--json", str(out), "--plot", str(tmp_path / "mf.png")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["arm"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["random"]["epochs"] == 2 * mf.MAX_EPOCHS and rows["random"]["states"] == {"COMPLETE": 2}
+    assert rows["hyperband"]["epochs_to_target"] is None or rows["hyperband"]["epochs_to_target"] <= rows["hyperband"]["epochs"]
+    assert (tmp_path / "mf.png").stat().st_size > 1000
+    assert "| random | 1 |" in proc.stdout
