@@ -375,5 +375,7 @@ class Driver:
                                 self.progress.note)
         g = self.outage.call
         outcome.counts = g(trial_counts, self.study)
+        if outcome.stopped is None and g(epoch_budget_spent, self.study.get_trials(deepcopy=False), self.spec):
+            outcome.stopped = f"budget.epochs ({self.spec.budget.epochs}) used"  # the study ended as planned
         g(close_parent_run, self.client, self.parent_run_id, self.study, self.spec, outcome.counts, self.no_improvement.reason)
         g(self.progress.end, self.study, outcome.counts, self.spec)
