@@ -122,6 +122,7 @@ def hand_main(argv: list[str]) -> int:
     from baseline_loop import flatten, make_sampler, pip_requirements, suggest
     from hpolab.config.experiment import load_experiment
     from hpolab.config.spec import load_spec
+    from hpolab.train import seed_everything
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -134,8 +135,11 @@ def hand_main(argv: list[str]) -> int:
     client = MlflowClient(tracking_uri)
     experiment_id = client.create_experiment(spec.name, artifact_location=(store / "artifacts").as_uri())
     mlflow.set_experiment(experiment_id=experiment_id)
+    # NopPruner: the spec's `pruner: none` (make_sampler refuses any other). Optuna's default is a
+    # MedianPruner, which would stop the hand side's below-median trials after an epoch or two while
+    # hpolab runs every epoch: the two sides would not train the same epochs.
     study = optuna.create_study(storage=f"sqlite:///{store / 'optuna.db'}", study_name=spec.name,
-                                direction=spec.direction, sampler=make_sampler(spec))
+                                direction=spec.direction, sampler=make_sampler(spec), pruner=optuna.pruners.NopPruner())
     parent_id = client.create_run(experiment_id, run_name=spec.name, tags={"optuna.study": spec.name}).info.run_id
     train_seconds: list[float] = []
 
@@ -146,6 +150,8 @@ def hand_main(argv: list[str]) -> int:
         trial.set_user_attr("mlflow_run_id", run_id)
         client.log_batch(run_id, params=[Param(k, v) for k, v in flatten(config).items()])
         hand = HandTrial(trial, client, run_id, config, store / "trials" / f"trial-{trial.number}", spec.metric)
+        # Seeded as hpolab's trial process seeds it (the model's initial weights come from the global RNG)
+        seed_everything(config["seed"], bool(config["trainer"].get("deterministic", False)))
         t0 = time.perf_counter()
         exp.train(config, hand)
         train_seconds.append(time.perf_counter() - t0)
@@ -241,11 +247,13 @@ def read_trials(store: Path) -> dict:
     trials = sorted(optuna.load_study(study_name=summary.study_name, storage=storage).trials, key=lambda t: t.number)
     client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
     spans: list[dict[str, float]] = []
+    epochs: list[int] = []  # epochs logged per trial: both sides must train the same ones
     for i, t in enumerate(trials):
         if not t.datetime_complete or "mlflow_run_id" not in t.user_attrs:
             continue
         run = client.get_run(t.user_attrs["mlflow_run_id"])
         ts = sorted(m.timestamp / 1000 for m in client.get_metric_history(run.info.run_id, "val_acc"))
+        epochs.append(len(ts))
         start, done = t.datetime_start.timestamp(), t.datetime_complete.timestamp()
         row = {"ask_to_run": run.info.start_time / 1000 - start, "run_to_epoch1": ts[0] - run.info.start_time / 1000,
                "epochs_2_to_last": ts[-1] - ts[0], "last_to_complete": done - ts[-1], "trial": done - start}
@@ -258,6 +266,7 @@ def read_trials(store: Path) -> dict:
         "states": [t.state.name for t in trials],
         "durations": [(t.datetime_complete - t.datetime_start).total_seconds() for t in trials if t.datetime_complete],
         "params": [t.params for t in trials],
+        "epochs": epochs,
         "spans": {k: statistics.mean(r[k] for r in later if k in r) for k in SPANS if any(k in r for r in later)},
     }
 
@@ -347,6 +356,9 @@ def main() -> int:
                 shutil.rmtree(m["store"], ignore_errors=True)
     if any(m["params"] != runs[0]["params"] for m in runs):
         print("WARNING: the two sides trained different configurations (params differ); the ratio is not comparable")
+    if any(m["epochs"] != runs[0]["epochs"] for m in runs):
+        print("WARNING: the two sides ran different numbers of epochs per trial; the ratio is not comparable: "
+              + "; ".join(f"{m['side']} {m['epochs']}" for m in runs))
     print(f"\n## Own loop: hpolab / by hand, medians of {args.repeats} rounds\n")
     print(report(runs, args.trials, epochs))
     print(f"\n{load()} at the end")
