@@ -1,0 +1,148 @@
+"""ASHA through the real CLI: trials pause at their rung, the top 1/eta resume from their own
+checkpoint in the same Optuna trial and MLflow run, the rest end PRUNED at their rung; budget.epochs;
+a driver SIGKILLed mid-rung; two workers on one study; an own training loop under ASHA."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+from optuna.trial import TrialState
+
+from conftest import assert_study_check_clean, metric_steps, open_study, run_cli, start_cli, trial_run
+
+SPEC = "studies/digits_asha.yaml"
+
+
+def _args(name: str, *more: str) -> list[str]:
+    return [SPEC, f"name={name}", *more]
+
+
+def assert_asha_study(store, name: str, n_trials: int, top: int = 4) -> list:
+    """Every configuration finished; promoted ones resumed in their own run from their checkpoint
+    (one curve 1..N, no epoch logged twice); never-promoted ones are PRUNED with the rung they reached."""
+    client, study = open_study(store, name)
+    trials = study.get_trials()
+    assert len(trials) == n_trials
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials), [t.state for t in trials]
+    runs = client.search_runs([client.get_experiment_by_name(name).experiment_id])
+    assert len([r for r in runs if "optuna.trial_number" in r.data.tags]) == n_trials  # one run per trial across its pauses
+    resumed = 0
+    for t in trials:
+        run = trial_run(t, client)
+        steps = metric_steps(client, run.info.run_id, "val_acc")
+        last = max(t.intermediate_values)
+        assert steps == list(range(1, last + 1)), (t.number, steps)  # continued its epoch axis, nothing twice
+        if "hpolab.resumed_after_epoch" in run.data.tags:
+            resumed += 1
+        if t.state == TrialState.PRUNED:
+            assert run.data.tags["hpolab.pruned_at_rung"] == run.data.tags["hpolab.rung"], run.data.tags
+            assert run.data.tags["hpolab.state"] == "PRUNED" and run.info.status == "KILLED"
+        else:
+            assert last == top and run.data.tags["hpolab.state"] == "COMPLETE"
+    assert resumed >= 1  # some trial was promoted and resumed
+    assert_study_check_clean(store, name)
+    return trials
+
+
+def test_trial_scheduler_specs_are_refused_in_one_line(store):
+    for override, says in [("pruner={type: median}", "pruner: 'median' cannot be combined with trial_scheduler"),
+                           ("trial_scheduler.min_epochs=4", "trial_scheduler.min_epochs: must be < max_epochs"),
+                           ("trial_scheduler.reduction_factor=1", "trial_scheduler.reduction_factor: Input should be greater than or equal to 2"),
+                           ("search_space.trainer.max_epochs={type: int, low: 2, high: 4}", "search_space.trainer.max_epochs: a trial scheduler decides"),
+                           ("budget.epochs=0", "budget.epochs: Input should be greater than or equal to 1")]:
+        out = run_cli("--store", str(store), "study", "validate", SPEC, override, check=False)
+        assert out.returncode == 2, (override, out.stdout, out.stderr)
+        assert says in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.slow
+def test_trials_pause_get_promoted_and_resume_from_their_checkpoint(store):
+    out = run_cli("--store", str(store), "study", "run", *_args("asha-e2e", "n_trials=5"))
+    assert re.search(r"trial \d+ paused at rung 0 \(epoch 1\)", out.stdout), out.stdout
+    assert "resumed after epoch 1" in out.stdout  # a resumed segment starts at the rung's epoch + 1
+    trials = assert_asha_study(store, "asha-e2e", 5)
+    assert any(t.state == TrialState.PRUNED for t in trials)
+    status = run_cli("--store", str(store), "study", "status", "asha-e2e").stdout
+    used = sum(max(t.intermediate_values) for t in trials)
+    assert f"epochs used: {used} / 40 (budget.epochs)" in status, status
+
+
+@pytest.mark.slow
+def test_the_epoch_budget_stops_new_trials_and_promotions(store):
+    # ASHA, one at a time: 1 + 1 epochs, then the better one promoted to epoch 2: 3 used, nothing more starts
+    out = run_cli("--store", str(store), "study", "run", *_args("asha-budget", "n_trials=6", "parallel=1", "budget.epochs=3"), check=False)
+    assert "epochs used: 3 / 3 (budget.epochs)" in out.stdout, out.stdout + out.stderr  # (no trial reached the top: exit 1 says so)
+    client, study = open_study(store, "asha-budget")
+    trials = study.get_trials()
+    assert len(trials) < 6 and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    assert sum(max(t.intermediate_values) for t in trials) == 3
+    assert_study_check_clean(store, "asha-budget")
+
+
+@pytest.mark.slow
+def test_the_epoch_budget_works_without_a_trial_scheduler(store):
+    out = run_cli("--store", str(store), "study", "run", "studies/digits_cnn.yaml", "name=plain-budget", "n_trials=10", "parallel=1",
+                  "trainer.max_epochs=2", "pruner={type: none}", "budget.epochs=4")
+    client, study = open_study(store, "plain-budget")
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE] * 2  # 2 + 2 epochs: the budget, then no new trial
+    assert "epochs used: 4 / 4 (budget.epochs)" in out.stdout, out.stdout
+
+
+def _wait_for_a_resumed_trial(store, name: str, timeout: float = 180) -> None:
+    """Until a promoted trial trains its next segment (RUNNING, resumed from a pause)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            _, study = open_study(store, name)
+            if any(t.state == TrialState.RUNNING and "hpolab.rung" in t.user_attrs and t.system_attrs.get("hpolab.paused") is None
+                   for t in study.get_trials()):
+                return
+        except Exception:  # the study is not there yet
+            pass
+        time.sleep(0.2)
+    raise AssertionError("no trial was resumed in time")
+
+
+@pytest.mark.slow
+def test_a_driver_sigkilled_mid_rung_is_continued_by_a_rerun(store):
+    args = _args("asha-kill", "n_trials=5")
+    driver = start_cli("--store", str(store), "study", "run", *args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for_a_resumed_trial(store, "asha-kill")
+    driver.send_signal(signal.SIGKILL)
+    driver.communicate(timeout=60)
+    out = run_cli("--store", str(store), "study", "run", *args)  # the same command again
+    client, study = open_study(store, "asha-kill")
+    trials = study.get_trials()
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    assert retried, out.stdout  # the killed segment came back as a retry copy (the same configuration)
+    kept = [t for t in trials if t.number not in retried]
+    assert len(kept) == 5 and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in kept), [(t.number, t.state) for t in trials]
+    for t in kept:
+        assert metric_steps(client, trial_run(t, client).info.run_id, "val_acc") == list(range(1, max(t.intermediate_values) + 1))
+    assert_study_check_clean(store, "asha-kill")
+
+
+@pytest.mark.slow
+def test_two_workers_share_promotions_and_never_resume_a_trial_twice(store):
+    args = _args("asha-two", "n_trials=6", "parallel=1")
+    workers = [start_cli("--store", str(store), "study", "run", *args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for _ in range(2)]
+    outs = [w.communicate(timeout=300)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outs
+    resumes = [m for o in outs for m in re.findall(r"trial (\d+) resumed after epoch (\d+)", o)]
+    assert resumes and len(resumes) == len(set(resumes)), resumes  # no rung of a trial decided twice
+    assert all(re.search(r"trial \d+ (resumed|started)", o) for o in outs), outs  # both worked
+    assert_asha_study(store, "asha-two", 6)
+
+
+@pytest.mark.slow
+def test_an_own_training_loop_pauses_and_resumes_under_asha(store):
+    args = ["studies/digits_own_loop.yaml", "name=own-asha", "n_trials=4", "pruner=null",
+            "trial_scheduler={type: asha, max_epochs: 3, reduction_factor: 2}"]
+    out = run_cli("--store", str(store), "study", "run", *args)
+    assert "resumed after epoch" in out.stdout, out.stdout
+    assert_asha_study(store, "own-asha", 4, top=3)
