@@ -87,7 +87,18 @@ def _summary_cards(data: ReportData, trials: list, best: int | None) -> str:
             items.append(("Pareto front", f"{_front_size(data)} trials <small>knee: trial {best}</small>"))
     elif best is not None:
         items.append(("best " + data.metric, f"{H.fmt_num(data.study.trials[best].value)} <small>trial {best}</small>"))
-    return H.cards(items)
+    return H.cards(items + _scheduler_card(data.study.trials))
+
+
+def _scheduler_card(trials: list) -> list[tuple[str, str]]:
+    """Under a trial scheduler (ASHA, PBT): how many trials wait paused, how many ended at a rung, epochs used."""
+    if not any("hpolab.paused" in t.system_attrs for t in trials):
+        return []
+    from hpolab.study.state.budget import epochs_used
+
+    paused = sum(1 for t in trials if t.state.name == "RUNNING" and isinstance(t.system_attrs.get("hpolab.paused"), dict))
+    at_rung = sum(1 for t in trials if t.state.name == "PRUNED" and "hpolab.paused" in t.system_attrs)
+    return [("paused / pruned at a rung", f"{paused} / {at_rung} <small>{epochs_used(trials)} epochs used</small>")]
 
 
 def _objectives(data: ReportData) -> list[tuple[str, str]]:

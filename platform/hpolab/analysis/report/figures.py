@@ -176,6 +176,13 @@ def _curve_trials(data: ReportData) -> list:
                             system_attrs=t.system_attrs, intermediate_values=curves.get(t.number) or {}) for t in trials]
 
 
+def _rung_lines(fig, trials) -> None:
+    """A trial scheduler's rungs (ASHA): a dotted line at each epoch trials paused at."""
+    paused = [t.system_attrs.get("hpolab.paused") for t in trials]
+    for epoch in sorted({int(p["epoch"]) for p in paused if isinstance(p, dict)}):
+        fig.add_vline(x=epoch, line={"dash": "dot", "width": 1, "color": "#a0aec0"}, annotation_text=f"rung: epoch {epoch}")
+
+
 def fig_learning_curves(data: ReportData) -> tuple[Any, str | None]:
     import plotly.graph_objects as go
 
@@ -223,6 +230,7 @@ def fig_learning_curves(data: ReportData) -> tuple[Any, str | None]:
         if b is not None and b.intermediate_values:
             last = max(b.intermediate_values)
             fig.add_annotation(x=last, y=b.intermediate_values[last], text=f"best: trial {best}", showarrow=True, arrowhead=2)
+    _rung_lines(fig, trials)
     fig.update_layout(xaxis_title="epoch", yaxis_title=data.metric, legend={"title": "trial state"})
     last_epoch = max(max(t.intermediate_values) for t in trials)
     fig.update_xaxes(tickformat="d", dtick=1 if last_epoch <= 20 else None)
