@@ -65,7 +65,7 @@ from hpolab.study.state.owners import owner_gone, owner_of, owner_record
 from hpolab.study.driver.parent_run import close_parent_run, fail_parent_run, open_parent_run
 from hpolab.study.driver.events import TrialEvents
 from hpolab.study.driver.pauses import Claimed, Pauses
-from hpolab.study.objectives.trial_scheduler import scheduler_for
+from hpolab.study.objectives.schedulers import scheduler_for
 from hpolab.study.state.repair import close_orphan_runs
 from hpolab.study.retention.retention import Retention
 from hpolab.study.state.retry import RetryCopy

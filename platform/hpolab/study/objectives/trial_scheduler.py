@@ -12,6 +12,8 @@ Optuna trial kept RUNNING with PAUSED_ATTR, MLflow run kept open); the scheduler
 A paused trial's state lives in the Optuna storage only (so a re-run, or another worker, sees it):
 system attr PAUSED_ATTR = {"rung": k, "epoch": e} while paused, None once resumed; user attr
 RUNG_ATTR = the highest rung reached; CHANGES_ATTR = the config changes applied to it so far.
+
+schedulers.py picks the spec's scheduler (scheduler_for); the schedulers import this module only.
 """
 
 from __future__ import annotations
@@ -60,21 +62,3 @@ def chain_root(trial: FrozenTrial) -> int:
     """The first attempt of the trial's retry chain: a retry copy is the same configuration at the
     same place in the schedule as the attempt it continues."""
     return int(trial.system_attrs.get("failed_trial", trial.number))
-
-
-def scheduler_for(spec, stores) -> TrialScheduler | None:
-    """The spec's trial scheduler (None without `trial_scheduler:`)."""
-    ts = spec.trial_scheduler
-    if ts is None:
-        return None
-    if ts.type == "asha":
-        from hpolab.study.objectives.asha import Asha
-
-        return Asha(spec, stores)
-    try:
-        from hpolab.study.objectives.pbt import Pbt  # type: ignore[import-not-found]
-    except ImportError:
-        from hpolab.errors import UserError
-
-        raise UserError("trial_scheduler.type: pbt is not available yet") from None
-    return Pbt(spec, stores)
