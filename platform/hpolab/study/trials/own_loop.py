@@ -5,13 +5,14 @@ process calls it instead of building data and model and calling fit(). The messa
 are the routine's (trial_process.py), so the driver cannot tell the two apart except by the summary's
 `own_loop`:
 
-    trial.report(epoch, metrics)   -> ("epoch", epoch, metrics), then waits for "continue" | "stop"
+    trial.report(epoch, metrics)   -> ("epoch", epoch, metrics), then reads "continue" | "stop"
     train() returned               -> ("done", summary): best value and epoch over the reports
     train() raised                 -> ("fail", details): that trial only (trial_process.report)
 
-A report is a plain round trip (the routine overlaps the next epoch with the driver's answer; an
-own loop's next epoch starts after the answer, a few milliseconds). Its checkpoint, written before
-the epoch is sent, is the file the driver stages for upload before it answers: exactly that epoch.
+A report's checkpoint is written before the epoch is sent: the file the driver stages for upload
+before it answers is exactly that epoch. A study that may prune waits for each answer; one that
+cannot (no pruner) writes, sends and reads the answer on a thread while the loop trains its next
+epoch, and a stop is seen one report later (own_loop_reports.py).
 
 trial.checkpoint(state) writes last.pt as {"own_loop": 1, "epoch", "history", "state", ...}: the
 "history" key is the routine's, so a retry's carry-over (tracker.carry_over_history), uploads,
@@ -31,7 +32,7 @@ from typing import Any, Callable
 
 import torch
 
-from hpolab.study.trials.lifeline import ORPHAN_EXIT_CODE
+from hpolab.study.trials.own_loop_reports import Reports
 from hpolab.train.checkpoint import atomic_write_bytes, load_checkpoint, serialize_checkpoint, unwrap_model
 from hpolab.train.device import resolve_device
 from hpolab.train.state import LoopState
@@ -60,10 +61,9 @@ class OwnTrial:
         self.config: dict[str, Any] = cfg
         self.device: torch.device = resolve_device(cfg["trainer"].get("device", "auto"))
         self.dir: Path = Path(job["checkpoint_dir"])
-        self._conn = conn
+        self._reports = Reports(conn, bool(job.get("pipelined_reports")))  # the driver's runner says which mode
         self._metric, self._direction = cfg["metric"], cfg["direction"]
         self._loop = LoopState()  # the routine's bookkeeping of epochs and the best one
-        self._stopped = False  # a report returned True: the driver said stop
         self._best_path: Path | None = None  # best.pt, when the best epoch was checkpointed
         self._last_path: Path | None = None
         self._model: torch.nn.Module | None = None
@@ -76,23 +76,30 @@ class OwnTrial:
     # ---------------------------------------------------------------- what train() calls
 
     def report(self, epoch: int, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> bool:
-        """Send this epoch's metrics (after saving `checkpoint`), wait for the driver: True = stop now."""
-        if self._stopped:
+        """Send this epoch's metrics (after saving `checkpoint`): True = stop now (own_loop_reports.py
+        says when the answer is this epoch's and when the previous one's)."""
+        self._reports.settle()  # the previous report's write, message and answer (pipelined)
+        if self._reports.stopped:
             return True
         epoch = _epoch_number(epoch, self._loop.epoch, self.start_epoch)
         values = _plain_metrics(metrics)
         self._loop.record(epoch, values, values.get(self._metric, math.nan), self._direction, 0.0)
-        if checkpoint is not None:
-            self.checkpoint(checkpoint)
-        try:
-            self._conn.send(("epoch", epoch, values))
-            self._stopped = self._conn.recv() == "stop"
-        except (EOFError, OSError):  # the driver is gone (its end closed): nobody to train for
-            os._exit(ORPHAN_EXIT_CODE)
-        return self._stopped
+        write = self._writer(checkpoint) if checkpoint is not None else None  # (checked and serialized now)
+        self._reports.send(epoch, values, write)
+        return self._reports.stopped
 
     def checkpoint(self, state: dict[str, Any]) -> None:
         """last.pt (and best.pt when the last reported epoch is the best so far), written atomically."""
+        self._reports.settle()  # a report's write in flight goes first
+        self._writer(state)()
+
+    def settle(self, raise_error: bool = True) -> None:
+        """Wait for the report in flight (pipelined): before the trial's outcome is sent."""
+        self._reports.settle(raise_error)
+
+    def _writer(self, state: dict[str, Any]) -> Callable[[], None]:
+        """Check and serialize `state` now (the loop changes its tensors next); the returned call
+        writes it as last.pt, and as best.pt when the last reported epoch is the best so far."""
         if not isinstance(state, dict):
             raise TypeError(f"trial.checkpoint takes a dict, got {type(state).__name__}")
         _check_plain(state, "state")
@@ -102,9 +109,14 @@ class OwnTrial:
             "metric": self._metric, "direction": self._direction,
             "best_value": loop.best_value, "best_epoch": loop.best_epoch,
         })
-        self._last_path = atomic_write_bytes(blob, self.dir / "last.pt")
-        if loop.epoch and loop.best_epoch == loop.epoch:
-            self._best_path = atomic_write_bytes(blob, self.dir / "best.pt")
+        best = bool(loop.epoch and loop.best_epoch == loop.epoch)
+
+        def write() -> None:
+            self._last_path = atomic_write_bytes(blob, self.dir / "last.pt")
+            if best:
+                self._best_path = _same_file(self._last_path, self.dir / "best.pt", blob)
+
+        return write
 
     def restore(self) -> dict[str, Any] | None:
         """The state an earlier attempt of this trial checkpointed last (None: a first attempt)."""
@@ -158,7 +170,7 @@ class OwnTrial:
             carried = sorted({k for h in loop.history for k in h if k != "epoch"})
             raise TrialFailure("metric", f"the reports never carried the study metric {metric}; they carried: "
                                          f"{', '.join(carried) or 'no metrics'} (report {metric}, or set the spec's metric: to one of these)")
-        stopped = self._stopped or pruned_by_train
+        stopped = self._reports.stopped or pruned_by_train
         return {
             "best_value": loop.best_value,
             "best_epoch": loop.best_epoch,
@@ -174,7 +186,7 @@ class OwnTrial:
             "objectives": self._objective_values(costs, stopped) if self.config.get("objectives") else None,
             "own_loop": True,
             "model_logged": self.model_logged,
-            "pruned_by_train": pruned_by_train and not self._stopped,  # optuna.TrialPruned raised unasked
+            "pruned_by_train": pruned_by_train and not self._reports.stopped,  # optuna.TrialPruned raised unasked
         }
 
     def _max_epochs(self) -> int:
@@ -219,9 +231,11 @@ def run_own_loop(conn, job: dict[str, Any], experiment, report: Callable, offer_
         try:
             experiment.train(cfg, trial)
         except Exception as e:
+            trial.settle(raise_error=False)  # nothing else may use the pipe while a report is in flight
             if not _is_trial_pruned(e):
                 raise
             pruned = True
+        trial.settle()  # the last report's write, message and answer; a failed write fails the trial
         summary = trial.summary(pruned, getattr(experiment, "costs", None))
         if job.get("export_model") and trial.model_logged:
             summary["export_in_child"] = True  # this process waits for the driver's "export" | "skip"
@@ -240,6 +254,20 @@ def _is_trial_pruned(error: Exception) -> bool:
     run_study starts) has not imported it (~0.2 s a trial), and a loop that raised it has imported it."""
     optuna = sys.modules.get("optuna")
     return optuna is not None and isinstance(error, optuna.TrialPruned)
+
+
+def _same_file(last: Path, best: Path, blob: bytes) -> Path:
+    """best.pt as another name of last.pt's file (a hard link: no second write and fsync), put in
+    place atomically; the next epoch's last.pt is a new file, so best.pt keeps this one. Written
+    out where the filesystem has no hard links."""
+    link = best.with_name(f".{best.name}.{os.getpid()}.link")
+    try:
+        link.unlink(missing_ok=True)
+        os.link(last, link)
+    except OSError:
+        return atomic_write_bytes(blob, best)
+    os.replace(link, best)
+    return best
 
 
 def _epoch_number(epoch: Any, last: int, start: int) -> int:

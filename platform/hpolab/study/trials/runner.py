@@ -83,7 +83,13 @@ def runner_for(spec, project_dir: Path | None) -> "TrialRunner":
     from hpolab.config.experiment import load_experiment
 
     return TrialRunner(spec.experiment, load_experiment(spec.experiment).__name__, spec.parallel, (project_dir or Path.cwd()).resolve(),
-                       export_models=spec.log_models != "none")
+                       export_models=spec.log_models != "none", pipelined_reports=cannot_stop_early(spec))
+
+
+def cannot_stop_early(spec) -> bool:
+    """Nothing but the driver's own stop (Ctrl-C, SIGTERM) ends the study's trials early: no pruner
+    and no trial scheduler. An own loop's reports then do not wait for the driver (own_loop_reports.py)."""
+    return spec.pruner.type == "none" and getattr(spec, "trial_scheduler", None) is None
 
 
 def started_runner(spec) -> "TrialRunner":
@@ -98,12 +104,14 @@ def started_runner(spec) -> "TrialRunner":
 class TrialRunner:
     """Starts trial processes: the forkserver context, threads per trial and the GPU of each."""
 
-    def __init__(self, experiment: str, experiment_module: str, parallel: int, project_dir: Path, export_models: bool = False):
+    def __init__(self, experiment: str, experiment_module: str, parallel: int, project_dir: Path, export_models: bool = False,
+                 pipelined_reports: bool = False):
         self.experiment = experiment  # the spec's experiment reference, as the child loads it
         self.experiment_module = experiment_module  # the imported module's name, preloaded
         self.parallel = parallel
         self.project_dir = project_dir
         self.export_models = export_models  # the spec logs models: a trial saves its own (child_export.py)
+        self.pipelined_reports = pipelined_reports  # an own loop's reports need not wait for answers (cannot_stop_early)
         self._ctx = None
         self._n_gpus: int | None = None
         self._cpus: int | None = None
@@ -197,6 +205,7 @@ class TrialRunner:
             "config": r.config,
             "number": r.number,  # an own loop's trial.number and trial.params (own_loop.py)
             "params": dict(r.trial.params),
+            "pipelined_reports": self.pipelined_reports,
             "checkpoint_dir": str(r.trial_dir),
             "resume_from": resume_from,
             "threads": self.threads_per_trial(),
