@@ -19,7 +19,7 @@ class _Frozen(BaseModel):
 class AshaSpec(_Frozen):
     """Promotion-based successive halving (asynchronous: a trial pauses at each rung until promoted)."""
 
-    type: Literal["asha"]
+    type: Literal["asha"]  # promotion-based successive halving
     min_epochs: int = Field(default=1, ge=1, description="the first rung: epochs every trial trains")
     max_epochs: int | None = Field(default=None, ge=1, description="the top rung (null: trainer.max_epochs)")
     reduction_factor: int = Field(default=3, ge=2, description="eta: the top 1/eta of a rung is promoted to the next")
@@ -50,7 +50,7 @@ Mutation = Union[Factor, Choices, Range]
 class PbtSpec(_Frozen):
     """Population based training: members pause every interval; the worst copy the best and mutate."""
 
-    type: Literal["pbt"]
+    type: Literal["pbt"]  # population based training
     population: int = Field(default=8, ge=2, description="members trained at once (configurations ever sampled)")
     interval_epochs: int = Field(default=2, ge=1, description="epochs between exploit/explore steps")
     quantile: float = Field(default=0.25, gt=0, le=0.5, description="the bottom quantile copies the top quantile")
