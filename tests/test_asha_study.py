@@ -69,6 +69,8 @@ def test_trials_pause_get_promoted_and_resume_from_their_checkpoint(store):
     status = run_cli("--store", str(store), "study", "status", "asha-e2e").stdout
     used = sum(max(t.intermediate_values) for t in trials)
     assert f"epochs used: {used} / 40 (budget.epochs)" in status, status
+    changed = run_cli("--store", str(store), "study", "run", *_args("asha-e2e", "n_trials=5", "trial_scheduler.reduction_factor=3"), check=False)
+    assert changed.returncode == 2 and "trial_scheduler" in changed.stderr, changed.stderr  # rungs decided differently: refused
     run_cli("--store", str(store), "report", "asha-e2e")
     html = (store / "reports" / "asha-e2e.html").read_text()
     assert "rung: epoch 1" in html and "rung: epoch 2" in html  # the rungs on the learning curves

@@ -105,6 +105,8 @@ def trial_scheduler_problems(spec, experiment=None) -> list[str]:
     problems = []
     if "trainer.max_epochs" in spec.search_space:
         problems.append("search_space.trainer.max_epochs: a trial scheduler decides the epochs; remove it from search_space")
+    if spec.is_multi_objective:
+        problems.append("trial_scheduler: needs one objective (its rungs compare the study metric per epoch); drop objectives: or trial_scheduler:")
     if spec.trainer.devices > 1:
         problems.append(f"trainer.devices: {spec.trainer.devices} processes per trial cannot pause; use devices: 1 with trial_scheduler")
     if isinstance(ts, AshaSpec):
