@@ -131,7 +131,8 @@ def test_a_dead_member_is_not_waited_for_and_a_retry_copy_is_the_same_member(tmp
     trials = [member(i, {2: 0.1 * i}, paused_epoch=2) for i in range(3)] + [member(3, {1: 0.5}, state=TrialState.FAIL)]
     with_last_pt(pbt, trials)
     copy = member(4, {1: 0.5}, state=TrialState.WAITING, failed_trial=3)
-    assert not pbt.may_start_new(trials + [copy])  # the copy continues member 3: four members still
+    assert len(members_of(trials + [copy])) == 4  # the copy continues member 3: four members still
+    assert pbt.may_start_new(trials + [copy])  # ask() takes the WAITING copy first: it must be asked
     assert pbt.next_resume(trials + [copy]) is None  # member 3's copy will reach epoch 2: wait for it
     assert pbt.next_resume(trials).number == 0  # member 3 is dead without a copy: not waited for
 

@@ -114,7 +114,9 @@ class Pbt:
         return boundary if boundary < self.max_epochs else None
 
     def may_start_new(self, trials: list[FrozenTrial]) -> bool:
-        return len(members_of(trials)) < self.population
+        """Fewer members than the population; or a WAITING retry copy (Optuna's ask() takes it first:
+        an existing member continues, no new configuration is sampled)."""
+        return len(members_of(trials)) < self.population or any(t.state == TrialState.WAITING for t in trials)
 
     def next_resume(self, trials: list[FrozenTrial]) -> Resume | None:
         """The member paused longest (lowest boundary, then number) whose boundary is decided."""

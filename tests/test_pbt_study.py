@@ -1,0 +1,107 @@
+"""PBT through the real CLI: every member is one Optuna trial and one MLflow run (epochs 1..max without gap
+or repeat); at a boundary the worst member copies a better one's checkpoint and trains on with a
+perturbed learning rate (the LR the optimizer really used changes, the schedule metric and lineage tags
+say so); a driver SIGKILLed mid-population is continued by a re-run."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+from optuna.trial import TrialState
+
+from conftest import assert_study_check_clean, metric_steps, open_study, run_cli, start_cli, trial_run
+
+# Four members, a boundary at epoch 2 of 4; a constant LR (scheduler none) makes the `lr` metric the
+# configured one, so an exploit's new LR shows in what the optimizer used.
+TINY = ["studies/digits_pbt.yaml", "trainer.max_epochs=4", "trainer.scheduler=none", "trainer.warmup_epochs=0",
+        "model.channels=8", "trial_scheduler.mutations={trainer.lr: {factor: [0.5, 2.0]}}", "trial_scheduler.resample_probability=0"]
+
+
+def _args(name: str, *more: str) -> list[str]:
+    return [*TINY, f"name={name}", *more]
+
+
+def test_the_tiny_pbt_spec_is_valid_with_n_trials_from_the_population(store):
+    out = run_cli("--store", str(store), "study", "validate", *_args("pbt-valid"))
+    assert "n_trials: 4" in out.stdout and "population: 4" in out.stdout, out.stdout
+
+
+def assert_pbt_study(store, name: str, epochs: int = 4, population: int = 4) -> list:
+    """Every member COMPLETE after `epochs`, one run each with one continuous curve; returns the members
+    (a member's last attempt: a retry copy stands for the attempt it continued)."""
+    client, study = open_study(store, name)
+    trials = study.get_trials()
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    members = [t for t in trials if t.number not in retried]
+    assert len(members) == population, [(t.number, t.state) for t in trials]  # n_trials == population
+    assert all(t.state == TrialState.COMPLETE for t in members), [(t.number, t.state) for t in trials]
+    for t in members:
+        run = trial_run(t, client)
+        for metric in ("val_acc", "lr"):
+            assert metric_steps(client, run.info.run_id, metric) == list(range(1, epochs + 1)), (t.number, metric)
+    assert_study_check_clean(store, name)
+    return members
+
+
+@pytest.mark.slow
+def test_the_worst_member_exploits_a_better_one_and_explores_its_learning_rate(store):
+    out = run_cli("--store", str(store), "study", "run", *_args("pbt-e2e"))
+    client, study = open_study(store, "pbt-e2e")
+    members = assert_pbt_study(store, "pbt-e2e")
+    assert len(client.search_runs([client.get_experiment_by_name("pbt-e2e").experiment_id],
+                                  "tags.hpolab.role = 'trial'")) == 4  # one run per member for its whole life
+    exploited = [t for t in members if "hpolab.pbt_exploited_from" in trial_run(t, client).data.tags]
+    assert len(exploited) == 1, out.stdout  # the bottom quarter of four at the one boundary (epoch 2)
+    t = exploited[0]
+    tags = trial_run(t, client).data.tags
+    donor_number, at = map(int, re.fullmatch(r"(\d+)@(\d+)", tags["hpolab.pbt_exploited_from"]).groups())
+    assert at == 2 and tags["hpolab.pbt_parents"] == tags["hpolab.pbt_exploited_from"] and donor_number != t.number
+    donor = study.trials[donor_number]
+    assert donor.intermediate_values[2] > t.intermediate_values[2]  # it copied a better member
+    new_lr = t.user_attrs["hpolab.pbt_schedule"]["3"]["trainer.lr"]
+    assert new_lr in (pytest.approx(donor.params["trainer.lr"] * 0.5), pytest.approx(donor.params["trainer.lr"] * 2.0))
+    assert t.user_attrs["hpolab.pbt_schedule"]["1"] == {"trainer.lr": t.params["trainer.lr"]}
+    assert t.user_attrs["hpolab.pbt_parents"] == [f"{donor_number}@2"]
+    history = {m: {p.step: p.value for p in client.get_metric_history(trial_run(t, client).info.run_id, m)}
+               for m in ("lr", "pbt.trainer.lr")}
+    assert history["lr"][1] == history["lr"][2] == pytest.approx(t.params["trainer.lr"])  # its own LR before ...
+    assert history["lr"][3] == history["lr"][4] == pytest.approx(new_lr)  # ... the explored one after, in the optimizer
+    assert history["pbt.trainer.lr"] == {3: pytest.approx(new_lr)}  # the schedule: the value from epoch 3 on
+    assert re.search(rf"trial {t.number} resumed after epoch 2 .*trial-{donor_number}/pbt_epoch_2\.pt", out.stdout), out.stdout
+    for other in members:
+        if other is not t:
+            assert "hpolab.pbt_parents" not in trial_run(other, client).data.tags
+            assert other.user_attrs["hpolab.pbt_parents"] == []
+
+
+def _wait_for_a_resumed_member(store, name: str, timeout: float = 180) -> None:
+    """Until a member trains past the boundary (RUNNING again after its pause, with its schedule recorded)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            _, study = open_study(store, name)
+            if any(t.state == TrialState.RUNNING and "hpolab.pbt_schedule" in t.user_attrs and t.system_attrs.get("hpolab.paused") is None
+                   for t in study.get_trials()):
+                return
+        except Exception:  # the study is not there yet
+            pass
+        time.sleep(0.2)
+    raise AssertionError("no member was resumed in time")
+
+
+@pytest.mark.slow
+def test_a_driver_sigkilled_mid_population_is_continued_by_a_rerun(store):
+    args = _args("pbt-kill")
+    driver = start_cli("--store", str(store), "study", "run", *args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for_a_resumed_member(store, "pbt-kill")
+    driver.send_signal(signal.SIGKILL)
+    driver.communicate(timeout=60)
+    out = run_cli("--store", str(store), "study", "run", *args)  # the same command again
+    members = assert_pbt_study(store, "pbt-kill")
+    client, _ = open_study(store, "pbt-kill")
+    exploited = [t for t in members if "hpolab.pbt_exploited_from" in trial_run(t, client).data.tags]
+    assert len(exploited) == 1, out.stdout  # the boundary was decided once, before or after the kill
