@@ -13,7 +13,7 @@ import time
 import pytest
 from optuna.trial import TrialState
 
-from conftest import assert_study_check_clean, metric_steps, open_study, run_cli, start_cli, trial_run
+from conftest import assert_study_check_clean, hpolab_env, metric_steps, open_study, run_cli, start_cli, trial_run
 
 # Four members, a boundary at epoch 2 of 4; a constant LR (scheduler none) makes the `lr` metric the
 # configured one, so an exploit's new LR shows in what the optimizer used.
@@ -76,6 +76,15 @@ def test_the_worst_member_exploits_a_better_one_and_explores_its_learning_rate(s
         if other is not t:
             assert "hpolab.pbt_parents" not in trial_run(other, client).data.tags
             assert other.user_attrs["hpolab.pbt_parents"] == []
+
+    # The replay (Ray Tune's): the member's schedule from scratch, as one run. Until the exploit its
+    # numbers are the member's; after it the LR the optimizer used is the scheduled one.
+    replay = run_cli("--store", str(store), "reproduce", trial_run(t, client).info.run_id, env={**hpolab_env(), "COLUMNS": "250"})
+    assert "replaying its schedule from scratch" in replay.stdout and "it exploited" in replay.stdout, replay.stdout
+    assert "reproduced: identical" in replay.stdout, replay.stdout
+    kept = next(m for m in members if m is not t)  # a member that never exploited: its segments replayed exactly
+    replay = run_cli("--store", str(store), "reproduce", trial_run(kept, client).info.run_id)
+    assert "replaying its schedule" in replay.stdout and "reproduced: identical" in replay.stdout, replay.stdout
 
 
 def _wait_for_a_resumed_member(store, name: str, timeout: float = 180) -> None:

@@ -81,26 +81,58 @@ def _experiment(client, run, experiment: str, allow_change: bool, console):
     return found.module
 
 
-def _retrain(config: dict, tags: dict[str, str], exp, epochs: int, console):
-    """fit() again with the run's config, seed and thread count, for the run's number of epochs."""
+def _retrain(config: dict, tags: dict[str, str], exp, epochs: int, console, schedule=None):
+    """fit() again with the run's config, seed and thread count, for the run's number of epochs. A PBT
+    member's `schedule` is replayed (reproduce_pbt.py): one fit per stretch of the same values, each
+    resuming from the previous one's checkpoint with the next values, as the member's segments did."""
     import torch
 
-    from hpolab.train import fit, seed_everything
-    from hpolab.train.config import trainer_config
-    from hpolab.train.tasks import task_for
+    from hpolab.analysis.reproduce_pbt import apply, segments
 
     trainer = {**config["trainer"], "inject_nan_at_step": None, "inject_oom_at_step": None}
     if tags.get("hpolab.trainer_overrides"):
         console.print(f"  [yellow]note[/]: this attempt ran with {tags['hpolab.trainer_overrides']} (after a CUDA OOM); "
                       "epochs it carried over from an earlier attempt were trained without it")
     torch.set_num_threads(_threads(int(tags.get("hpolab.torch_threads", "1")), console))
+    result = None
+    with tempfile.TemporaryDirectory() as ckpt:
+        for first, last, values in segments(schedule or [], epochs):
+            apply(config, trainer, values, first, console)
+            resume_from = Path(ckpt) / "last.pt" if result is not None else None
+            result = _fit_segment(config, trainer, exp, ckpt, resume_from, last)
+    return result
+
+
+def _fit_segment(config: dict, trainer: dict, exp, ckpt: str, resume_from, last: int):
+    """One trial process's fit(): seeded, data and model built, as the trial process does; stops after epoch `last`."""
+    from hpolab.train import fit, seed_everything
+    from hpolab.train.config import trainer_config
+    from hpolab.train.tasks import task_for
+
     seed_everything(config["seed"], bool(trainer.get("deterministic", False)))  # as the trial process did
     data = exp.load_data(config["data"], config["seed"])
     model = exp.build_model(config["model"], data.input_shape, data.num_classes)
-    with tempfile.TemporaryDirectory() as ckpt:
-        return fit(trainer_config(trainer), model, data, metric=config["metric"], direction=config["direction"],
-                   seed=config["seed"], checkpoint_dir=ckpt, task=task_for(exp),
-                   on_epoch=lambda epoch, _metrics: epoch >= epochs)
+    return fit(trainer_config(trainer), model, data, metric=config["metric"], direction=config["direction"],
+               seed=config["seed"], checkpoint_dir=ckpt, task=task_for(exp), resume_from=resume_from,
+               on_epoch=lambda epoch, _metrics: epoch >= last)
+
+
+def _pbt_schedule(stores, tags: dict[str, str], compared: tuple[str, ...], history: dict, console):
+    """A PBT member's schedule (None for other runs); its history after the first exploit is left out
+    of the comparison, its `lr` added (reproduce_pbt.py says why)."""
+    from hpolab.analysis.reproduce_pbt import describe, first_exploit, member_schedule
+
+    schedule = member_schedule(stores, tags)
+    if not schedule:
+        return None
+    console.print(f"  PBT member: replaying its schedule from scratch ({describe(schedule)})")
+    exploit = first_exploit(tags)
+    if exploit is not None:
+        console.print(f"  it exploited {tags.get('hpolab.pbt_parents')} (member@epoch): those weights are not copied, so after "
+                      f"epoch {exploit} the replay trains its own and only lr is compared")
+        for m in compared:
+            history[m] = {e: v for e, v in history[m].items() if e <= exploit}
+    return schedule
 
 
 def _threads(recorded: int, console) -> int:
@@ -167,7 +199,10 @@ def reproduce_cmd(args, stores) -> int:
         compared, history, result = reproduce_own_loop(client, stores, run, config, exp, console, threads)
     else:
         compared, history, epochs = _history(client, args.run_id, config)
-        result = _retrain(config, tags, exp, epochs, console)
+        schedule = _pbt_schedule(stores, tags, compared, history, console)
+        if schedule:  # the LR the optimizer used: the schedule replayed
+            compared, history["lr"] = (*compared, "lr"), {h.step: h.value for h in client.get_metric_history(args.run_id, "lr")}
+        result = _retrain(config, tags, exp, epochs, console, schedule)
 
     table, worst = _compare_table(f"{run.info.run_name}: original vs reproduced", compared, history, result)
     console.print(table)

@@ -239,6 +239,8 @@ class LRSchedule:
                 group["initial_lr"] = lr
             if lambda_owns:  # exact: the new config's lambda (its floor, decay) at this step
                 group["lr"] = lr * self.per_step.lr_lambdas[i](self.per_step.last_epoch)
+            elif self.per_step is None and self.plateau is None:  # constant: exactly lr, whichever LR it came from
+                group["lr"] = lr
         for scheduler in (self.per_step, self.plateau):
             if scheduler is not None:
                 scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
