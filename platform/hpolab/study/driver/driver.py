@@ -66,6 +66,7 @@ from hpolab.study.driver.parent_run import close_parent_run, fail_parent_run, op
 from hpolab.study.driver.events import TrialEvents
 from hpolab.study.driver.pauses import Claimed, Pauses
 from hpolab.study.objectives.schedulers import scheduler_for
+from hpolab.study.objectives.trial_scheduler import paused_at
 from hpolab.study.state.repair import close_orphan_runs
 from hpolab.study.retention.retention import Retention
 from hpolab.study.state.retry import RetryCopy
@@ -131,7 +132,7 @@ class Driver:
         try:
             study_id = self.storage.get_study_id_from_name(self.spec.name)
             running = self.storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
-            busy = any(owner_gone(owner_of(t)) is None for t in running)
+            busy = any(owner_gone(owner_of(t)) is None and paused_at(t) is None for t in running)  # (a paused trial has no driver)
         except KeyError:
             busy = False
         # Another driver is running trials now: salt, or both would propose the same points.

@@ -167,8 +167,8 @@ class Pauses:
         more anywhere. False: something can still run (the loop goes on)."""
         with budget_lock(self.storage, self.spec.name):
             trials = self.guard(self.study.get_trials, deepcopy=False)
-            if any(t.state == TrialState.WAITING or (t.state == TrialState.RUNNING and paused_at(t) is None) for t in trials):
-                return False
+            if any(t.state == TrialState.RUNNING and paused_at(t) is None for t in trials):
+                return False  # (WAITING ones are the loop's: it runs them while n_trials allows)
             spent = epoch_budget_spent(trials, self.spec)
             if not (draining or spent) and self.scheduler.next_resume(trials) is not None:
                 return False
