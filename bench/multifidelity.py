@@ -94,11 +94,12 @@ def summarise(events: list[tuple[float, int, int, float]], target: float | None,
     return {"best": best, "epochs": len(events), "epochs_to_target": to_target}
 
 
-def best_so_far(events: list[tuple[float, int, int, float]], maximize: bool = True) -> list[float]:
-    """The best value seen after each epoch (the curve the plot draws against epochs trained)."""
+def best_so_far(events: list, maximize: bool = True) -> list[float]:
+    """The best value seen after each epoch (the curve the plot draws against epochs trained); an event
+    ends with its value ((timestamp, trial, epoch, value) or, as saved, [trial, epoch, value])."""
     out: list[float] = []
     for e in events:
-        out.append(e[3] if not out else (max if maximize else min)(out[-1], e[3]))
+        out.append(e[-1] if not out else (max if maximize else min)(out[-1], e[-1]))
     return out
 
 
@@ -144,14 +145,20 @@ def read_store(store: Path) -> dict:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{store / 'optuna.db'}")
     client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
-    histories, states = {}, {}
+    histories, states, params, schedules, exploited = {}, {}, {}, {}, 0
     for t in study.trials:
         states[t.state.name] = states.get(t.state.name, 0) + 1
+        params[t.number] = t.params  # the sampled configuration: the same first ones in every arm of a seed
         run_id = t.user_attrs.get("mlflow_run_id")
         if run_id:
             hist = client.get_metric_history(run_id, "val_acc")
             histories[t.number] = [(m.timestamp / 1000, m.step, m.value) for m in hist]
-    return {"trials": len(study.trials), "states": states, "histories": histories}
+            exploited += "hpolab.pbt_exploited_from" in client.get_run(run_id).data.tags  # PBT: copied another member
+            lr = client.get_metric_history(run_id, "pbt.trainer.lr")  # PBT: the lr each segment trained at
+            if lr:
+                schedules[t.number] = sorted((m.step, m.value) for m in lr)
+    return {"trials": len(study.trials), "states": states, "params": params, "exploited": exploited,
+            "lr_schedules": schedules, "histories": histories}
 
 
 # ------------------------------------------------------------------ output
@@ -179,33 +186,49 @@ def table(rows: list[dict], arms: list[str], random_epochs: float | None) -> str
 
 
 def plot(rows: list[dict], arms: list[str], path: Path) -> None:
-    """Best val_acc so far against epochs trained, one line per arm and seed, the target of seed 0 dashed."""
+    """Per seed: best val_acc so far against epochs trained, one line per arm; dotted: the target (random's
+    best - 0.5 points), dashed: a third of random's epochs (where ASHA should be at the target by)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display
     import matplotlib.pyplot as plt
 
     colors = {"random": "#718096", "hyperband": "#dd8a1a", "asha": "#2b6cb0", "pbt": "#2f855a"}
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    for r in rows:
-        if "refused" in r:
-            continue
-        curve = best_so_far(r["events"])
-        label = r["arm"] if r["seed"] == rows[0]["seed"] else None
-        ax.step(range(1, len(curve) + 1), [100 * v for v in curve], where="post", color=colors.get(r["arm"], "k"),
-                alpha=0.8, lw=1.4, label=label)
-        if r["arm"] == "random" and r.get("target") is not None:
-            ax.axhline(100 * r["target"], color="#718096", ls=":", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_ylim(80, 100)
-    ax.set_xlabel("epochs trained (all trials, in the order received)")
-    ax.set_ylabel("best val_acc so far (%)")
-    ax.set_title("digits MLP, 27 epochs a trial (one line per arm and seed)")
-    ax.legend(loc="lower right")
-    ax.grid(alpha=0.3)
+    seeds = sorted({r["seed"] for r in rows})
+    fig, axes = plt.subplots(1, len(seeds), figsize=(3.6 * len(seeds), 3.6), dpi=110, sharey=True, squeeze=False)
+    for ax, seed in zip(axes[0], seeds):
+        for r in [r for r in rows if r["seed"] == seed and "refused" not in r]:
+            curve = best_so_far(r["events"])
+            ax.step(range(1, len(curve) + 1), [100 * v for v in curve], where="post", color=colors.get(r["arm"], "k"),
+                    lw=1.5, label=r["arm"])
+            if r["arm"] == "random":
+                ax.axhline(100 * r["target"], color="k", ls=":", lw=0.8)
+                ax.axvline(r["epochs"] / 3, color="k", ls="--", lw=0.6)
+        ax.set_ylim(85, 100)
+        ax.set_title(f"seed {seed}", fontsize=10)
+        ax.set_xlabel("epochs trained, in the order received")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("best val_acc so far (%)")
+    axes[0][-1].legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
+
+
+def write_outputs(args, rows: list[dict], arms: list[str], head: str) -> None:
+    random_epochs = mean_sd([r.get("epochs") for r in rows if r["arm"] == "random"])[0]
+    md = table(rows, arms, random_epochs)
+    print(head + "\n\n" + md)
+    for r in rows:  # kept small: [trial, epoch, value] in the order received (the plot's input)
+        r["events"] = [[e[-3], e[-2], round(e[-1], 5)] for e in r.get("events", [])]
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"header": head, "arms": arms, "rows": rows}))
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(head + "\n\n" + md + "\n")
+    if args.plot:
+        plot(rows, arms, args.plot)
 
 
 def main() -> int:
@@ -216,7 +239,12 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
     ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--from-json", type=Path, help="train nothing: the table and plot of a --json written before")
     args = ap.parse_args()
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        write_outputs(args, saved["rows"], saved.get("arms", list(ARMS)), saved["header"])
+        return 0
     arms = ["random", *[a for a in args.arms if a != "random"]]  # random first: it sets each seed's target
 
     started, rows = time.time(), []
@@ -231,27 +259,17 @@ def main() -> int:
                     target = summarise(r["events"], None)["best"] - TARGET_POINTS / 100
                 r.update(summarise(r["events"], target), target=target)
                 print(f"seed {seed} {arm:>9}: best {r['best']:.4f}, {r['epochs']} epochs, to target {r['epochs_to_target']}, "
-                      f"{r['wall_s']} s, {r['states']}  [{r['load_before']}]", flush=True)
+                      f"{r['wall_s']} s, {r['states']}, {r['exploited']} exploited  [{r['load_before']}]", flush=True)
             else:
                 print(f"seed {seed} {arm:>9}: refused: {r['refused']}", flush=True)
             rows.append(r)
     shutil.rmtree(workdir, ignore_errors=True)
 
-    random_epochs = mean_sd([r["epochs"] for r in rows if r["arm"] == "random"])[0]
-    md = table(rows, arms, random_epochs)
     head = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, seeds {args.seeds}, {args.trials} random "
             f"configurations x {MAX_EPOCHS} epochs, {time.time() - started:.0f} s in all; after: {load()}")
-    print(head + "\n\n" + md)
     for r in rows:
         r.pop("store", None)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"header": head, "rows": rows}, indent=1))
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(head + "\n\n" + md + "\n")
-    if args.plot:
-        plot(rows, arms, args.plot)
+    write_outputs(args, rows, arms, head)
     return 0
 
 

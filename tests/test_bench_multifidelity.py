@@ -39,6 +39,7 @@ def test_epochs_are_counted_once_in_the_order_received_and_the_target_is_the_fir
     assert mf.summarise(events, target=0.99)["epochs_to_target"] is None
     assert mf.summarise(events, target=None)["epochs_to_target"] is None
     assert mf.best_so_far(events) == [0.5, 0.6, 0.7, 0.8, 0.8, 0.93, 0.93, 0.95]
+    assert mf.best_so_far([[0, 1, 0.5], [1, 1, 0.7], [0, 2, 0.6]]) == [0.5, 0.7, 0.7]  # as saved in the JSON
 
 
 def test_a_metric_to_minimise_counts_down():
