@@ -57,6 +57,10 @@ def test_trial_scheduler_specs_are_refused_in_one_line(store):
         out = run_cli("--store", str(store), "study", "validate", SPEC, override, check=False)
         assert out.returncode == 2, (override, out.stdout, out.stderr)
         assert says in out.stderr and "Traceback" not in out.stderr, out.stderr
+    for override, says in [("trial_scheduler={type: asha, max_epochs: 4}", "trial_scheduler: needs one objective"),
+                           ("budget.epochs=10", "budget.epochs: needs one objective")]:  # (several: epochs reach a companion study)
+        out = run_cli("--store", str(store), "study", "validate", "studies/digits_pareto.yaml", override, "pruner={type: none}", check=False)
+        assert out.returncode == 2 and says in out.stderr, (override, out.stderr)
 
 
 @pytest.mark.slow

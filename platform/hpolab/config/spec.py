@@ -358,7 +358,7 @@ def spec_from_mapping(raw: Any, source: str, overrides: dict[str, Any] | None = 
     problems = _check_experiment(spec, search_from=search_from)
     problems += check_named(spec)
     problems += check_enqueue(spec.search_space, spec.enqueue)
-    problems += [] if problems or not spec.trial_scheduler else trial_scheduler_problems(spec, load_experiment(spec.experiment, search_from=search_from))
+    problems += [] if problems or not (spec.trial_scheduler or spec.budget.epochs) else trial_scheduler_problems(spec, load_experiment(spec.experiment, search_from=search_from))
     if problems:
         raise SpecError(source, problems)
     return spec

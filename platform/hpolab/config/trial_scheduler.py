@@ -100,9 +100,11 @@ def trial_scheduler_problems(spec, experiment=None) -> list[str]:
     """Checks needing the whole spec: the top rung against trainer.max_epochs, searched keys, DDP.
     `experiment`: its MODEL_DEFAULTS / DATA_DEFAULTS keys count as config keys for PBT mutations."""
     ts = spec.trial_scheduler
-    if ts is None:
-        return []
     problems = []
+    if spec.budget.epochs is not None and spec.is_multi_objective:  # (its epochs are reported to a companion study)
+        problems.append("budget.epochs: needs one objective (epochs are counted from the study metric's reports); use n_trials")
+    if ts is None:
+        return problems
     if "trainer.max_epochs" in spec.search_space:
         problems.append("search_space.trainer.max_epochs: a trial scheduler decides the epochs; remove it from search_space")
     if spec.is_multi_objective:
