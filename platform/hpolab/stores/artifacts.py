@@ -52,10 +52,9 @@ def fetch_checkpoint(tracking_uri: str, run_id: str, dst: Path) -> Path | None:
 
 def delete_checkpoints(client, run_id: str, name: str | None = None) -> None:
     """Delete the run's checkpoints/ (or only checkpoints/`name`) from the artifact store."""
-    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+    from hpolab.stores.mlflow_runs import artifact_repo
 
-    run = client.get_run(run_id)
-    get_artifact_repository(run.info.artifact_uri).delete_artifacts(f"{CHECKPOINTS}/{name}" if name else CHECKPOINTS)
+    artifact_repo(client, run_id).delete_artifacts(f"{CHECKPOINTS}/{name}" if name else CHECKPOINTS)
 
 
 def delete_logged_model(client, model_id: str) -> None:

@@ -108,7 +108,7 @@ def close_failed(client: MlflowClient, run_id: str, error: BaseException) -> Non
     """Close a run FAILED with why (best effort: the caller re-raises `error` itself)."""
     try:
         set_tags(client, run_id, {"hpolab.fail_reason": f"{type(error).__name__}: {error}"})
-        client.set_terminated(run_id, status="FAILED")
+        end_run(client, run_id, "FAILED")
     except Exception:  # noqa: BLE001  (the store may be what failed)
         pass
 
@@ -122,7 +122,7 @@ def close_if_running(client: MlflowClient, run_id: str, tags: dict[str, str], st
     if client.get_run(run_id).info.status != "RUNNING":
         return False
     set_tags(client, run_id, tags)
-    client.set_terminated(run_id, status=status)
+    end_run(client, run_id, status)
     return True
 
 
@@ -165,7 +165,37 @@ def start_child_run(
             **tags,
         },
     )
+    remember_artifact_uri(client, run.info.run_id, run.info.artifact_uri)
     return run.info.run_id
+
+
+def remember_artifact_uri(client: MlflowClient, run_id: str, artifact_uri: str) -> None:
+    """Put the run's artifact repository in MLflow's per-run cache (the one MlflowClient.log_artifact
+    reads), so the run's first upload does not read the run back (a `runs/get`) for a URI known here."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+    from mlflow.tracking._tracking_service import utils
+
+    cache = getattr(utils, "_artifact_repos_cache", None)
+    if cache is not None and run_id not in cache:
+        if len(cache) > 1024:  # as MLflow bounds it
+            cache.popitem(last=False)
+        cache[run_id] = get_artifact_repository(artifact_uri, tracking_uri=client.tracking_uri)
+
+
+def artifact_repo(client: MlflowClient, run_id: str):
+    """The run's artifact repository (MLflow's cached one: a run created here costs no request).
+    `client.list_artifacts` instead goes through a `runs:/` repository: two `runs/get` and a
+    `logged-models/search` per call."""
+    return client._tracking_client._get_artifact_repo(run_id)
+
+
+def end_run(client: MlflowClient, run_id: str, status: str) -> None:
+    """End a run with `status` (FINISHED, FAILED, KILLED) now. MlflowClient.set_terminated reads the
+    run back first (a `runs/get`) only to print its URL: a trial's close writes only."""
+    from mlflow.entities import RunStatus
+
+    client._tracking_client.store.update_run_info(run_id, run_status=RunStatus.from_string(status),
+                                                  end_time=int(time.time() * 1000), run_name=None)
 
 
 def find_runs(client: MlflowClient, experiment_id: str, filter_string: str) -> Iterable:

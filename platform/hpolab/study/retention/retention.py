@@ -164,8 +164,11 @@ def promoted_in(client, experiment_id: str) -> set[str]:
 def tidy_finished(client, run_id: str, folder: Path) -> dict[str, str]:
     """A COMPLETE or PRUNED trial (nothing resumes it): delete its last.pt everywhere and the trial
     folder's best.pt once the run's checkpoints/best.pt is there (same size). Tags for its run."""
-    sizes = {Path(a.path).name: a.file_size for a in client.list_artifacts(run_id, CHECKPOINTS)}
+    # (through the run's cached artifact repository: one request; client.list_artifacts makes four)
+    sizes = {Path(a.path).name: a.file_size for a in tr.artifact_repo(client, run_id).list_artifacts(CHECKPOINTS)}
     if "last.pt" in sizes:
+        # The tag before the delete: a driver killed in between leaves a run that says so (study check clean).
+        tr.set_tags(client, run_id, {LAST_DELETED: "deleted when the trial finished"})
         delete_checkpoints(client, run_id, "last.pt")
     (folder / "last.pt").unlink(missing_ok=True)
     shutil.rmtree(folder / "fetched", ignore_errors=True)
