@@ -193,7 +193,7 @@ class TrialTracker:
 
     def close_run(self, run_id: str, state: TrialState, tags: dict[str, str]) -> None:
         self.mlflow_guard(tr.set_tags, self.client, run_id, {"hpolab.state": state.name, **tags})
-        self.mlflow_guard(self.client.set_terminated, run_id, status=MLFLOW_STATUS[state])
+        self.mlflow_guard(tr.end_run, self.client, run_id, MLFLOW_STATUS[state])  # (set_terminated reads the run back first)
 
     def close_run_if_open(self, run_id: str, state: TrialState, tags: dict[str, str]) -> None:
         """Close another driver's run (a reaped trial's) unless its owner has (tr.close_if_running)."""
