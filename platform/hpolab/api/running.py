@@ -97,6 +97,8 @@ def study_exit(outcome) -> tuple[int, str | None]:
                 "re-run the same command to resume")
     if outcome.failure_limit:
         return EXIT_FAILED, f"stopped after the failure limit: {outcome.failure_limit}"
+    if outcome.budget_spent:
+        return EXIT_OK, None  # budget.epochs used up: planned (the summary says so, and what it reached)
     if not c.get("complete"):
         return EXIT_FAILED, (f"no trial completed ({c.get('fail', 0)} failed, {c.get('pruned', 0)} pruned of "
                              f"{c.get('finished', 0)} finished); see the fail reasons above or in `hpolab study status`")

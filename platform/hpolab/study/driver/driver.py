@@ -89,6 +89,7 @@ class Outcome:
     timed_out: bool = False
     failure_limit: str | None = None  # why the driver stopped after max_failures consecutive failures
     stopped: str | None = None  # why stop_after_no_improvement ended the study (a deliberate stop)
+    budget_spent: bool = False  # budget.epochs used up: a planned end, even before any trial completed
     counts: dict[str, int] = field(default_factory=dict)
     n_trials: int = 0
 
@@ -376,7 +377,8 @@ class Driver:
                                 self.progress.note)
         g = self.outage.call
         outcome.counts = g(trial_counts, self.study)
-        if outcome.stopped is None and g(epoch_budget_spent, self.study.get_trials(deepcopy=False), self.spec):
-            outcome.stopped = f"budget.epochs ({self.spec.budget.epochs}) used"  # the study ended as planned
+        if outcome.signal is None and g(epoch_budget_spent, self.study.get_trials(deepcopy=False), self.spec):
+            outcome.budget_spent = True  # the study ended as planned
+            outcome.stopped = outcome.stopped or f"budget.epochs ({self.spec.budget.epochs}) used"
         g(close_parent_run, self.client, self.parent_run_id, self.study, self.spec, outcome.counts, self.no_improvement.reason)
         g(self.progress.end, self.study, outcome.counts, self.spec)

@@ -156,7 +156,27 @@ class Progress:
 
         budget = f" / {spec.budget.epochs} (budget.epochs)" if spec.budget.epochs is not None else ""
         at_rung = sum(1 for t in trials if t.state.name == "PRUNED" and "hpolab.paused" in t.system_attrs)
-        self.console.print(f"epochs used: {epochs_used(trials)}{budget}" + (f"; {at_rung} pruned at a rung (never promoted)" if at_rung else ""))
+        used = epochs_used(trials)
+        self.console.print(f"epochs used: {used}{budget}" + (f"; {at_rung} pruned at a rung (never promoted)" if at_rung else ""))
+        if spec.budget.epochs is not None and used >= spec.budget.epochs:
+            self.console.print(f"the epoch budget is spent: {used}{budget}{self._short_of_the_top(spec, trials)}")
+
+    def _short_of_the_top(self, spec, trials) -> str:
+        """A budget spent before any trial reached the top rung: the best at the highest rung reached
+        (a PRUNED trial: its run and checkpoints are kept, it has no model; promote needs a COMPLETE one)."""
+        from optuna.trial import TrialState
+
+        from hpolab.study.objectives.trial_scheduler import PAUSED_ATTR, best_at_highest_rung
+
+        if spec.trial_scheduler is None or any(t.state == TrialState.COMPLETE for t in trials):
+            return ""
+        found = best_at_highest_rung(trials, spec.direction)
+        if found is None:
+            return "; no trial reached a rung"
+        t, epoch = found
+        top = spec.trial_scheduler.max_epochs or spec.trainer.max_epochs
+        return (f"; no trial reached the top rung (epoch {top}); the best at rung {t.system_attrs[PAUSED_ATTR]['rung']} "
+                f"(epoch {epoch}): trial {t.number} {spec.metric} {fmt_value(t.intermediate_values[epoch])}")
 
     def _print_elapsed(self, spec) -> None:
         self.console.print(f"elapsed {time.monotonic() - self.t0:.1f} s. Browse the runs: [bold]hpolab ui[/]   (or: hpolab study status {spec.name})")

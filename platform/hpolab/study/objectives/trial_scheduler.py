@@ -62,3 +62,19 @@ def chain_root(trial: FrozenTrial) -> int:
     """The first attempt of the trial's retry chain: a retry copy is the same configuration at the
     same place in the schedule as the attempt it continues."""
     return int(trial.system_attrs.get("failed_trial", trial.number))
+
+
+def best_at_highest_rung(trials, direction: str) -> tuple[FrozenTrial, int] | None:
+    """(trial, epoch): of the trials that paused at a rung (paused now or ended there), the best at
+    the highest rung epoch any of them reached; None when none paused. What a study that ended
+    before any trial reached the top rung (its epoch budget spent) has to show for its epochs."""
+    from hpolab.study.objectives.ranking import best_value
+
+    at = {t.number: t.system_attrs.get(PAUSED_ATTR) for t in trials if t.state in (TrialState.RUNNING, TrialState.PRUNED)}
+    epochs = {n: int(info["epoch"]) for n, info in at.items() if isinstance(info, dict)}
+    if not epochs:
+        return None
+    top = max(epochs.values())
+    there = [t for t in trials if epochs.get(t.number) == top and top in t.intermediate_values]
+    value = best_value([t.intermediate_values[top] for t in there], direction)
+    return next(((t, top) for t in there if t.intermediate_values[top] == value), None)
