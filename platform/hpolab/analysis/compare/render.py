@@ -118,7 +118,7 @@ def _wrap_header(header: str, width: int) -> str:
     return "\n".join(lines)
 
 
-STATE_STYLE = {"COMPLETE": None, "PRUNED": "yellow", "FAIL": "red", "RUNNING": "cyan"}
+STATE_STYLE = {"COMPLETE": None, "PRUNED": "yellow", "FAIL": "red", "RUNNING": "cyan", "PAUSED": "cyan"}
 
 
 def _rich_table(title: str, states, cols: list[tuple[str, str]], cells: dict[str, list[str]], numeric: set[str]):

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hpolab.study.objectives import ranking
+from hpolab.study.state.paused_mark import shown_state
 
 
 class Progress:
@@ -137,7 +138,7 @@ class Progress:
             best, last = best_and_last(t.state.name, t.value, t.intermediate_values, reverse)
             table.add_row(
                 str(t.number),
-                t.state.name,
+                shown_state(t.state, t.system_attrs),
                 fmt_value(best),
                 fmt_value(last),
                 *[fmt_value(t.params.get(p)) for p in spec.search_space],

@@ -1,0 +1,37 @@
+"""A paused trial (RUNNING in Optuna, no process) is shown PAUSED, not RUNNING, by `study status`,
+`compare` and `Study.trials_df()`: a user reading the table sees it is neither training nor finished."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from conftest import run_cli
+from hpolab.study.state.paused_mark import shown_state
+
+
+def _study_with_a_paused_trial(store) -> None:
+    study = optuna.create_study(study_name="shown", storage=f"sqlite:///{store / 'optuna.db'}", direction="maximize")
+    dist = {"lr": FloatDistribution(0.01, 1.0)}
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.9, params={"lr": 0.1}, distributions=dist,
+                                 intermediate_values={1: 0.5, 2: 0.9}))
+    study.add_trial(create_trial(state=TrialState.RUNNING, params={"lr": 0.2}, distributions=dist,
+                                 intermediate_values={1: 0.4}, system_attrs={"hpolab.paused": {"rung": 0, "epoch": 1}}))
+    study.add_trial(create_trial(state=TrialState.RUNNING, params={"lr": 0.3}, distributions=dist,
+                                 intermediate_values={1: 0.3}, system_attrs={"hpolab.paused": None}))  # resumed: trains
+
+
+def test_a_paused_trial_is_shown_paused_by_status_and_compare(store):
+    _study_with_a_paused_trial(store)
+    status = run_cli("--store", str(store), "study", "status", "shown").stdout
+    states = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in status.splitlines() if line.count("│") > 3}
+    assert states == {"0": "COMPLETE", "1": "PAUSED", "2": "RUNNING"}, status
+    csv = run_cli("--store", str(store), "compare", "shown", "--format", "csv").stdout.splitlines()
+    assert sorted(line.split(",")[:2] for line in csv[1:]) == [["0", "COMPLETE"], ["1", "PAUSED"], ["2", "RUNNING"]], csv
+
+
+def test_shown_state():
+    assert shown_state("RUNNING", {"hpolab.paused": {"rung": 1, "epoch": 3}}) == "PAUSED"
+    assert shown_state(TrialState.RUNNING, {"hpolab.paused": None}) == "RUNNING"
+    assert shown_state(TrialState.PRUNED, {"hpolab.paused": {"rung": 1, "epoch": 3}}) == "PRUNED"  # ended at its rung
