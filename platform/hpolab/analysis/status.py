@@ -77,8 +77,13 @@ def epochs_line(rows: list, budget) -> str | None:
         last[root] = max(last.get(root, 0), r.steps)
     paused = sum(1 for r in rows if r.state == "RUNNING" and isinstance(r.system_attrs.get(PAUSED), dict))
     at_rung = sum(1 for r in rows if r.state == "PRUNED" and PAUSED in r.system_attrs)
-    line = f"epochs used: {sum(last.values())}" + (f" / {budget} (budget.epochs)" if budget is not None else "")
+    line = f"epochs used: {sum(last.values())}" + (f" / {budget} (budget.epochs{over_budget_note(sum(last.values()), budget)})" if budget is not None else "")
     return line + (f"; {paused} paused, {at_rung} pruned at a rung (never promoted)" if scheduled else "")
+
+
+def over_budget_note(used: int, budget: int) -> str:
+    """The epochs past budget.epochs, said: the last segment started before it was spent trains to its rung."""
+    return f"; {used - budget} over: the last segments started trained to their rung" if used > budget else ""
 
 
 def _ranked_rows(rows: list, direction: str) -> list:

@@ -248,7 +248,8 @@ class Driver:
         trial that may resume comes first; it is claimed here, under the lock."""
         with budget_lock(self.storage, self.spec.name) as locked:
             trials, counts = self.study.get_trials(deepcopy=False), trial_counts(self.study)
-            if epoch_budget_spent(trials, self.spec) and not counts["waiting"]:
+            in_flight = self.pauses.in_flight(trials) if self.pauses else 0  # (slots never spend the last epochs twice)
+            if epoch_budget_spent(trials, self.spec, in_flight) and not counts["waiting"]:
                 return None
             claimed = self.pauses.claim(trials) if self.pauses else None
             if claimed is not None or (self.pauses and not self.pauses.may_start_new(trials)):

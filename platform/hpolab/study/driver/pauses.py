@@ -45,6 +45,21 @@ class Claimed:
     trial: FrozenTrial
 
 
+def epochs_in_flight(scheduler: TrialScheduler, trials: list[FrozenTrial]) -> int:
+    """Epochs the segments training now (on any worker) will still train: each runs to the rung the
+    scheduler pauses it at, else to the top. budget.epochs counts them before another segment starts,
+    so parallel slots do not each spend the budget's last epochs."""
+    top = getattr(scheduler, "top_epochs", None)
+    out = 0
+    for t in trials:
+        if t.state != TrialState.RUNNING or paused_at(t) is not None:
+            continue
+        last = max(t.intermediate_values, default=0)
+        target = scheduler.pause_epoch(t, last + 1) or (int(top()) if top is not None else last)
+        out += max(0, target - last)
+    return out
+
+
 def set_dotted(config: dict[str, Any], changes: dict[str, Any]) -> None:
     """Apply `section.key` -> value changes over a resolved config."""
     for path, value in changes.items():
@@ -128,6 +143,9 @@ class Pauses:
 
     def may_start_new(self, trials: list[FrozenTrial]) -> bool:
         return self.scheduler.may_start_new(trials)
+
+    def in_flight(self, trials: list[FrozenTrial]) -> int:
+        return epochs_in_flight(self.scheduler, trials)
 
     def start(self, c: Claimed, experiment, runner) -> None:
         """Resume a claimed trial in a new process, in its own Optuna trial and MLflow run."""

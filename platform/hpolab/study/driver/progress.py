@@ -155,9 +155,10 @@ class Progress:
             return
         from hpolab.study.state.budget import epochs_used
 
-        budget = f" / {spec.budget.epochs} (budget.epochs)" if spec.budget.epochs is not None else ""
-        at_rung = sum(1 for t in trials if t.state.name == "PRUNED" and "hpolab.paused" in t.system_attrs)
         used = epochs_used(trials)
+        over = f"; {used - spec.budget.epochs} over: the last segments started trained to their rung" if used > (spec.budget.epochs or used) else ""
+        budget = f" / {spec.budget.epochs} (budget.epochs{over})" if spec.budget.epochs is not None else ""
+        at_rung = sum(1 for t in trials if t.state.name == "PRUNED" and "hpolab.paused" in t.system_attrs)
         self.console.print(f"epochs used: {used}{budget}" + (f"; {at_rung} pruned at a rung (never promoted)" if at_rung else ""))
         if spec.budget.epochs is not None and used >= spec.budget.epochs:
             self.console.print(f"the epoch budget is spent: {used}{budget}{self._short_of_the_top(spec, trials)}")

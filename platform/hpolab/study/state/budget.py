@@ -108,7 +108,8 @@ def epochs_used(trials) -> int:
     return sum(last.values())
 
 
-def epoch_budget_spent(trials, spec) -> bool:
-    """Whether `budget.epochs` is used up: no trial may start or resume (None: no epoch budget)."""
+def epoch_budget_spent(trials, spec, in_flight: int = 0) -> bool:
+    """Whether `budget.epochs` is used up: no trial may start or resume (None: no epoch budget).
+    `in_flight`: epochs the segments training now will still train (a trial scheduler's: driver/pauses.py)."""
     limit = spec.budget.epochs
-    return limit is not None and epochs_used(trials) >= limit
+    return limit is not None and epochs_used(trials) + in_flight >= limit
