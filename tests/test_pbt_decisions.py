@@ -46,7 +46,7 @@ def member(number: int, curve: dict[int, float], *, paused_epoch: int | None = N
     system = {PAUSED_ATTR: {"rung": 0, "epoch": paused_epoch}} if paused_epoch else {}
     if failed_trial is not None:
         system["failed_trial"] = failed_trial
-    t = optuna.trial.create_trial(state=state, params={"trainer.lr": lr}, distributions={"trainer.lr": LR},
+    t = optuna.trial.create_trial(state=state, value=max(curve.values()) if state == TrialState.COMPLETE else None, params={"trainer.lr": lr}, distributions={"trainer.lr": LR},
                                   intermediate_values=curve if state != TrialState.WAITING else None,
                                   system_attrs=system, user_attrs=user_attrs or {})
     t.number, t._trial_id = number, 100 + number
@@ -94,6 +94,7 @@ def test_a_boundary_waits_for_the_whole_population_then_the_worst_copies_the_bes
     assert decision.donor == 1 and decision.values["trainer.lr"] in (pytest.approx(0.016), pytest.approx(0.025))
     resume = pbt.resume_for(members_of(trials)[3], trials[3], decision)
     assert resume.checkpoint == pbt.trial_dir(1) / "pbt_epoch_2.pt"
+    assert (pbt.trial_dir(3) / "last.pt").read_bytes() == b"ckpt1"  # a retry of its next segment resumes the exploit
     # its best.pt is the donor's of epoch 2 (the checkpoint's best value and epoch are the donor lineage's)
     assert (pbt.trial_dir(3) / "best.pt").read_bytes() == b"best1" == (pbt.trial_dir(1) / "pbt_epoch_2_best.pt").read_bytes()
     assert resume.config_changes == {"trainer.lr": decision.values["trainer.lr"]}
@@ -167,3 +168,20 @@ def test_explore_rules():
         assert explore(0.5, Choices(choices=[1, 2]), None, 1.0, rng) in (1, 2)
         assert explore("x", Choices(choices=["x", "y"]), CategoricalDistribution(["p", "q"]), 1.0, rng) in ("p", "q")
         assert explore(0.5, Factor(factor=(0.8, 1.25)), None, 1.0, rng) in (pytest.approx(0.4), pytest.approx(0.625))
+
+
+def test_boundary_copies_are_deleted_once_every_member_is_past_them(tmp_path):
+    pbt, _ = scheduler(tmp_path)
+    trials = [member(i, {2: 0.1 * i, 3: 0.2, 4: 0.3}, paused_epoch=4) for i in range(3)] + [member(3, {2: 0.5, 3: 0.6})]
+    for t in trials:
+        for name in ("pbt_epoch_2.pt", "pbt_epoch_2_best.pt", "pbt_epoch_4.pt"):
+            (pbt.trial_dir(t.number)).mkdir(parents=True, exist_ok=True)
+            (pbt.trial_dir(t.number) / name).write_bytes(b"x")
+    pbt.tidy(members_of(trials))  # member 3 trains toward epoch 4: the copies of epoch 2 are no use any more
+    assert sorted(p.name for p in pbt.trial_dir(3).iterdir()) == ["pbt_epoch_4.pt"]
+    trials[3] = member(3, {2: 0.5, 3: 0.6}, state=TrialState.FAIL)
+    trials[0] = member(0, {2: 0.0, 3: 0.2, 4: 0.3, 5: 0.1, 6: 0.2}, state=TrialState.COMPLETE)
+    pbt.tidy(members_of(trials))  # members 1 and 2 are paused at 4: its copies stay
+    assert (pbt.trial_dir(0) / "pbt_epoch_4.pt").exists()
+    pbt.tidy(members_of([member(i, {6: 0.1}, state=TrialState.COMPLETE) for i in range(4)]))  # the end: none left
+    assert not list(tmp_path.rglob("pbt_epoch_*"))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import time
 
 import pytest
 from optuna.trial import TrialState
@@ -72,6 +71,7 @@ def test_the_worst_member_exploits_a_better_one_and_explores_its_learning_rate(s
     assert history["lr"][3] == history["lr"][4] == pytest.approx(new_lr)  # ... the explored one after, in the optimizer
     assert history["pbt.trainer.lr"] == {3: pytest.approx(new_lr)}  # the schedule: the value from epoch 3 on
     assert re.search(rf"trial {t.number} resumed after epoch 2 .*trial-{donor_number}/pbt_epoch_2\.pt", out.stdout), out.stdout
+    assert not list((store / "trials" / "pbt-e2e").rglob("pbt_epoch_*"))  # the boundary copies are gone at the end
     for other in members:
         if other is not t:
             assert "hpolab.pbt_parents" not in trial_run(other, client).data.tags
@@ -87,30 +87,29 @@ def test_the_worst_member_exploits_a_better_one_and_explores_its_learning_rate(s
     assert "replaying its schedule" in replay.stdout and "reproduced: identical" in replay.stdout, replay.stdout
 
 
-def _wait_for_a_resumed_member(store, name: str, timeout: float = 180) -> None:
-    """Until a member trains past the boundary (RUNNING again after its pause, with its schedule recorded)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            _, study = open_study(store, name)
-            if any(t.state == TrialState.RUNNING and "hpolab.pbt_schedule" in t.user_attrs and t.system_attrs.get("hpolab.paused") is None
-                   for t in study.get_trials()):
-                return
-        except Exception:  # the study is not there yet
-            pass
-        time.sleep(0.2)
-    raise AssertionError("no member was resumed in time")
-
-
 @pytest.mark.slow
 def test_a_driver_sigkilled_mid_population_is_continued_by_a_rerun(store):
     args = _args("pbt-kill")
-    driver = start_cli("--store", str(store), "study", "run", *args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    _wait_for_a_resumed_member(store, "pbt-kill")
+    # Each epoch's metrics handed to the upload thread at once: a driver killed within FLUSH_S of telling a member
+    # COMPLETE would lose that run's last points otherwise (metric_batches.py), which is not what this test is about.
+    env = {**hpolab_env(), "HPOLAB_METRICS_FLUSH_S": "0"}
+    driver = start_cli("--store", str(store), "study", "run", *args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in driver.stdout:  # until the worst member resumes from a better one's checkpoint: killed in its segment
+        seen.append(line)
+        if "pbt_epoch_2.pt" in line:
+            break
     driver.send_signal(signal.SIGKILL)
     driver.communicate(timeout=60)
-    out = run_cli("--store", str(store), "study", "run", *args)  # the same command again
+    assert "pbt_epoch_2.pt" in seen[-1], "".join(seen)
+    out = run_cli("--store", str(store), "study", "run", *args, env=env)  # the same command again
     members = assert_pbt_study(store, "pbt-kill")
     client, _ = open_study(store, "pbt-kill")
     exploited = [t for t in members if "hpolab.pbt_exploited_from" in trial_run(t, client).data.tags]
-    assert len(exploited) == 1, out.stdout  # the boundary was decided once, before or after the kill
+    assert len(exploited) == 1, out.stdout  # the boundary was decided once, before or after the kill (a copy's run keeps the tag)
+    t = exploited[0]
+    if "hpolab.retry_of_trial" in trial_run(t, client).data.tags:  # killed after its exploit: the copy resumed the donor's lineage
+        donor = int(trial_run(t, client).data.tags["hpolab.pbt_exploited_from"].split("@")[0])
+        donor_run = trial_run(next(m for m in members if m.number == donor or donor in m.system_attrs.get("retry_history", [])), client)
+        carried = {m.step: m.value for m in client.get_metric_history(trial_run(t, client).info.run_id, "val_acc")}
+        assert carried[2] == {m.step: m.value for m in client.get_metric_history(donor_run.info.run_id, "val_acc")}[2]

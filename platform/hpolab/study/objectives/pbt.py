@@ -11,9 +11,9 @@ without a jump, with the donor's configuration) and explores (each `mutations` k
 redrawn: pbt_explore.py). The others resume from their own checkpoint with their own config. A
 member reaching max_epochs completes as any trial does.
 
-Per boundary, each member's last.pt is copied to `pbt_epoch_<t>.pt` in its first attempt's trial
-folder when the decision for t is first made (before any member at t resumes and overwrites its
-last.pt): the checkpoint a donor gives at t.
+Per boundary, each member's last.pt (and best.pt) is copied to `pbt_epoch_<t>.pt` (`_best.pt`) in its
+first attempt's trial folder when the decision for t is first made (before any member at t resumes and
+overwrites its last.pt): what a donor gives at t. Deleted once every member still alive is past t.
 
 What a member followed is kept on its trial (user attrs, so a re-run sees it) and its MLflow run:
     SCHEDULE_ATTR  {"<first epoch>": {mutated key: value}}: the values from that epoch on ("1": its start)
@@ -121,6 +121,7 @@ class Pbt:
     def next_resume(self, trials: list[FrozenTrial]) -> Resume | None:
         """The member paused longest (lowest boundary, then number) whose boundary is decided."""
         members = members_of(trials)
+        self.tidy(members)
         for epoch, _, trial in sorted((paused_at(t)["epoch"], t.number, t) for t in trials if paused_at(t)):
             if not self.ready(members, epoch):
                 continue
@@ -208,6 +209,17 @@ class Pbt:
                     copy_whole(folder / "best.pt", best_beside(target))
                 copy_whole(folder / "last.pt", target)  # last: its presence says the pair is complete
 
+    def tidy(self, members: dict[int, Member]) -> None:
+        """Delete the boundary copies no member can take any more: those below the lowest epoch a member
+        still alive is at (paused there, or trained to). At the end (none alive) all of them go."""
+        alive = [m for m in members.values() if m.alive]
+        lowest = min((max(m.latest.intermediate_values, default=0) for m in alive), default=math.inf)
+        for m in members.values():
+            for path in self.trial_dir(m.root).glob("pbt_epoch_*.pt"):
+                epoch = path.stem.removeprefix("pbt_epoch_").removesuffix("_best")
+                if epoch.isdigit() and int(epoch) < lowest:
+                    path.unlink(missing_ok=True)
+
     def resume_for(self, member: Member, trial: FrozenTrial, d: Decision) -> Resume:
         schedule = {str(k): dict(v) for k, v in member.user_attr(SCHEDULE_ATTR, {}).items()}
         if not schedule:  # its first boundary: the values it started with
@@ -220,7 +232,11 @@ class Pbt:
         self.write_attrs(trial, {SCHEDULE_ATTR: schedule, PARENTS_ATTR: parents})
         tags = {PARENTS_TAG: ",".join(parents), EXPLOITED_TAG: parents[-1]} if parents else {}
         own = self.trial_dir(trial.number) / "last.pt"
-        if d.donor is not None:  # its best so far is the donor's lineage's: the checkpoint's best value and epoch say so
+        if d.donor is not None:
+            # Its own last.pt becomes the donor's too: a retry of the coming segment (its driver killed before
+            # the next epoch's checkpoint) resumes the exploit, not the member's old weights.
+            copy_whole(self.snapshot_path(d.donor, d.epoch), own)
+            # Its best so far is the donor's lineage's: the checkpoint's best value and epoch say so.
             donor_best, best = best_beside(self.snapshot_path(d.donor, d.epoch)), own.with_name("best.pt")
             if donor_best.is_file():
                 copy_whole(donor_best, best)

@@ -42,6 +42,8 @@ CARRIED_SYSTEM_ATTRS = {
 CARRIED_USER_ATTRS = {
     "hpolab.warm_start_from": "where the configuration came from (a warm start's enqueued trial)",
     "hpolab.config_changes": "a trial scheduler's config changes so far (PBT): the copy resumes the same configuration",
+    "hpolab.pbt_schedule": "a PBT member's schedule so far (what `hpolab reproduce` replays)",
+    "hpolab.pbt_parents": "a PBT member's exploits so far (its lineage; also tagged on the copy's run)",
 }
 KINDS = "hpolab.retry_kinds"  # system attr: why each attempt of retry_history ended, in the same order
 # Why an attempt ended that is not the trial's fault: its retry is free (never counts against max_retries).
@@ -133,6 +135,9 @@ def retry_source(study: optuna.Study, stores: Stores, study_name: str, number: i
     dead = trials[src.retry_of]
     if dead.user_attrs.get("mlflow_run_id"):
         src.tags["hpolab.retry_of_run"] = dead.user_attrs["mlflow_run_id"]
+    if dead.user_attrs.get("hpolab.pbt_parents"):  # a PBT member's lineage goes on in the copy's run
+        src.tags.update({"hpolab.pbt_parents": ",".join(dead.user_attrs["hpolab.pbt_parents"]),
+                         "hpolab.pbt_exploited_from": dead.user_attrs["hpolab.pbt_parents"][-1]})
     for n in reversed(history):
         last = stores.trial_dir(study_name, n) / "last.pt"
         run_id = trials[n].user_attrs.get("mlflow_run_id")
