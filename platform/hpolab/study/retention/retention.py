@@ -20,6 +20,7 @@ the upload is there with the same size).
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -32,6 +33,11 @@ from hpolab.stores.artifacts import CHECKPOINTS, delete_checkpoints, delete_logg
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 LAST_DELETED = "hpolab.last_checkpoint"  # run tag: last.pt deleted when the trial finished (nothing resumes it)
+# A driver's deletes go out at most this often (and at its last pass): each pass reads the runs and the
+# promote runs once (two `runs/search`), whatever it deletes, so one pass per finished trial would
+# cost two requests per trial. What waits is only files that go a few seconds later.
+PURGE_EVERY_S = 10.0
+RUN_IDS_PER_SEARCH = 100  # run ids per `attributes.run_id IN (...)` filter
 
 
 def top_k(trials: Iterable[FrozenTrial], k: int, direction) -> list[int]:
@@ -75,6 +81,7 @@ class Retention:
         self.trial_dir = trial_dir  # this worker's folder of a trial (other workers purge their own)
         self._queued: set[tuple[str, int]] = set()  # (what, trial number) queued once per driver
         self._ranked: dict | None = None  # the rank tags the last pass wrote
+        self._planned_at = time.monotonic()  # when plan() last handed out deletes (the first: an interval after the start)
 
     @property
     def direction(self) -> list[str]:
@@ -102,10 +109,12 @@ class Retention:
         self._ranked = tags
         return tags
 
-    def plan(self, trials: list | None = None) -> list[tuple[str, int, str | None, Path]]:
+    def plan(self, trials: list | None = None, now: bool = True) -> list[tuple[str, int, str | None, Path]]:
         """(what, trial number, run id, trial folder) to delete now: what = "model" | "checkpoints".
-        Read on the driver's thread (Optuna); the deletes run on the upload thread (purge)."""
-        if not self.active:
+        Read on the driver's thread (Optuna); the deletes run on the upload thread (purge).
+        `now` False (a pass after each finished trial): nothing until PURGE_EVERY_S has passed since
+        deletes were last handed out; what waits comes in a later pass (nothing is marked queued)."""
+        if not self.active or (not now and time.monotonic() - self._planned_at < PURGE_EVERY_S):
             return []
         if trials is None:  # (the tracker passes the trials it read for the rank tags too)
             trials = self.study.get_trials(deepcopy=False)
@@ -120,15 +129,21 @@ class Retention:
             if (what, n) not in self._queued:
                 self._queued.add((what, n))
                 out.append((what, n, trials[n].user_attrs.get("mlflow_run_id"), self.trial_dir(n)))
+        if out:
+            self._planned_at = time.monotonic()
         return out
 
     def purge(self, client, items: list[tuple[str, int, str | None, Path]], experiment_id: str | None = None) -> None:
         """Delete what plan() listed (upload thread). A run still RUNNING is left for a later pass, its
         local files included: another worker on the same --store may still be uploading them.
         `experiment_id`: the study's (None: read from the first run)."""
-        promoted = promoted_runs(client, items) if experiment_id is None else promoted_in(client, experiment_id)
+        ids = [i[2] for i in items if i[2] is not None]
+        if ids and experiment_id is None:
+            experiment_id = client.get_run(ids[0]).info.experiment_id
+        runs = runs_by_id(client, experiment_id, ids) if ids else {}
+        promoted = promoted_in(client, experiment_id) if ids else set()
         for what, n, run_id, folder in items:
-            run = client.get_run(run_id) if run_id is not None else None
+            run = runs.get(run_id)
             if run is not None and run.info.status == "RUNNING":  # first: its files may still be uploading
                 self._queued.discard((what, n))
                 continue
@@ -149,10 +164,18 @@ class Retention:
                 tr.set_tags(client, run_id, {"hpolab.model_deleted": f"pushed out of log_models: top_k {self.log_models.top_k}"})
 
 
-def promoted_runs(client, items: list[tuple[str, int, str | None, Path]]) -> set[str]:
-    """Run ids of the trials promote runs name (one query; none when nothing is to be deleted)."""
-    run_id = next((i[2] for i in items if i[2] is not None), None)
-    return set() if run_id is None else promoted_in(client, client.get_run(run_id).info.experiment_id)
+def runs_by_id(client, experiment_id: str, run_ids: list[str]) -> dict:
+    """The runs (deleted ones too, as get_run reads them) by id: one `runs/search` per RUN_IDS_PER_SEARCH ids."""
+    from mlflow.entities import ViewType
+
+    out = {}
+    for i in range(0, len(run_ids), RUN_IDS_PER_SEARCH):
+        chunk = run_ids[i : i + RUN_IDS_PER_SEARCH]
+        quoted = ", ".join(f"'{r}'" for r in chunk)
+        for run in client.search_runs([experiment_id], f"attributes.run_id IN ({quoted})", run_view_type=ViewType.ALL,
+                                      max_results=len(chunk)):
+            out[run.info.run_id] = run
+    return out
 
 
 def promoted_in(client, experiment_id: str) -> set[str]:
