@@ -287,7 +287,7 @@ class TrialTracker:
         if not self.retention:
             return
         trials = self.retention.study.get_trials(deepcopy=False)  # one read for the plan and the ranks
-        items = self.retention.plan(trials)
+        items = self.retention.plan(trials, now=last)  # (between: at most every PURGE_EVERY_S)
         if items:
             self.uploads.submit("retention", self.retention.purge, self.client, items, self.experiment_id)
         ranks = self.retention.rank_tags(trials, force=last)
