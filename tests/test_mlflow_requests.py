@@ -90,20 +90,23 @@ def requests_in(log, start: int) -> collections.Counter:
     return out
 
 
-def _study(store, url, name: str, epochs: int, log, flush_s: str) -> collections.Counter:
+def _study(store, url, name: str, epochs: int, log, flush_s: str, trials: int = 1) -> collections.Counter:
     start = len(log.read_text())
     env = {**hpolab_env(), "MLFLOW_TRACKING_URI": url, "HPOLAB_METRICS_FLUSH_S": flush_s}
-    run_cli("--store", str(store), "study", "run", FAULT_SPEC, f"name={name}", "n_trials=1", f"trainer.max_epochs={epochs}",
-            "log_models=none", cwd=FAULT_PROJECT, env=env)
+    run_cli("--store", str(store), "study", "run", FAULT_SPEC, f"name={name}", f"n_trials={trials}", f"trainer.max_epochs={epochs}",
+            "log_models=none", "keep_checkpoints={top_k: 1}", cwd=FAULT_PROJECT, env=env)
     time.sleep(0.5)  # the access log line of the last request
+    made = requests_in(log, start)  # the study's own (the checks below read too)
     client = MlflowClient(url)
     exp = client.get_experiment_by_name(name)
-    (run,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'trial-0'")
-    assert run.data.tags["hpolab.state"] == "COMPLETE"
-    for key in ("val_acc", "train_loss", "epoch_seconds"):  # every epoch's metrics arrived
-        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == list(range(1, epochs + 1))
-    assert "config.yaml" in [a.path for a in client.list_artifacts(run.info.run_id)]
-    return requests_in(log, start)
+    runs = client.search_runs([exp.experiment_id], "tags.`hpolab.role` = 'trial'")
+    assert len(runs) == trials
+    for run in runs:
+        assert run.data.tags["hpolab.state"] == "COMPLETE" and run.info.status == "FINISHED" and run.info.end_time
+        for key in ("val_acc", "train_loss", "epoch_seconds"):  # every epoch's metrics arrived
+            assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == list(range(1, epochs + 1))
+        assert {"config.yaml", "code"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+    return made
 
 
 @pytest.mark.slow
@@ -119,3 +122,49 @@ def test_requests_per_trial_do_not_grow_with_epochs(mlflow_server, tmp_path):
     bound = 1 + (time.monotonic() - start) / 2.0
     batches = default[("POST", "/api/2.0/mlflow/runs/log-batch")] - one[("POST", "/api/2.0/mlflow/runs/log-batch")]
     assert batches <= bound, (batches, bound)
+
+
+@pytest.mark.slow
+def test_a_trial_run_is_written_not_read_back(mlflow_server, tmp_path):
+    """What each further trial adds to a study's requests: its run is created, written and closed, its
+    files uploaded and listed once, and retention's deletes (keep_checkpoints top_k 1 pushes one run's
+    best.pt out per trial); never a `runs/get` of its own run (the artifact URI comes from runs/create)."""
+    url, log = mlflow_server
+    one = _study(tmp_path / "s1", url, "one-trial", 1, log, flush_s="600")
+    three = _study(tmp_path / "s3", url, "three-trials", 1, log, flush_s="600", trials=3)
+    per_trial = {k: (three[k] - one[k]) / 2 for k in three}
+    gets = per_trial.get(("GET", "/api/2.0/mlflow/runs/get"), 0)
+    assert gets == 0, per_trial
+    assert ("POST", "/api/2.0/mlflow/logged-models/search") not in per_trial, per_trial
+    # retention's runs and promote runs: one `runs/search` each per pass, not per trial
+    assert per_trial.get(("POST", "/api/2.0/mlflow/runs/search"), 0) <= 1, per_trial
+    assert sum(per_trial.values()) <= 12, per_trial
+
+
+def test_retention_hands_out_deletes_at_most_every_interval_and_all_at_the_last_pass(tmp_path, monkeypatch):
+    """Each finished trial makes a retention pass; its deletes (and the two reads each batch of them
+    costs) go out at most every PURGE_EVERY_S, the driver's last pass takes everything left."""
+    import optuna
+    from types import SimpleNamespace
+
+    from hpolab.study.retention import retention as ret
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    for v in (0.1, 0.2, 0.3, 0.4):
+        study.add_trial(optuna.trial.create_trial(value=v, user_attrs={"mlflow_run_id": f"run{v}"}))
+    spec = SimpleNamespace(log_models="none", keep_checkpoints=SimpleNamespace(top_k=1))
+    clock = [1000.0]
+    monkeypatch.setattr(ret.time, "monotonic", lambda: clock[0])
+    r = ret.Retention(spec, study, lambda n: tmp_path / str(n))
+    trials = study.get_trials(deepcopy=False)
+    assert r.plan(trials[:2], now=False) == []  # an interval from the start...
+    clock[0] += ret.PURGE_EVERY_S
+    first = r.plan(trials[:2], now=False)
+    assert [(w, n) for w, n, *_ in first] == [("checkpoints", 0)]
+    assert r.plan(trials[:3], now=False) == []  # ...and between two passes that delete
+    clock[0] += ret.PURGE_EVERY_S
+    assert [n for _, n, *_ in r.plan(trials[:3], now=False)] == [1]  # ...and then go
+    assert r.plan(trials, now=False) == []
+    assert [n for _, n, *_ in r.plan(trials, now=True)] == [2]  # the last pass: at once
+    assert r.plan(trials, now=True) == []  # each once
