@@ -4,8 +4,10 @@ a driver SIGKILLed mid-rung; two workers on one study; an own training loop unde
 
 from __future__ import annotations
 
+import json
 import re
 import signal
+import sqlite3
 import subprocess
 import time
 
@@ -157,3 +159,47 @@ def test_an_own_training_loop_pauses_and_resumes_under_asha(store):
     out = run_cli("--store", str(store), "study", "run", *args)
     assert "resumed after epoch" in out.stdout, out.stdout
     assert_asha_study(store, "own-asha", 4, top=3)
+
+
+# A paused trial may be resumed by a worker on another host, which finds its checkpoint only in its
+# MLflow run: once Optuna says a trial is paused at epoch e, its run's checkpoint must be epoch e's.
+def _paused_without_their_checkpoint(store) -> list[tuple[int, int, str | None]]:
+    """(trial, paused epoch, the run's uploaded checkpoint epoch) for each paused trial whose run
+    does not hold its pause epoch's checkpoint yet."""
+    opt = sqlite3.connect(f"file:{store / 'optuna.db'}?mode=ro", uri=True, timeout=5)
+    mlf = sqlite3.connect(f"file:{store / 'mlflow.db'}?mode=ro", uri=True, timeout=5)
+    try:
+        rows = opt.execute("SELECT t.number, a.value_json, u.value_json FROM trials t "
+                           "JOIN trial_system_attributes a ON a.trial_id = t.trial_id AND a.key = 'hpolab.paused' "
+                           "JOIN trial_user_attributes u ON u.trial_id = t.trial_id AND u.key = 'mlflow_run_id' "
+                           "WHERE t.state = 'RUNNING'").fetchall()
+        out = []
+        for number, paused, run_id in rows:
+            info = json.loads(paused)
+            if not isinstance(info, dict):
+                continue
+            tag = mlf.execute("SELECT value FROM tags WHERE run_uuid = ? AND key = 'hpolab.checkpoint_epoch'",
+                              (json.loads(run_id),)).fetchone()
+            if tag is None or int(tag[0]) < int(info["epoch"]):
+                out.append((number, int(info["epoch"]), tag[0] if tag else None))
+        return out
+    except sqlite3.OperationalError:  # the tables are being created
+        return []
+    finally:
+        opt.close()
+        mlf.close()
+
+
+@pytest.mark.slow
+def test_a_trial_is_marked_paused_only_once_its_checkpoint_is_in_its_run(store):
+    # log_models=all: every trial's model is logged on the upload thread (seconds), so a pause's
+    # checkpoint upload often waits behind another trial's model
+    driver = start_cli("--store", str(store), "study", "run", *_args("asha-upload", "n_trials=6", "parallel=2", "log_models=all"),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    while driver.poll() is None:
+        seen += _paused_without_their_checkpoint(store)
+        time.sleep(0.01)
+    out = driver.communicate()[0]
+    assert driver.returncode == 0, out
+    assert not seen, seen[:5]

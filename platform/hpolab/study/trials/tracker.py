@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -40,6 +41,7 @@ MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", T
 # An own training loop's model (study/trials/own_loop.py) is the copy trial.log_model kept in its process
 NO_OWN_MODEL = "train() logged no model (call trial.log_model(model, input_example))"
 OWN_MODEL_LOST = "no model is logged (an own training loop's model is only in its process)"
+PAUSE_UPLOAD_WAIT = 300.0  # seconds a pause waits for its checkpoint's upload (behind the jobs queued before it)
 REAPER_CLOSE_WAIT = 30.0  # seconds a reaped trial's owner waits for the reaper's close of its run
 
 
@@ -113,9 +115,13 @@ class TrialTracker:
 
     def pause(self, r: Running, tags: dict[str, str]) -> None:
         """A paused trial (driver/pauses.py): its checkpoint uploaded (it may resume on another worker),
-        its process told to save no model, its run left open with `tags`."""
+        its process told to save no model, its run left open with `tags`. Returns once the upload has
+        landed: only then may the trial be marked paused, as a worker on another host claiming it
+        finds its checkpoint only in the run (the wait blocks the loop; a pause is rare)."""
         self.flush_metrics(r.run_id)
         self.upload(r, self.stage_upload(r, force=True))
+        landed = threading.Event()
+        self.uploads.submit(f"trial {r.number}: pausing", landed.set)  # (FIFO: after its upload)
         self.metrics.forget(r.run_id)
         if r.awaits_export:
             answer_child(r.conn, r.lifeline, False)
@@ -125,6 +131,9 @@ class TrialTracker:
                     c.close()
                 except OSError:
                     pass
+        if not landed.wait(PAUSE_UPLOAD_WAIT):
+            self.note(f"trial {r.number}: its checkpoint upload is still queued after {PAUSE_UPLOAD_WAIT:g} s; marked paused "
+                      "anyway (a worker on another host that resumes it may find an older checkpoint)")
         self.mlflow_guard(tr.set_tags, self.client, r.run_id, tags)  # now: another worker may resume it next
 
     def resume(self, r: Running, tags: dict[str, str], params: dict[str, float]) -> None:
