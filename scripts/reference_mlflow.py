@@ -58,6 +58,7 @@ NAMES = {
     "hpolab.lr_test_claim": ("hpolab.lr_test_claim", TA, "which worker runs the study's LR range test"),
     "hpolab.model_config": ("hpolab.model_config", VER, "the trial's model config (JSON)"),
     "hpolab.model_deleted": ("hpolab.model_deleted", f"{TR}, {VER}", "why the trial's logged model is gone (retention, prune-files)"),
+    "hpolab.metrics_restored": ("hpolab.metrics_restored", TR, "epochs a killed driver never wrote to the run, logged by a later driver: which, and from where (last.pt or Optuna)"),
     "hpolab.model_error": ("hpolab.model_error", TR, "logging the trial's model failed: why"),
     "hpolab.model_id": ("hpolab.model_id", f"{TR}, {VER}", "the trial's logged model id"),
     "hpolab.model_skipped": ("hpolab.model_skipped", TR, "why no model was logged (log_models)"),

@@ -194,7 +194,8 @@ class Driver:
                                   stopping=lambda: self.signals.stopping, aborting=lambda: self.signals.aborting,
                                   guard=self.outage.call, spec=self.spec, pruning=self.pruning, pauses=self.pauses)
         self.heartbeats = Heartbeats(self.storage, self.running)
-        close_orphan_runs(self.client, self.experiment_id, self.study, self.tracker.close_run, self.progress.note)
+        close_orphan_runs(self.client, self.experiment_id, self.study, self.tracker.close_run, self.progress.note,
+                          stores=self.stores)
 
     # ---------------------------------------------------------------- trials
 
@@ -375,7 +376,7 @@ class Driver:
         # Again at the end: a driver killed between making a trial's run and linking it leaves that run
         # RUNNING; at _open its trial was often still RUNNING (not yet reaped), so it was skipped there.
         self.mlflow_outage.call(close_orphan_runs, self.client, self.experiment_id, self.study, self.tracker.close_run,
-                                self.progress.note)
+                                self.progress.note, stores=self.stores)
         g = self.outage.call
         outcome.counts = g(trial_counts, self.study)
         if outcome.signal is None and g(epoch_budget_spent, self.study.get_trials(deepcopy=False), self.spec):

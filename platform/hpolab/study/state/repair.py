@@ -6,6 +6,7 @@ RUNNING; killed between creating a run and linking it to its trial, it leaves a 
 points at. The next driver closes the first kind with the trial's state and deletes the second
 (empty: the trial that was starting is retried with a run of its own). Only runs whose owner is
 known to be gone (owners.py) are touched: another live driver may still be logging its model.
+Before the close, the epochs whose batch the dead driver never wrote are logged (metric_backfill.py).
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ from typing import Callable
 import optuna
 from optuna.trial import TrialState
 
+from hpolab.stores.paths import Stores
 from hpolab.stores.run_roles import is_trial_run
+from hpolab.study.state.metric_backfill import backfill_run
 from hpolab.study.state.owners import owner_gone, owner_of
 
 
-def close_orphan_runs(client, experiment_id: str, study: optuna.Study, close_run: Callable, note: Callable[[str], None]) -> int:
-    """Close (or delete) the study's trial runs left RUNNING by a dead driver; returns how many."""
+def close_orphan_runs(client, experiment_id: str, study: optuna.Study, close_run: Callable, note: Callable[[str], None],
+                      stores: Stores | None = None) -> int:
+    """Close (or delete) the study's trial runs left RUNNING by a dead driver; returns how many.
+    `stores`: where the trial folders are (their last.pt restores epochs the run lacks)."""
     runs = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=5000)
     trials = study.get_trials(deepcopy=False)
     fixed = 0
@@ -38,6 +43,8 @@ def close_orphan_runs(client, experiment_id: str, study: optuna.Study, close_run
             client.delete_run(run_id)  # never linked to its trial: empty
         else:
             tags = {"hpolab.closed_by": "a later driver (the trial's driver died before closing its run)"}
+            tags.update(backfill_run(client, run_id, t, study.user_attrs.get("metric"),
+                                     stores and stores.trial_dir(study.study_name, t.number), stores and stores.tracking_uri))
             if t.state == TrialState.COMPLETE:
                 tags["hpolab.model_error"] = "the driver died before the model was logged"
             elif t.state == TrialState.FAIL:  # its reason died with the driver (tell came first, the close was queued)

@@ -1,0 +1,96 @@
+"""The last epochs a killed driver never wrote to a finished trial's run, written by the next driver.
+
+Epoch metrics reach MLflow in batches from the upload thread (study/trials/metric_batches.py); the
+driver tells Optuna a trial's end before it hands the last batch (and the run's close) to that
+thread. A driver SIGKILLed in between leaves Optuna with every epoch and the run without its last
+ones. The points are not lost: the trial's checkpoint (last.pt in its trial folder, else the copy
+uploaded to the run's checkpoints/) holds the whole per-epoch `history` -- retention deletes last.pt
+only after the run's close, which never came -- and Optuna's intermediate values are the study
+metric's epochs. Before such a run is closed (repair.py), every (metric, epoch) point it lacks is
+logged in one log_batch and the run is tagged `hpolab.metrics_restored` saying which epochs and
+from where.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from optuna.trial import FrozenTrial
+
+TAG = "hpolab.metrics_restored"
+
+
+def _history(trial_dir: Path | None, tracking_uri: str | None, run_id: str) -> list[dict] | None:
+    """The checkpoint's per-epoch history: the trial folder's last.pt (never older than its upload),
+    else the run's uploaded checkpoints/last.pt; None when neither can be read."""
+    from hpolab.train.checkpoint import load_checkpoint
+
+    local = trial_dir / "last.pt" if trial_dir is not None else None
+    if local is not None and local.is_file():
+        try:
+            return list(load_checkpoint(local, map_location="cpu").get("history") or [])
+        except Exception:
+            pass  # (a partial file: try the uploaded copy)
+    if not tracking_uri:
+        return None
+    from hpolab.stores.artifacts import fetch_checkpoint
+
+    tmp = Path(tempfile.mkdtemp(prefix="hpolab-backfill-"))
+    try:
+        last = fetch_checkpoint(tracking_uri, run_id, tmp)
+        return None if last is None else list(load_checkpoint(last, map_location="cpu").get("history") or [])
+    except Exception:
+        return None  # an unreachable or unreadable upload: Optuna's values still restore the study metric
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def missing_points(client, run_id: str, trial: FrozenTrial, metric: str | None,
+                   history: list[dict] | None) -> tuple[list, str]:
+    """The points the run lacks (checkpoint history first; the study metric's values from Optuna,
+    which are its truth) and where they came from ("last.pt", "Optuna", or both)."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    wanted: dict[tuple[str, int], tuple[float, int, str]] = {}  # (key, step) -> (value, timestamp ms, source)
+    for h in history or []:
+        step = int(h["epoch"])
+        ts = int(h["timestamp"]) if _number(h.get("timestamp")) else now  # (the routine stamps none today)
+        for k, v in h.items():
+            if k not in ("epoch", "timestamp") and _number(v):
+                wanted[(k, step)] = (float(v), ts, "last.pt")
+    if metric:
+        for step, v in trial.intermediate_values.items():
+            ts = wanted.get((metric, step), (None, now))[1]
+            source = "last.pt" if (metric, step) in wanted else "Optuna"
+            wanted[(metric, int(step))] = (float(v), ts, source)
+    have: dict[str, set[int]] = {}
+    for key in {k for k, _ in wanted}:  # one request per metric: this runs only to repair a killed driver's run
+        have[key] = {m.step for m in client.get_metric_history(run_id, key)}
+    points, sources = [], set()
+    for (key, step), (value, ts, source) in sorted(wanted.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if step not in have[key]:
+            points.append(Metric(key, value, ts, step))
+            sources.add(source)
+    return points, " and ".join(sorted(sources, key=lambda s: s != "last.pt"))
+
+
+def backfill_run(client, run_id: str, trial: FrozenTrial, metric: str | None, trial_dir: Path | None,
+                 tracking_uri: str | None) -> dict[str, str]:
+    """Log every epoch point the run lacks; the tag for its close ({} when nothing was missing)."""
+    points, source = missing_points(client, run_id, trial, metric, _history(trial_dir, tracking_uri, run_id))
+    if not points:
+        return {}
+    from hpolab.stores import mlflow_runs as tr
+
+    tr.log_metrics(client, run_id, points)
+    steps = sorted({p.step for p in points})
+    span = f"epoch {steps[0]}" if len(steps) == 1 else f"epochs {steps[0]}-{steps[-1]}"
+    return {TAG: f"{span} from {source}"}

@@ -1,0 +1,127 @@
+"""A driver SIGKILLed after telling Optuna a trial's end but before its run got the last epochs: the
+next driver writes them from the trial's checkpoint (or Optuna) before closing the run
+(study/state/metric_backfill.py, repair.py).
+
+The end-to-end test kills a real driver at that point: the trial's model export is slow
+(tests/fault_project/experiments/slowexport.py), so the driver has told Optuna COMPLETE and waits
+for the model to close the run; SIGKILL then leaves the run RUNNING with last.pt in the trial folder.
+Its last batch had reached MLflow already, so the epochs a killed driver never wrote are removed
+from mlflow.db by SQL (what an upload thread blocked on a slow MLflow server leaves). The logic tests
+use a real embedded MLflow store and a real checkpoint file.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+
+import optuna
+import pytest
+from mlflow import MlflowClient
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from conftest import FAULT_PROJECT, FAULT_SPEC, assert_study_check_clean, hpolab_env, metric_steps, open_study, run_cli, start_cli, trial_run
+from hpolab.study.state.metric_backfill import TAG, backfill_run
+from hpolab.train.checkpoint import save_checkpoint
+
+ARGS = ["experiment=slowexport", "parallel=1", "trainer.max_epochs=4", "log_models=all", "checkpoint_upload_every=0"]
+
+
+def _trial(values: dict[int, float]):
+    return optuna.create_trial(state=TrialState.COMPLETE, value=values[max(values)], params={"h": 1},
+                               distributions={"h": CategoricalDistribution([1])}, intermediate_values=values)
+
+
+def _run_with_epochs(store, steps):
+    from mlflow.entities import Metric
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    run_id = client.create_run(client.create_experiment("e", artifact_location=str(store / "artifacts"))).info.run_id
+    client.log_batch(run_id, metrics=[Metric(k, 0.1 * s, 1000 + s, s) for s in steps for k in ("val_acc", "train_loss")])
+    return client, run_id
+
+
+def test_a_run_missing_its_last_epochs_gets_them_from_last_pt(store, tmp_path):
+    client, run_id = _run_with_epochs(store, [1, 2])
+    history = [{"epoch": e, "val_acc": 0.1 * e, "train_loss": 1.0 / e} for e in (1, 2, 3, 4)]
+    save_checkpoint({"history": history}, tmp_path / "last.pt")
+    tags = backfill_run(client, run_id, _trial({1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4}), "val_acc", tmp_path, None)
+    assert tags == {TAG: "epochs 3-4 from last.pt"}
+    for key in ("val_acc", "train_loss"):
+        assert metric_steps(client, run_id, key) == [1, 2, 3, 4]
+    assert {m.step: m.value for m in client.get_metric_history(run_id, "train_loss")}[4] == 0.25
+    assert backfill_run(client, run_id, _trial({1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4}), "val_acc", tmp_path, None) == {}
+
+
+def test_without_a_checkpoint_the_study_metric_comes_from_optuna(store, tmp_path):
+    client, run_id = _run_with_epochs(store, [1])
+    tags = backfill_run(client, run_id, _trial({1: 0.1, 2: 0.2, 3: 0.3}), "val_acc", tmp_path, f"sqlite:///{store / 'mlflow.db'}")
+    assert tags == {TAG: "epochs 2-3 from Optuna"}
+    assert {m.step: m.value for m in client.get_metric_history(run_id, "val_acc")} == {1: 0.1, 2: 0.2, 3: 0.3}
+    assert metric_steps(client, run_id, "train_loss") == [1]  # only the checkpoint knows the others
+
+
+def _drop_epochs_after(store, run_id: str, last: int) -> None:
+    """What a driver killed before its last batch was written leaves: the run's points up to `last`."""
+    with sqlite3.connect(store / "mlflow.db") as db:
+        db.execute("DELETE FROM metrics WHERE run_uuid = ? AND step > ?", (run_id, last))
+        db.execute("DELETE FROM latest_metrics WHERE run_uuid = ?", (run_id,))
+        db.execute("INSERT INTO latest_metrics (key, value, timestamp, step, is_nan, run_uuid) "
+                   "SELECT key, value, timestamp, step, is_nan, run_uuid FROM metrics WHERE run_uuid = ? AND step = ?",
+                   (run_id, last))
+
+
+def _wait_for(path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_driver_killed_between_tell_and_close_loses_no_epoch(store, tmp_path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    env = {**hpolab_env(), "HPOLAB_TEST_SLOW_EXPORT_DIR": str(tmp_path), "HPOLAB_TEST_SLOW_EXPORT_S": "30",
+           "HPOLAB_TEST_PID_DIR": str(pids), "HPOLAB_METRICS_FLUSH_S": "1000"}
+    driver = start_cli("--store", str(store), "study", "run", FAULT_SPEC, *ARGS, "n_trials=1", cwd=FAULT_PROJECT, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(tmp_path / "slow")  # the trial is told COMPLETE; its run waits for the model to close
+        client, study = open_study(store)
+        (t,) = study.get_trials()
+        run_id = t.user_attrs["mlflow_run_id"]
+        deadline = time.monotonic() + 30
+        while metric_steps(client, run_id, "val_acc") != [1, 2, 3, 4]:  # (the batch is on the upload thread)
+            assert time.monotonic() < deadline, metric_steps(client, run_id, "val_acc")
+            time.sleep(0.1)
+        driver.send_signal(signal.SIGKILL)
+        out = driver.communicate(timeout=60)[0]
+    finally:
+        for p in pids.glob("*.pid"):  # the trial process sleeping in its model's save
+            try:
+                os.kill(int(p.stem), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert t.state == TrialState.COMPLETE and client.get_run(run_id).info.status == "RUNNING", out
+    assert (store / "trials" / "faulty" / f"trial-{t.number}" / "last.pt").is_file()
+    _drop_epochs_after(store, run_id, 2)
+    assert metric_steps(client, run_id, "val_acc") == [1, 2]
+
+    out = run_cli("--store", str(store), "study", "run", FAULT_SPEC, *ARGS, "n_trials=2", cwd=FAULT_PROJECT)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED", out.stdout
+    history = client.get_metric_history(run_id, "val_acc")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4], out.stdout
+    assert run.data.tags.get(TAG) == "epochs 3-4 from last.pt", (run.data.tags, out.stdout)
+    assert {m.step: m.value for m in history} == {s: v for s, v in t.intermediate_values.items()}
+    for key in run.data.metrics:
+        if key != "val_acc" and not key.startswith(("test_", "best_")):
+            assert metric_steps(client, run_id, key) == [1, 2, 3, 4], key
+    assert_study_check_clean(store, "faulty")
+    _, study = open_study(store)
+    assert trial_run(study.get_trials()[1], client).info.status == "FINISHED"
