@@ -1,4 +1,4 @@
-"""A driver SIGKILLed after telling Optuna a trial's end but before its run got the last epochs: the
+"""A driver SIGKILLed after telling Optuna a trial's end (or mid-trial) before its run got the last epochs: the
 next driver writes them from the trial's checkpoint (or Optuna) before closing the run
 (study/state/metric_backfill.py, repair.py).
 
@@ -125,3 +125,39 @@ def test_a_driver_killed_between_tell_and_close_loses_no_epoch(store, tmp_path):
     assert_study_check_clean(store, "faulty")
     _, study = open_study(store)
     assert trial_run(study.get_trials()[1], client).info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_a_reaped_attempt_s_run_gets_the_epochs_its_killed_driver_never_wrote(store):
+    """SIGKILL mid-trial with metric batches that are never due: the dead attempt's run has none of
+    its epochs; the next driver reaps it and writes them (last.pt, Optuna) before closing it FAILED."""
+    env = {**hpolab_env(), "HPOLAB_METRICS_FLUSH_S": "1000"}
+    args = ["parallel=1", "trainer.max_epochs=4", "model.sleep=0.02", "checkpoint_upload_every=1000", "n_trials=1"]
+    driver = start_cli("--store", str(store), "study", "run", FAULT_SPEC, *args, cwd=FAULT_PROJECT, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while True:  # two epochs told to Optuna (and in last.pt), none written to MLflow
+        assert time.monotonic() < deadline and driver.poll() is None, "the trial never reached its second epoch"
+        try:
+            (t,) = open_study(store)[1].get_trials()
+            if len(t.intermediate_values) >= 2:
+                break
+        except Exception:  # (the study is not there yet)
+            pass
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)
+    driver.communicate(timeout=60)
+    time.sleep(1)  # the orphaned trial process notices its driver is gone
+    client, study = open_study(store)
+    dead = study.get_trials()[0]
+    run_id = dead.user_attrs["mlflow_run_id"]
+    assert metric_steps(client, run_id, "val_acc") == []
+
+    out = run_cli("--store", str(store), "study", "run", FAULT_SPEC, *args, cwd=FAULT_PROJECT)
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED", out.stdout
+    steps = metric_steps(client, run_id, "val_acc")
+    assert steps and steps == list(range(1, max(steps) + 1)) and set(dead.intermediate_values) <= set(steps), (steps, out.stdout)
+    assert run.data.tags.get(TAG, "").startswith("epochs 1-"), run.data.tags
+    assert metric_steps(client, run_id, "train_loss") == steps
+    assert_study_check_clean(store, "faulty")

@@ -67,6 +67,7 @@ from hpolab.study.driver.events import TrialEvents
 from hpolab.study.driver.pauses import Claimed, Pauses
 from hpolab.study.objectives.schedulers import scheduler_for
 from hpolab.study.objectives.trial_scheduler import paused_at
+from hpolab.study.state.metric_backfill import closing_with_backfill
 from hpolab.study.state.repair import close_orphan_runs
 from hpolab.study.retention.retention import Retention
 from hpolab.study.state.retry import RetryCopy
@@ -226,7 +227,8 @@ class Driver:
         self.progress.trial_started(trial.number, trial.params, src.retry_of)
 
     def _reap(self) -> None:
-        reap_dead_trials(self.study, self.storage, self.running, self.retry, self.tracker.close_run_if_open, self.progress.note,
+        close = closing_with_backfill(self.tracker.close_run_if_open, self.client, self.study, self.stores, self.progress.note)
+        reap_dead_trials(self.study, self.storage, self.running, self.retry, close, self.progress.note,
                          self.outage.call, self.beat_watch)
         self.pruning.close_orphans(self.study)  # several objectives: a dead driver's companion trials
 

@@ -8,7 +8,8 @@ uploaded to the run's checkpoints/) holds the whole per-epoch `history` -- reten
 only after the run's close, which never came -- and Optuna's intermediate values are the study
 metric's epochs. Before such a run is closed (repair.py), every (metric, epoch) point it lacks is
 logged in one log_batch and the run is tagged `hpolab.metrics_restored` saying which epochs and
-from where.
+from where. The same for the run of an attempt reaped because its driver died mid-trial (its last
+FLUSH_S seconds of epochs were never written; its retry copy's run gets them by carry-over anyway).
 """
 
 from __future__ import annotations
@@ -94,3 +95,20 @@ def backfill_run(client, run_id: str, trial: FrozenTrial, metric: str | None, tr
     steps = sorted({p.step for p in points})
     span = f"epoch {steps[0]}" if len(steps) == 1 else f"epochs {steps[0]}-{steps[-1]}"
     return {TAG: f"{span} from {source}"}
+
+
+def closing_with_backfill(close_run, client, study, stores, note):
+    """`close_run` (run id, state, tags) for a reaped attempt's run (heartbeat.reap_trial): its
+    killed driver's unwritten epochs are logged first. A backfill that fails never stops the close."""
+
+    def close(run_id: str, state, tags: dict[str, str]) -> None:
+        trial = next((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("mlflow_run_id") == run_id), None)
+        if trial is not None and client.get_run(run_id).info.status == "RUNNING":  # (its owner closed it: all written)
+            try:
+                tags = {**tags, **backfill_run(client, run_id, trial, study.user_attrs.get("metric"),
+                                               stores.trial_dir(study.study_name, trial.number), stores.tracking_uri)}
+            except Exception as e:
+                note(f"trial {trial.number}: could not restore its run's unwritten epochs: {type(e).__name__}: {e}")
+        close_run(run_id, state, tags)
+
+    return close
