@@ -106,7 +106,7 @@ NAMES = {
     "hpolab.retry_of_run": ("hpolab.retry_of_run", TR, "the run of the attempt this one continues"),
     "hpolab.retry_of_trial": ("hpolab.retry_of_trial", TR, "the trial this attempt continues"),
     "hpolab.role": ("hpolab.role", "every run", "what the run is: trial, study, promote, lr_range_test"),
-    "hpolab.rung": ("hpolab.rung", f"{TA}, {TR}", "a trial scheduler: the rung the trial last paused at (0 = the first)"),
+    "hpolab.rung": ("hpolab.rung", f"{TA}, {TR}", "a trial scheduler: the highest rung the trial reached (0 = the first): the one it paused at, the top one once it completed there"),
     "hpolab.sampler_seed": ("hpolab.sampler_seed", TR, "the sampler's seed in this driver"),
     "hpolab.seed": ("hpolab.seed", VER, "the trial's seed"),
     "hpolab.selection_metric": ("hpolab.selection_metric", VER, "the metric the best trial was selected by"),

@@ -15,6 +15,7 @@ import pytest
 from optuna.trial import TrialState
 
 from conftest import assert_study_check_clean, metric_steps, open_study, run_cli, start_cli, trial_run
+from hpolab.study.objectives.asha import rungs
 
 SPEC = "studies/digits_asha.yaml"
 
@@ -45,6 +46,8 @@ def assert_asha_study(store, name: str, n_trials: int, top: int = 4) -> list:
             assert run.data.tags["hpolab.state"] == "PRUNED" and run.info.status == "KILLED"
         else:
             assert last == top and run.data.tags["hpolab.state"] == "COMPLETE"
+            top_rung = str(len(rungs(1, top, 2)) - 1)  # (the specs here: min_epochs 1, eta 2)
+            assert run.data.tags["hpolab.rung"] == top_rung and str(t.user_attrs["hpolab.rung"]) == top_rung, (t.number, run.data.tags)
     assert resumed >= 1  # some trial was promoted and resumed
     assert_study_check_clean(store, name)
     return trials

@@ -148,6 +148,8 @@ class TrialEvents:
         number = r.number
         self.running.pop(number, None)
         self.pruning.finish(r, state, value[self._primary] if isinstance(value, list) else value)
+        if self.pauses is not None and state == TrialState.COMPLETE:
+            tags.update(self.pauses.completed(r))  # hpolab.rung: the top rung it reached
         frozen = self._tell(r, state, value, tags)
         if not r.awaits_export:  # (one that does is answered, and its pipes closed, by the tracker)
             for c in (r.conn, r.lifeline):

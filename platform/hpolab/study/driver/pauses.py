@@ -117,6 +117,16 @@ class Pauses:
         g(self.storage.set_trial_user_attr, tid, OWNER_ATTR, {"trial": r.number, PAUSED_OWNER: True})
         self.progress.trial_paused(r.number, rung, epoch)
 
+    def completed(self, r: Running) -> dict[str, str]:
+        """A trial that completes at the top rung: hpolab.rung says that rung (not the last it paused at)."""
+        rung_of = getattr(self.scheduler, "rung_index", None)
+        frozen = self.guard(self.storage.get_trial, r.trial._trial_id)
+        k = rung_of(frozen, r.epoch) if rung_of is not None else None
+        if k is None:  # (its own early stop ended it between rungs: the last rung it paused at stays)
+            return {}
+        self.guard(self.storage.set_trial_user_attr, r.trial._trial_id, RUNG_ATTR, int(k))
+        return {"hpolab.rung": str(k)}
+
     def _rung(self, r: Running, epoch: int) -> int:
         rung_of = getattr(self.scheduler, "rung_index", None)
         frozen = self.guard(self.storage.get_trial, r.trial._trial_id)
