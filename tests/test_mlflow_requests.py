@@ -168,3 +168,29 @@ def test_retention_hands_out_deletes_at_most_every_interval_and_all_at_the_last_
     assert r.plan(trials, now=False) == []
     assert [n for _, n, *_ in r.plan(trials, now=True)] == [2]  # the last pass: at once
     assert r.plan(trials, now=True) == []  # each once
+
+
+def test_rank_tags_are_handed_out_at_most_every_interval_and_always_at_the_last_pass(monkeypatch):
+    """Writing the trial models' rank tags reads the study's models (a `logged-models/search`): the
+    passes between the driver's start and its last hand ranks out at most every PURGE_EVERY_S."""
+    import optuna
+    from types import SimpleNamespace
+
+    from hpolab.study.retention import retention as ret
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    for v in (0.1, 0.3, 0.2):
+        study.add_trial(optuna.trial.create_trial(value=v))
+    clock = [1000.0]
+    monkeypatch.setattr(ret.time, "monotonic", lambda: clock[0])
+    r = ret.Retention(SimpleNamespace(log_models="all", keep_checkpoints="all"), study, lambda n: None)
+    trials = study.get_trials(deepcopy=False)
+    assert r.rank_tags(trials[:2]) is None  # within the interval
+    clock[0] += ret.PURGE_EVERY_S
+    assert r.rank_tags(trials[:2])[1]["hpolab.rank"] == "1"
+    assert r.rank_tags(trials) is None  # trial 2 changed the ranks: written a pass later...
+    clock[0] += ret.PURGE_EVERY_S
+    assert r.rank_tags(trials)[2]["hpolab.rank"] == "2"
+    assert r.rank_tags(trials) is None  # ...and not again while they stay
+    assert r.rank_tags(trials, force=True)[2]["hpolab.rank"] == "2"  # the last pass writes them all

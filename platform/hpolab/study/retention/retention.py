@@ -36,7 +36,7 @@ LAST_DELETED = "hpolab.last_checkpoint"  # run tag: last.pt deleted when the tri
 # A driver's deletes go out at most this often (and at its last pass): each pass reads the runs and the
 # promote runs once (two `runs/search`), whatever it deletes, so one pass per finished trial would
 # cost two requests per trial. What waits is only files that go a few seconds later.
-PURGE_EVERY_S = 10.0
+PURGE_EVERY_S = 30.0
 RUN_IDS_PER_SEARCH = 100  # run ids per `attributes.run_id IN (...)` filter
 
 
@@ -81,7 +81,8 @@ class Retention:
         self.trial_dir = trial_dir  # this worker's folder of a trial (other workers purge their own)
         self._queued: set[tuple[str, int]] = set()  # (what, trial number) queued once per driver
         self._ranked: dict | None = None  # the rank tags the last pass wrote
-        self._planned_at = time.monotonic()  # when plan() last handed out deletes (the first: an interval after the start)
+        # when plan() last handed out deletes, rank_tags() ranks (the first: an interval after the start)
+        self._planned_at = self._ranked_at = time.monotonic()
 
     @property
     def direction(self) -> list[str]:
@@ -100,13 +101,17 @@ class Retention:
 
     def rank_tags(self, trials: list, force: bool = False) -> dict[int, dict[str, str | None]] | None:
         """The rank tags of the trial models (ranking.py), read on the driver's thread; None when
-        they are what the last pass wrote (`force`: the last pass, which may see models logged since)."""
+        they are what the last pass wrote (`force`: the last pass, which may see models logged since),
+        or less than PURGE_EVERY_S after the last that did (writing them reads every model of the study:
+        one `logged-models/search` per pass); a later pass writes what changed meanwhile."""
         if self.log_models == "none":  # no model to tag
+            return None
+        if not force and time.monotonic() - self._ranked_at < PURGE_EVERY_S:
             return None
         tags = rank_tags(trials, self.direction)
         if tags == self._ranked and not force:
             return None
-        self._ranked = tags
+        self._ranked, self._ranked_at = tags, time.monotonic()
         return tags
 
     def plan(self, trials: list | None = None, now: bool = True) -> list[tuple[str, int, str | None, Path]]:
