@@ -7,7 +7,8 @@ loopback (bench/team_stores.py, as bench/scale.py --stores team runs them), fres
 workers are `hpolab worker` processes (parallel 1 each) on one study of one-epoch digits trials
 (`log_models: none`, random sampler, no pruning). Reported: trials/s over the whole study (first trial
 start -> last trial complete, from Optuna), over the first and the last 100 trials (or a third of
-them), and the server's requests per trial from its access log.
+them), the server's requests per trial from its access log, and the CPU seconds its processes used
+while the workers ran (start-up not counted).
 
 --root runs another checkout's hpolab (e.g. an older commit unpacked with `git archive`), so a
 before/after pair runs on the same machine at about the same load.
@@ -67,6 +68,24 @@ def requests(log: Path, start: int) -> collections.Counter:
     return out
 
 
+def server_cpu(url: str) -> float:
+    """CPU seconds (user + system) the `mlflow server` at `url` and its worker processes have used so far."""
+    import psutil
+
+    port = url.rsplit(":", 1)[1]
+    total = 0.0
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "mlflow" in cmd and "server" in cmd and port in cmd:
+            for q in [p, *p.children(recursive=True)]:
+                try:
+                    t = q.cpu_times()
+                    total += t.user + t.system
+                except psutil.NoSuchProcess:
+                    pass
+    return total
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=150)
@@ -86,6 +105,7 @@ def main() -> int:
     with team_stores(folder, env) as (storage, url):
         log = folder / "mlflow-server.log"
         mark = len(log.read_text())
+        cpu0 = server_cpu(url)
         wenv = {**env, "OPTUNA_STORAGE": storage, "MLFLOW_TRACKING_URI": url}
         t0 = time.perf_counter()
         procs = [subprocess.Popen([exe, "--store", str(folder / f"w{i}"), "worker", *spec], cwd=root, env=wenv,
@@ -93,6 +113,7 @@ def main() -> int:
         codes = [p.wait() for p in procs]
         wall = time.perf_counter() - t0
         time.sleep(1.0)  # the last access log lines
+        cpu = server_cpu(url) - cpu0
         if any(codes):
             sys.exit(f"team_workers: worker exit codes {codes}; see {folder}")
         out = {"root": str(root), "workers": args.workers, "trials": args.trials, "wall": wall,
@@ -100,6 +121,7 @@ def main() -> int:
         counted = requests(log, mark)
         out["requests_per_trial"] = sum(counted.values()) / out["finished"]
         out["by_endpoint_per_trial"] = {k: v / out["finished"] for k, v in counted.most_common()}
+        out["server_cpu_s"], out["server_cpu_s_per_trial"] = cpu, cpu / out["finished"]
     out["load_end"] = os.getloadavg()
     print(json.dumps(out, indent=1))
     if args.json:
