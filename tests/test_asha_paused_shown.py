@@ -35,3 +35,17 @@ def test_shown_state():
     assert shown_state("RUNNING", {"hpolab.paused": {"rung": 1, "epoch": 3}}) == "PAUSED"
     assert shown_state(TrialState.RUNNING, {"hpolab.paused": None}) == "RUNNING"
     assert shown_state(TrialState.PRUNED, {"hpolab.paused": {"rung": 1, "epoch": 3}}) == "PRUNED"  # ended at its rung
+
+
+def test_the_report_of_a_study_with_only_paused_trials_says_it_is_stopped(store):
+    study = optuna.create_study(study_name="stopped", storage=f"sqlite:///{store / 'optuna.db'}", direction="maximize")
+    dist = {"lr": FloatDistribution(0.01, 1.0)}
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.9, params={"lr": 0.1}, distributions=dist,
+                                 intermediate_values={1: 0.5, 2: 0.9}))
+    study.add_trial(create_trial(state=TrialState.RUNNING, params={"lr": 0.2}, distributions=dist,
+                                 intermediate_values={1: 0.4}, system_attrs={"hpolab.paused": {"rung": 0, "epoch": 1}}))
+    run_cli("--store", str(store), "report", "stopped")
+    html = (store / "reports" / "stopped.html").read_text()
+    status = html.split('status</div><div class="v">', 1)[1].split("</div>", 1)[0]
+    assert not status.startswith("running"), status  # nothing trains: a re-run resumes the paused trial
+    assert "This study was still running" not in html

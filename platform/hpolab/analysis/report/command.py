@@ -51,6 +51,12 @@ def _budget(data: ReportData) -> int | None:
         return None
 
 
+def _in_progress(data: ReportData) -> int:
+    """RUNNING and WAITING trials, less a trial scheduler's paused ones (no process: a re-run resumes them)."""
+    paused = sum(1 for t in data.study.trials if t.state.name == "RUNNING" and isinstance(t.system_attrs.get("hpolab.paused"), dict))
+    return data.counts["RUNNING"] + data.counts["WAITING"] - paused
+
+
 def _status(data: ReportData, budget: int | None, running: int, any_trials: bool) -> str:
     finished = data.finished
     if running:
@@ -70,7 +76,7 @@ def _summary_cards(data: ReportData, trials: list, best: int | None) -> str:
         done = f"{finished} <small>of {budget} (budget)</small>"
     else:
         done = f"{finished}"
-    status = _status(data, budget, c["RUNNING"] + c["WAITING"], bool(trials))
+    status = _status(data, budget, _in_progress(data), bool(trials))
     direction = "higher is better" if data.direction == "maximize" else "lower is better"
     items = [
         ("status", status),
@@ -115,7 +121,7 @@ def _front_size(data: ReportData) -> int:
 
 def _summary_notes(data: ReportData) -> list[str]:
     finished = data.finished
-    running = data.counts["RUNNING"] + data.counts["WAITING"]
+    running = _in_progress(data)
     out = []
     if finished == 0:
         out.append(H.note("<b>No finished trials yet.</b> The plots below fill in as trials finish; "
