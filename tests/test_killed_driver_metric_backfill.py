@@ -2,7 +2,9 @@
 next driver writes them from the trial's checkpoint (or Optuna) before closing the run
 (study/state/metric_backfill.py, repair.py).
 
-The end-to-end test kills a real driver at that point: the trial's model export is slow
+The most faithful end-to-end test stops a real `mlflow server` (SIGSTOP) mid-trial, so the upload
+thread hangs while the driver's loop tells Optuna the trial COMPLETE, then SIGKILLs the driver. Another
+kills a real driver at that point: the trial's model export is slow
 (tests/fault_project/experiments/slowexport.py), so the driver has told Optuna COMPLETE and waits
 for the model to close the run; SIGKILL then leaves the run RUNNING with last.pt in the trial folder.
 Its last batch had reached MLflow already, so the epochs a killed driver never wrote are removed
@@ -161,3 +163,74 @@ def test_a_reaped_attempt_s_run_gets_the_epochs_its_killed_driver_never_wrote(st
     assert run.data.tags.get(TAG, "").startswith("epochs 1-"), run.data.tags
     assert metric_steps(client, run_id, "train_loss") == steps
     assert_study_check_clean(store, "faulty")
+
+
+@pytest.fixture()
+def stoppable_mlflow_server(tmp_path):
+    """`mlflow server` in a process group of its own (SIGSTOP/SIGCONT reach all its processes)."""
+    import sys
+
+    from services import free_port, wait_for_http
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+         "--artifacts-destination", (tmp_path / "server-artifacts").as_uri(), "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**hpolab_env(), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_http(f"{url}/health", proc)
+        yield url, proc
+    finally:
+        os.killpg(proc.pid, signal.SIGCONT)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def _wait_for_trial(store, done, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            trials = open_study(store)[1].get_trials()
+            if trials and done(trials[0]):
+                return trials[0]
+        except Exception:  # (the study is not there yet)
+            pass
+        time.sleep(0.05)
+    raise AssertionError("the trial never got there")
+
+
+@pytest.mark.slow
+def test_a_driver_killed_while_its_mlflow_server_hangs_after_the_tell_loses_no_epoch(store, stoppable_mlflow_server):
+    """The real kill point: the MLflow server stops answering (SIGSTOP) mid-trial, so the upload
+    thread hangs on one request with the rest of the run's epochs queued behind it; the driver's loop
+    still tells Optuna the trial COMPLETE; then the driver is SIGKILLed and the server resumes."""
+    url, server = stoppable_mlflow_server
+    env = {**hpolab_env(), "MLFLOW_TRACKING_URI": url, "HPOLAB_METRICS_FLUSH_S": "1000"}
+    args = ["parallel=1", "trainer.max_epochs=4", "model.sleep=0.02", "checkpoint_upload_every=0", "log_models=none"]
+    driver = start_cli("--store", str(store), "study", "run", FAULT_SPEC, *args, "n_trials=1", cwd=FAULT_PROJECT, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_trial(store, lambda t: len(t.intermediate_values) >= 1)
+        os.killpg(server.pid, signal.SIGSTOP)
+        t = _wait_for_trial(store, lambda t: t.state == TrialState.COMPLETE)
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        out = driver.communicate(timeout=60)[0]
+        os.killpg(server.pid, signal.SIGCONT)
+    client = MlflowClient(url)
+    run_id = t.user_attrs["mlflow_run_id"]
+    time.sleep(1)  # (the one request the server had received when it stopped)
+    assert client.get_run(run_id).info.status == "RUNNING", out
+    lost = metric_steps(client, run_id, "val_acc")
+    assert 4 not in lost, lost  # what the killed driver left: its last epochs never reached MLflow
+
+    out = run_cli("--store", str(store), "study", "run", FAULT_SPEC, *args, "n_trials=2", cwd=FAULT_PROJECT, env=env)
+    run = client.get_run(run_id)
+    assert metric_steps(client, run_id, "val_acc") == [1, 2, 3, 4], (lost, out.stdout)
+    assert run.info.status == "FINISHED" and run.data.tags[TAG].endswith("from last.pt"), run.data.tags
+    assert metric_steps(client, run_id, "train_loss") == [1, 2, 3, 4]
+    check = run_cli("--store", str(store), "study", "check", "faulty", cwd=FAULT_PROJECT, env=env, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
