@@ -85,7 +85,8 @@ def _wait_for(path, timeout: float = 120) -> None:
 
 
 @pytest.mark.slow
-def test_a_driver_killed_between_tell_and_close_loses_no_epoch(store, tmp_path):
+@pytest.mark.parametrize("repair", ["study run", "study check --repair"])
+def test_a_driver_killed_between_tell_and_close_loses_no_epoch(store, tmp_path, repair):
     pids = tmp_path / "pids"
     pids.mkdir()
     env = {**hpolab_env(), "HPOLAB_TEST_SLOW_EXPORT_DIR": str(tmp_path), "HPOLAB_TEST_SLOW_EXPORT_S": "30",
@@ -114,7 +115,10 @@ def test_a_driver_killed_between_tell_and_close_loses_no_epoch(store, tmp_path):
     _drop_epochs_after(store, run_id, 2)
     assert metric_steps(client, run_id, "val_acc") == [1, 2]
 
-    out = run_cli("--store", str(store), "study", "run", FAULT_SPEC, *ARGS, "n_trials=2", cwd=FAULT_PROJECT)
+    if repair == "study run":
+        out = run_cli("--store", str(store), "study", "run", FAULT_SPEC, *ARGS, "n_trials=2", cwd=FAULT_PROJECT)
+    else:
+        out = run_cli("--store", str(store), "study", "check", "faulty", "--repair", cwd=FAULT_PROJECT, check=False)
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED", out.stdout
     history = client.get_metric_history(run_id, "val_acc")
@@ -125,8 +129,9 @@ def test_a_driver_killed_between_tell_and_close_loses_no_epoch(store, tmp_path):
         if key != "val_acc" and not key.startswith(("test_", "best_")):
             assert metric_steps(client, run_id, key) == [1, 2, 3, 4], key
     assert_study_check_clean(store, "faulty")
-    _, study = open_study(store)
-    assert trial_run(study.get_trials()[1], client).info.status == "FINISHED"
+    if repair == "study run":
+        _, study = open_study(store)
+        assert trial_run(study.get_trials()[1], client).info.status == "FINISHED"
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 from hpolab.analysis.check_read import Study, set_tags
 from hpolab.stores.artifacts import local_artifact_dir
 from hpolab.study.state.budget import IMPORTED, RELEASED, trial_counts
+from hpolab.study.state.metric_backfill import backfill_run
 from hpolab.study.driver.heartbeat import REAPED, why_dead
 from hpolab.stores.optuna_storage import GRACE_PERIOD
 from hpolab.stores.run_roles import is_trial_run
@@ -160,6 +161,9 @@ def _state_problems(s: Study, t: FrozenTrial, run) -> list[Problem]:
                 fix["hpolab.fail_reason"] = f"FAIL in Optuna, reason unknown {BY_CHECK}"
 
             def close(fix=fix) -> str:
+                if status == "RUNNING":  # its dead driver's unwritten epochs first (study/state/metric_backfill.py)
+                    fix.update(backfill_run(s.client, run_id, t, s.study.user_attrs.get("metric"),
+                                            s.stores.trial_dir(s.name, t.number), s.stores.tracking_uri))
                 set_tags(s, run_id, fix)
                 s.client.set_terminated(run_id, status=want)
                 return f"run {run_id}: hpolab.state={t.state.name}, status {want}"
