@@ -139,7 +139,7 @@ def test_a_reaped_attempt_s_run_gets_the_epochs_its_killed_driver_never_wrote(st
     """SIGKILL mid-trial with metric batches that are never due: the dead attempt's run has none of
     its epochs; the next driver reaps it and writes them (last.pt, Optuna) before closing it FAILED."""
     env = {**hpolab_env(), "HPOLAB_METRICS_FLUSH_S": "1000"}
-    args = ["parallel=1", "trainer.max_epochs=4", "model.sleep=0.02", "checkpoint_upload_every=1000", "n_trials=1"]
+    args = ["parallel=1", "trainer.max_epochs=4", "model.sleep=0.1", "checkpoint_upload_every=1000", "n_trials=1"]
     driver = start_cli("--store", str(store), "study", "run", FAULT_SPEC, *args, cwd=FAULT_PROJECT, env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
@@ -214,7 +214,7 @@ def test_a_driver_killed_while_its_mlflow_server_hangs_after_the_tell_loses_no_e
     still tells Optuna the trial COMPLETE; then the driver is SIGKILLed and the server resumes."""
     url, server = stoppable_mlflow_server
     env = {**hpolab_env(), "MLFLOW_TRACKING_URI": url, "HPOLAB_METRICS_FLUSH_S": "1000"}
-    args = ["parallel=1", "trainer.max_epochs=4", "model.sleep=0.02", "checkpoint_upload_every=0", "log_models=none"]
+    args = ["parallel=1", "trainer.max_epochs=4", "model.sleep=0.1", "checkpoint_upload_every=0", "log_models=none"]
     driver = start_cli("--store", str(store), "study", "run", FAULT_SPEC, *args, "n_trials=1", cwd=FAULT_PROJECT, env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
