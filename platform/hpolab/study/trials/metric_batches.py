@@ -9,8 +9,9 @@ the model, the close), so FIFO order keeps a run's metrics ahead of everything t
 
 So a run makes at most one metrics write per FLUSH_S seconds of training plus one at its end,
 however many epochs: short epochs share a write. The cost: a driver SIGKILLed mid-trial may leave up to FLUSH_S seconds of
-that run's last epochs unwritten (like a checkpoint upload still queued); the trial is reaped and
-its retry run carries every epoch over from the checkpoint (tracker.carry_over_history).
+that run's last epochs unwritten (like a checkpoint upload still queued); the next driver writes
+them into that run from the trial's last.pt and Optuna before closing it (study/state/metric_backfill.py,
+tagged hpolab.metrics_restored), and a retry run carries every epoch over (tracker.carry_over_history).
 HPOLAB_METRICS_FLUSH_S sets FLUSH_S (0: every epoch is its own job, as soon as it arrives).
 """
 
