@@ -58,7 +58,8 @@ def test_trial_scheduler_specs_are_refused_in_one_line(store):
                            ("trial_scheduler.min_epochs=4", "trial_scheduler.min_epochs: must be < max_epochs"),
                            ("trial_scheduler.reduction_factor=1", "trial_scheduler.reduction_factor: Input should be greater than or equal to 2"),
                            ("search_space.trainer.max_epochs={type: int, low: 2, high: 4}", "search_space.trainer.max_epochs: a trial scheduler decides"),
-                           ("budget.epochs=0", "budget.epochs: Input should be greater than or equal to 1")]:
+                           ("budget.epochs=0", "budget.epochs: Input should be greater than or equal to 1"),
+                           ("n_trials=1", "n_trials: 1 is fewer than trial_scheduler.reduction_factor x brackets (2)")]:
         out = run_cli("--store", str(store), "study", "validate", SPEC, override, check=False)
         assert out.returncode == 2, (override, out.stdout, out.stderr)
         assert says in out.stderr and "Traceback" not in out.stderr, out.stderr

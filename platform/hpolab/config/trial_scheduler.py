@@ -115,6 +115,10 @@ def trial_scheduler_problems(spec, experiment=None) -> list[str]:
         top = ts.max_epochs or spec.trainer.max_epochs
         if ts.min_epochs >= top:
             problems.append(f"trial_scheduler.min_epochs: must be < max_epochs ({ts.min_epochs} >= {top}, trainer.max_epochs when unset)")
+        # A rung promotes its top floor(n/eta): a bracket with fewer than eta trials never promotes one.
+        if spec.n_trials < ts.reduction_factor * ts.brackets:
+            problems.append(f"n_trials: {spec.n_trials} is fewer than trial_scheduler.reduction_factor x brackets "
+                            f"({ts.reduction_factor * ts.brackets}): no trial would ever be promoted; use n_trials >= {ts.reduction_factor * ts.brackets}")
     if isinstance(ts, PbtSpec):
         known = set(spec.search_space) | {f"trainer.{k}" for k in spec.trainer_dict()}
         for section in ("model", "data"):
