@@ -347,7 +347,7 @@ END_TO_END_ONLY = {
 # xdist workers then end on short modules, not one waiting for the other's long one (longest first is
 # how a fixed set of jobs is best shared). scripts/test passes --no-loadscope-reorder so that xdist
 # keeps this order instead of sending the modules with the most tests first. A stale entry costs time only.
-LONGEST_FIRST = ["test_pyfunc_serving.py", "test_launch_slurm.py", "test_distributed.py", "test_failures.py",
+LONGEST_FIRST = ["test_pyfunc_serving.py", "test_asha_study.py", "test_launch_slurm.py", "test_pbt_study.py", "test_killed_driver_metric_backfill.py", "test_distributed.py", "test_failures.py",
                  "test_ui_browser.py", "test_storage_outage.py", "test_faults.py", "test_child_export.py",
                  "test_code_travels.py", "test_compose.py", "test_lr_step_faults.py", "test_trial_state.py",
                  "test_retention.py", "test_promote.py", "test_chaos.py", "test_store_errors.py",
