@@ -62,7 +62,7 @@ def test_an_infeasible_trial_is_not_the_best_of_a_study_through_the_cli(store):
     assert "4/4 finished: 4 complete, 0 pruned, 0 failed | best 4" in out.stdout
     listed = run_cli("--store", str(store), "study", "list").stdout
     row = next(line for line in listed.splitlines() if "one-constrained" in line)
-    assert row.split("│")[8].strip() == "4", listed  # the best column: trial 3's 4, not trial 0's 0
+    assert row.split("│")[9].strip() == "4", listed  # the best column: trial 3's 4, not trial 0's 0
     status = run_cli("--store", str(store), "study", "status", "one-constrained").stdout
     assert "best: trial 3 value 4" in status
 
@@ -75,5 +75,5 @@ def test_study_list_and_status_skip_an_infeasible_best(tmp_path):
         study.add_trial(t)
     listed = run_cli("--store", str(store), "study", "list", cwd=tmp_path).stdout
     row = next(line for line in listed.splitlines() if line.startswith("│ bounded "))
-    assert row.split("│")[8].strip() == "0.8", listed
+    assert row.split("│")[9].strip() == "0.8", listed
     assert "best: trial 1 value 0.8" in run_cli("--store", str(store), "study", "status", "bounded", cwd=tmp_path).stdout

@@ -118,9 +118,9 @@ def test_study_list_shows_the_objectives_and_the_front_size(store):
         one.add_trial(create_trial(value=v, params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)}))
 
     out = run_cli("--store", str(store), "study", "list").stdout
-    # study, direction, metric, complete, pruned, fail, running, best, last activity
-    assert _cells(out, "mo")[:8] == ["mo", "maximize/minimize/minimize/maximize", "val_acc, latency_ms, params, val_f1",
-                                     "5", "1", "0", "0", "front: 3 trials"]
-    assert _cells(out, "mo-fresh")[:8] == ["mo-fresh", "maximize/minimize", "val_acc, latency_ms", "0", "0", "0", "0", "-"]
-    assert _cells(out, "one")[:8] == ["one", "maximize", "val_acc", "2", "0", "0", "0", "0.9568"]  # as before
+    # study, direction, metric, complete, pruned, fail, running, paused, best, last activity
+    assert _cells(out, "mo")[:9] == ["mo", "maximize/minimize/minimize/maximize", "val_acc, latency_ms, params, val_f1",
+                                     "5", "1", "0", "0", "0", "front: 3 trials"]
+    assert _cells(out, "mo-fresh")[:9] == ["mo-fresh", "maximize/minimize", "val_acc, latency_ms", "0", "0", "0", "0", "0", "-"]
+    assert _cells(out, "one")[:9] == ["one", "maximize", "val_acc", "2", "0", "0", "0", "0", "0.9568"]  # as before
     assert "mo~pruning" not in out

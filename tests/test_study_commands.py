@@ -52,10 +52,10 @@ def test_list_shows_one_row_per_study(two_studies):
     assert set(rows) == {"sc-a", "sc-b"}
     for cells in rows.values():
         cells = [c for c in cells if c != "│"]
-        # study, direction, metric, complete, pruned, fail, running, best, date, time
-        assert cells[1:7] == ["maximize", "val_acc", "2", "0", "0", "0"], cells
-        assert 0 < float(cells[7]) <= 1
-        assert cells[8].count("-") == 2 and cells[9].count(":") == 2  # last activity: YYYY-MM-DD HH:MM:SS
+        # study, direction, metric, complete, pruned, fail, running, paused, best, date, time
+        assert cells[1:8] == ["maximize", "val_acc", "2", "0", "0", "0", "0"], cells
+        assert 0 < float(cells[8]) <= 1
+        assert cells[9].count("-") == 2 and cells[10].count(":") == 2  # last activity: YYYY-MM-DD HH:MM:SS
 
 
 def test_list_of_an_empty_store_says_so_and_creates_nothing(tmp_path):

@@ -64,7 +64,7 @@ def test_plain_sql_rows_equal_optunas(tmp_path, monkeypatch):
     by_name = {r.name: r for r in sql}
     assert list(by_name) == ["a-min", "empty", "one-max", "pareto"]
     assert by_name["one-max"].best_value == 0.9 and by_name["one-max"].counts == \
-        {"complete": 4, "pruned": 1, "fail": 1, "running": 1, "waiting": 1, "retried": 0, "finished": 6, "imported": 1}
+        {"complete": 4, "pruned": 1, "fail": 1, "running": 1, "paused": 0, "waiting": 1, "retried": 0, "finished": 6, "imported": 1}
     assert by_name["a-min"].best_value == float("-inf")
     assert by_name["pareto"].front_size == 2 and by_name["pareto"].objectives == ["val_acc", "latency_ms"]
     assert by_name["empty"].front_size is None and by_name["empty"].last_activity is None

@@ -15,7 +15,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from conftest import FAULT_PROJECT, FAULT_SPEC, run_cli, start_cli, wait_for_checkpoints
-from hpolab.study.state.budget import trial_counts
+from hpolab.study.state.budget import may_start_another, trial_counts
 
 DIST = {"x": FloatDistribution(0, 1)}
 
@@ -27,7 +27,7 @@ def _add(study, state, value=None, attrs=None):
 def _list_row(store: Path, name: str, cwd: Path) -> dict[str, str]:
     out = run_cli("--store", str(store), "study", "list", cwd=cwd).stdout
     cells = next(line for line in out.splitlines() if line.startswith(f"│ {name} ")).split("│")[1:-1]
-    return dict(zip(("study", "direction", "metric", "complete", "pruned", "fail", "running", "best", "last"), map(str.strip, cells)))
+    return dict(zip(("study", "direction", "metric", "complete", "pruned", "fail", "running", "paused", "best", "last"), map(str.strip, cells)))
 
 
 def _status_summary(store: Path, name: str, cwd: Path, *extra: str) -> str:
@@ -53,6 +53,23 @@ def test_list_status_and_budget_count_by_one_rule(tmp_path):
     assert (row["complete"], row["pruned"], row["fail"], row["running"], row["best"]) == ("3", "0", "1", "0", "0.7")
     assert _status_summary(store, "counted", tmp_path) == \
         "3 complete, 1 fail (2 attempts retried, 1 imported by a warm start, 1 released unrun: not counted); best: trial 3 value 0.7"
+
+
+def test_a_paused_trial_counts_as_paused_not_running_and_still_fills_the_budget(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    study = optuna.create_study(storage=f"sqlite:///{store / 'optuna.db'}", study_name="paused", direction="maximize")
+    _add(study, TrialState.COMPLETE, 0.8)
+    for attrs in ({"hpolab.paused": {"rung": 0, "epoch": 1}}, {"hpolab.paused": None}):  # paused; resumed (training)
+        t = study.ask()
+        for k, v in attrs.items():
+            study._storage.set_trial_system_attr(t._trial_id, k, v)
+    counts = trial_counts(study)
+    assert (counts["running"], counts["paused"]) == (1, 1)
+    assert not may_start_another(counts, 3)  # a paused trial is a configuration of the budget
+    row = _list_row(store, "paused", tmp_path)
+    assert (row["running"], row["paused"], row["best"]) == ("1", "1", "0.8")
+    assert _status_summary(store, "paused", tmp_path).startswith("1 complete, 1 paused, 1 running; best:")
 
 
 def test_status_caps_the_running_and_waiting_trials_of_a_large_study(tmp_path):

@@ -170,14 +170,14 @@ def print_study_list(stores: Stores) -> int:
         console.print(f"no studies in {redact(stores.optuna_url)}; start one with: hpolab study run studies/digits_cnn.yaml")
         return 0
     table = Table(title=f"studies in {redact(stores.optuna_url)}")
-    for col in ("study", "direction", "metric", "complete", "pruned", "fail", "running", "best", "last activity"):
+    for col in ("study", "direction", "metric", "complete", "pruned", "fail", "running", "paused", "best", "last activity"):
         table.add_column(col, justify="left" if col in ("study", "direction", "metric", "last activity") else "right")
     for r in rows:
         table.add_row(
             r.name,
             r.direction,
             ", ".join(r.objectives) if r.objectives else r.metric or "-",
-            *(str(r.counts.get(k, 0)) for k in ("complete", "pruned", "fail", "running")),
+            *(str(r.counts.get(k, 0)) for k in ("complete", "pruned", "fail", "running", "paused")),
             _best_cell(r),
             r.last_activity.strftime("%Y-%m-%d %H:%M:%S") if r.last_activity else "-",
         )

@@ -1,14 +1,15 @@
 """How a study's trials count: one rule for the budget (study/state/budget.py: what `n_trials` means),
 the progress line, `study list` and `study status` -- so they all say the same numbers.
 
-A trial counts under its state (complete, pruned, fail, running, waiting), except:
+A trial counts under its state (complete, pruned, fail, running, waiting; `paused`: RUNNING in Optuna
+but paused by a trial scheduler, with no process: study/state/paused_mark.py), except:
 - `retried`: a FAIL attempt that a later trial retries (its number is in that trial's
   `retry_history`: an attempt interrupted by Ctrl-C/SIGTERM, a dead driver, an OOM or timeout, resumed
   by its copy). The copy is what counts, so an interrupted and resumed study has no failures.
 - `imported`: a trial a warm start copied from another study (`hpolab.imported_from`): history for
   the sampler, not a result of this study.
 - `released`: a trial a worker gave back unrun because the budget was already full (`hpolab.released`).
-`finished` = complete + pruned + fail: what n_trials budgets.
+`finished` = complete + pruned + fail; n_trials budgets finished + running + paused + waiting.
 
 Plain data in, no Optuna: the SQL readers (optuna_sql.py) and Optuna's FrozenTrial both fit.
 """
@@ -20,8 +21,9 @@ from typing import Iterable
 from hpolab.stores.optuna_sql import IMPORTED
 
 RELEASED = "hpolab.released"  # system attr of a trial given back unrun because the budget was already full
+PAUSED = "hpolab.paused"  # system attr {rung, epoch} of a trial a trial scheduler paused (None once resumed)
 RETRY_HISTORY = "retry_history"  # system attr of a retry copy: the numbers of the attempts it continues
-COUNTED_STATES = ("complete", "pruned", "fail", "running", "waiting")
+COUNTED_STATES = ("complete", "pruned", "fail", "running", "paused", "waiting")
 ASIDE = {"retried": "attempt{s} retried", "imported": "imported by a warm start", "released": "released unrun"}
 
 
@@ -44,6 +46,8 @@ def count_trials(trials: Iterable) -> dict[str, int]:
             counts["imported"] = counts.get("imported", 0) + 1
         elif state == "fail" and t.number in retried:
             counts["retried"] += 1
+        elif state == "running" and isinstance(t.system_attrs.get(PAUSED), dict):
+            counts["paused"] += 1
         elif state in counts:
             counts[state] += 1
     counts["finished"] = counts["complete"] + counts["pruned"] + counts["fail"]

@@ -32,7 +32,7 @@ def enqueue_known_good(study: optuna.Study, storage, spec: StudySpec, lr_bounds:
     queued = waiting_for_budget = 0
     with budget_lock(storage, spec.name):
         counts = trial_counts(study)
-        room = spec.n_trials - counts["finished"] - counts["running"] - counts["waiting"]
+        room = spec.n_trials - counts["finished"] - counts["running"] - counts.get("paused", 0) - counts["waiting"]
         for params in entries:
             if already_in(study, params):
                 continue

@@ -26,7 +26,7 @@ def may_start_another(counts: dict[str, int], n_trials: int) -> bool:
     """Whether one more trial fits the budget, given `trial_counts` of the study now."""
     # Running and waiting trials count against the budget (they will finish), but a WAITING trial
     # (a retry copy) is always picked up while the study is not done, so it is not left behind.
-    if counts["finished"] + counts["running"] + counts["waiting"] >= n_trials and counts["waiting"] == 0:
+    if counts["finished"] + counts["running"] + counts.get("paused", 0) + counts["waiting"] >= n_trials and counts["waiting"] == 0:
         return False
     return counts["finished"] < n_trials
 
