@@ -25,6 +25,14 @@ ASHA trial continues its one run, so its segments count once); the epochs traine
 driver received them, until the arm first reached random search's best - 0.5 points of the same seed;
 the wall time of the command. An arm the CLI refuses (exit 2: its spec key does not exist yet) is
 reported as missing. The load average is recorded before each study.
+
+    nice -n 10 .venv/bin/python bench/multifidelity.py --pbt-task lr-decay [--seeds 0 1 2] [--json ...] [--markdown ...]
+
+runs PBT against fixed schedules on studies/bench_lr_decay.yaml instead (a task whose best LR changes
+during training; val_loss, minimised), three arms per seed: `schedules` (a grid: lr 0.03, 0.1, 0.3, 1,
+each constant and stepped down x0.1 after epoch 12: the task's property), `random` (the population at
+constant LRs: the fixed schedule) and `pbt` (the same population under PBT, lr x0.5 or x2 every 3
+epochs); per seed the table gives each one's best and the winning PBT member's lr schedule.
 """
 
 from __future__ import annotations
@@ -47,11 +55,22 @@ STUDY = "bench-multifidelity"
 MAX_EPOCHS = 27
 TARGET_POINTS = 0.5  # ASHA must reach random search's best within this many points of accuracy
 ARMS = ("random", "hyperband", "asha", "pbt")
+SCHEDULE_LRS = (0.03, 0.1, 0.3, 1.0)  # the lr-decay task's fixed schedules: each constant and stepped down
+TASKS = {
+    "digits": {"spec": SPEC, "study": STUDY, "metric": "val_acc", "maximize": True, "epochs": MAX_EPOCHS, "arms": ARMS},
+    "lr-decay": {"spec": "studies/bench_lr_decay.yaml", "study": "bench-lr-decay", "metric": "val_loss",
+                 "maximize": False, "epochs": 18, "arms": ("schedules", "random", "pbt")},
+}
 
 
-def arm_overrides(arm: str, trials: int) -> list[str]:
+def arm_overrides(arm: str, trials: int, epochs: int = MAX_EPOCHS) -> list[str]:
     """The spec overrides of one arm; every arm gets the same epoch budget (what random search trains)."""
-    budget = f"budget={{epochs: {MAX_EPOCHS * trials}}}"
+    budget = f"budget={{epochs: {epochs * trials}}}"
+    if arm == "schedules":  # the lr-decay task's grid: every lr of SCHEDULE_LRS constant, and stepped down
+        lrs = ", ".join(str(lr) for lr in SCHEDULE_LRS)
+        return [f"n_trials={2 * len(SCHEDULE_LRS)}", "sampler={type: grid}",
+                f"search_space={{trainer.lr: {{type: categorical, choices: [{lrs}]}}, "
+                "trainer.scheduler: {type: categorical, choices: [none, step]}}"]
     if arm == "random":
         return [f"n_trials={trials}", budget]
     if arm == "hyperband":
@@ -111,14 +130,79 @@ def mean_sd(xs: list[float | None]) -> tuple[float | None, float | None, int]:
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0), len(vals)
 
 
+def trial_best(histories: dict[int, list[tuple[float, int, float]]], maximize: bool = True) -> list[list]:
+    """[[trial, its best value, the epoch of it]] of every trial with a history."""
+    pick = max if maximize else min
+    out = []
+    for number, points in sorted(histories.items()):
+        if points:
+            _, epoch, value = pick(points, key=lambda p: (p[2], -p[1]) if maximize else (p[2], p[1]))
+            out.append([number, value, epoch])
+    return out
+
+
+def _by_trial(mapping: dict, trial: int):  # int keys when fresh, str keys read back from JSON
+    return mapping.get(trial, mapping.get(str(trial)))
+
+
+def lr_decay_summary(rows: list[dict], maximize: bool = False) -> list[dict]:
+    """Per seed of the lr-decay task: the best [value, lr] of the grid's constant and stepped-down schedules,
+    of the fixed population (the random arm), and PBT's best [value, member, epoch] with that member's lr
+    schedule ([[epoch from, lr]]); None where the arm is missing."""
+    better = (lambda a, b: a > b) if maximize else (lambda a, b: a < b)
+    out = []
+    for seed in sorted({r["seed"] for r in rows}):
+        got = {"seed": seed, "constant": None, "step_down": None, "fixed": None, "pbt": None, "pbt_schedule": None}
+        for r in [r for r in rows if r["seed"] == seed and "trial_best" in r]:
+            for trial, value, epoch in r["trial_best"]:
+                params = _by_trial(r["params"], trial)
+                if r["arm"] == "schedules":
+                    slot = "step_down" if params["trainer.scheduler"] == "step" else "constant"
+                else:
+                    slot = "fixed" if r["arm"] == "random" else r["arm"]
+                if got.get(slot) is None or better(value, got[slot][0]):
+                    got[slot] = [value, trial, epoch] if slot == "pbt" else [value, params["trainer.lr"]]
+            if r["arm"] == "pbt" and got["pbt"] is not None:
+                got["pbt_schedule"] = [list(p) for p in _by_trial(r["lr_schedules"], got["pbt"][1]) or []]
+        out.append(got)
+    return out
+
+
+def schedule_text(schedule: list | None) -> str:
+    """[[epoch from, lr]...] -> '0.02 → 0.2 @4 → 0.05 @13' (a repeated lr, logged at a resume, is left out)."""
+    parts, last = [], None
+    for epoch, lr in schedule or []:
+        if lr != last:
+            parts.append(f"{lr:.3g}" if last is None else f"{lr:.3g} @{epoch:.0f}")
+            last = lr
+    return " → ".join(parts) or "-"
+
+
+def lr_decay_table(summary: list[dict]) -> str:
+    def cell(x, lr=True):
+        return "-" if x is None else (f"{x[0]:.4f} (lr {x[1]:.3g})" if lr else f"{x[0]:.4f} (epoch {x[2]})")
+
+    lines = ["| seed | best constant lr (grid) | step-down x0.1 after epoch 12 (grid) | fixed population | PBT | "
+             "PBT - fixed | PBT winner's lr (from epoch) |", "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for s in summary:
+        gap = f"{s['pbt'][0] - s['fixed'][0]:+.4f}" if s["pbt"] and s["fixed"] else "-"
+        lines.append(f"| {s['seed']} | {cell(s['constant'])} | {cell(s['step_down'])} | {cell(s['fixed'])} | "
+                     f"{cell(s['pbt'], lr=False)} | {gap} | {schedule_text(s['pbt_schedule'])} |")
+    cols = [mean_sd([s[k][0] if s[k] else None for s in summary]) for k in ("constant", "step_down", "fixed", "pbt")]
+    gaps = mean_sd([s["pbt"][0] - s["fixed"][0] if s["pbt"] and s["fixed"] else None for s in summary])
+    fmt = [f"{m:.4f} ± {sd:.4f}" if m is not None else "-" for m, sd, _ in [*cols, gaps]]
+    lines.append(f"| mean ± sd | {' | '.join(fmt)} | |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------ running and reading the stores
 
 
-def run_arm(arm: str, seed: int, trials: int, workdir: Path) -> dict:
+def run_arm(arm: str, seed: int, trials: int, workdir: Path, task: dict = TASKS["digits"]) -> dict:
     """One study through the real CLI in its own store; {'refused': line} when the CLI refuses the arm's spec."""
     store = workdir / f"{arm}-seed{seed}"
-    cmd = [str(Path(sys.executable).with_name("hpolab")), "--store", str(store), "study", "run", SPEC,
-           f"seed={seed}", *arm_overrides(arm, trials)]
+    cmd = [str(Path(sys.executable).with_name("hpolab")), "--store", str(store), "study", "run", task["spec"],
+           f"seed={seed}", *arm_overrides(arm, trials, task["epochs"])]
     before = load()
     log = workdir / f"{arm}-seed{seed}.log"
     t0 = time.perf_counter()
@@ -128,7 +212,7 @@ def run_arm(arm: str, seed: int, trials: int, workdir: Path) -> dict:
     text = log.read_text()
     if proc.returncode == 2:
         return {"arm": arm, "seed": seed, "refused": text.strip().splitlines()[-1] if text.strip() else "exit 2"}
-    got = read_store(store) if proc.returncode in (0, 1) else {"states": {}}
+    got = read_store(store, task["study"], task["metric"]) if proc.returncode in (0, 1) else {"states": {}}
     # Exit 1 is also how `study run` ends when budget.epochs stops it early or when ASHA pruned every
     # trial at a rung (no COMPLETE trial): an arm's result, as long as no trial failed or is left running.
     if proc.returncode != 0 and not (proc.returncode == 1 and got["states"] and set(got["states"]) <= {"COMPLETE", "PRUNED"}):
@@ -137,13 +221,13 @@ def run_arm(arm: str, seed: int, trials: int, workdir: Path) -> dict:
             "exit_code": proc.returncode, "last_line": text.strip().splitlines()[-1] if text.strip() else "", **got}
 
 
-def read_store(store: Path) -> dict:
-    """The val_acc history of every trial's MLflow run, and the trials' final states from Optuna."""
+def read_store(store: Path, study_name: str = STUDY, metric: str = "val_acc") -> dict:
+    """The metric history of every trial's MLflow run, and the trials' final states from Optuna."""
     import optuna
     from mlflow import MlflowClient
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{store / 'optuna.db'}")
+    study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{store / 'optuna.db'}")
     client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
     histories, states, params, schedules, exploited = {}, {}, {}, {}, 0
     for t in study.trials:
@@ -151,7 +235,7 @@ def read_store(store: Path) -> dict:
         params[t.number] = t.params  # the sampled configuration: the same first ones in every arm of a seed
         run_id = t.user_attrs.get("mlflow_run_id")
         if run_id:
-            hist = client.get_metric_history(run_id, "val_acc")
+            hist = client.get_metric_history(run_id, metric)
             histories[t.number] = [(m.timestamp / 1000, m.step, m.value) for m in hist]
             exploited += "hpolab.pbt_exploited_from" in client.get_run(run_id).data.tags  # PBT: copied another member
             lr = client.get_metric_history(run_id, "pbt.trainer.lr")  # PBT: the lr each segment trained at
@@ -231,6 +315,41 @@ def write_outputs(args, rows: list[dict], arms: list[str], head: str) -> None:
         plot(rows, arms, args.plot)
 
 
+def run_lr_decay(args) -> int:
+    """The lr-decay comparison: per seed the schedules grid, the fixed population and PBT, then the table."""
+    task = TASKS["lr-decay"]
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        rows, head = saved["rows"], saved["header"]
+    else:
+        started, rows = time.time(), []
+        workdir = Path(tempfile.mkdtemp(prefix="hpolab-bench-lr-decay-"))
+        for seed in args.seeds:
+            for arm in task["arms"]:
+                r = run_arm(arm, seed, args.trials, workdir, task)
+                if "refused" not in r:
+                    r["trial_best"] = trial_best(r["histories"], task["maximize"])
+                    r["best"] = summarise(epochs_of(r.pop("histories")), None, task["maximize"])["best"]
+                    r.pop("store", None)
+                print(f"seed {seed} {arm:>9}: {r.get('best', r.get('refused'))}, {r.get('wall_s')} s, "
+                      f"{r.get('states')}, {r.get('exploited')} exploited  [{r.get('load_before')}]", flush=True)
+                rows.append(r)
+        shutil.rmtree(workdir, ignore_errors=True)
+        head = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, task lr-decay ({task['spec']}, "
+                f"{task['metric']}, lower is better), seeds {args.seeds}, population {args.trials} x {task['epochs']} "
+                f"epochs, {time.time() - started:.0f} s in all; after: {load()}")
+    summary = lr_decay_summary(rows, task["maximize"])
+    md = lr_decay_table(summary)
+    print(head + "\n\n" + md)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"header": head, "task": "lr-decay", "summary": summary, "rows": rows}))
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(head + "\n\n" + md + "\n")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -240,7 +359,11 @@ def main() -> int:
     ap.add_argument("--plot", type=Path)
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--from-json", type=Path, help="train nothing: the table and plot of a --json written before")
+    ap.add_argument("--pbt-task", choices=["lr-decay"], help="PBT against fixed LR schedules on a task whose best LR "
+                    "changes during training (studies/bench_lr_decay.yaml) instead of the four arms on digits")
     args = ap.parse_args()
+    if args.pbt_task:
+        return run_lr_decay(args)
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
         write_outputs(args, saved["rows"], saved.get("arms", list(ARMS)), saved["header"])

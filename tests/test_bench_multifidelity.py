@@ -88,3 +88,32 @@ def test_the_script_runs_two_arms_through_the_cli(tmp_path):
     assert rows["hyperband"]["epochs_to_target"] is None or rows["hyperband"]["epochs_to_target"] <= rows["hyperband"]["epochs"]
     assert (tmp_path / "mf.png").stat().st_size > 1000
     assert "| random | 1 |" in proc.stdout
+
+
+def test_the_lr_decay_summary_compares_constant_step_down_fixed_population_and_pbt_per_seed():
+    # val_loss (minimised): the schedules arm's grid (trial: lr, scheduler), the fixed population, PBT's members.
+    def arm(name, trial_best, params, schedules=None):
+        return {"arm": name, "seed": 0, "trial_best": trial_best, "params": params, "lr_schedules": schedules or {}}
+
+    rows = [arm("schedules", [[0, 1.20, 18], [1, 1.05, 16], [2, 1.10, 9], [3, 1.30, 18]],
+                {0: {"trainer.lr": 0.1, "trainer.scheduler": "none"}, 1: {"trainer.lr": 0.3, "trainer.scheduler": "step"},
+                 2: {"trainer.lr": 0.3, "trainer.scheduler": "none"}, 3: {"trainer.lr": 0.1, "trainer.scheduler": "step"}}),
+            arm("random", [[0, 1.15, 17], [1, 1.40, 18]], {0: {"trainer.lr": 0.2}, 1: {"trainer.lr": 0.02}}),
+            arm("pbt", [[0, 1.12, 12], [1, 1.02, 18]], {0: {"trainer.lr": 0.2}, 1: {"trainer.lr": 0.02}},
+                {"1": [[1, 0.02], [4, 0.2], [13, 0.05]]})]  # as read back from the JSON: string keys, lists
+    got = mf.lr_decay_summary(rows)
+    assert got == [{"seed": 0, "constant": [1.10, 0.3], "step_down": [1.05, 0.3], "fixed": [1.15, 0.2],
+                    "pbt": [1.02, 1, 18], "pbt_schedule": [[1, 0.02], [4, 0.2], [13, 0.05]]}]
+    text = mf.lr_decay_table(got)
+    assert "| 0 | 1.1000 (lr 0.3) | 1.0500 (lr 0.3) | 1.1500 (lr 0.2) | 1.0200 (epoch 18) | -0.1300 | 0.02 → 0.2 @4 → 0.05 @13 |" in text
+
+
+def test_the_lr_decay_arms_specs_load():
+    sys.path.insert(0, str(ROOT / "platform"))
+    from hpolab.config.spec import load_spec
+
+    task = mf.TASKS["lr-decay"]
+    grid = load_spec(ROOT / task["spec"], ["seed=1", *mf.arm_overrides("schedules", 12, task["epochs"])])
+    assert grid.n_trials == 2 * len(mf.SCHEDULE_LRS) and grid.sampler.type == "grid"
+    fixed = load_spec(ROOT / task["spec"], ["seed=1", *mf.arm_overrides("random", 12, task["epochs"])])
+    assert fixed.name == task["study"] and fixed.trainer.max_epochs == task["epochs"] and fixed.trainer.momentum == 0.0
