@@ -229,7 +229,7 @@ class Driver:
     def _reap(self) -> None:
         close = closing_with_backfill(self.tracker.close_run_if_open, self.client, self.study, self.stores, self.progress.note)
         reap_dead_trials(self.study, self.storage, self.running, self.retry, close, self.progress.note,
-                         self.outage.call, self.beat_watch)
+                         self.outage.call, self.beat_watch, self.pauses.put_back if self.pauses else None)
         self.pruning.close_orphans(self.study)  # several objectives: a dead driver's companion trials
 
     def _start_trials(self) -> None:

@@ -34,7 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 from hpolab.study.state.budget import FINISHED, FailureStreak, trial_counts
 from hpolab.errors import StudyError
 from hpolab.study.objectives import objective_values
-from hpolab.study.driver.heartbeat import REAPED, beat, lost_reason
+from hpolab.study.driver.heartbeat import PUT_BACK, REAPED, beat, lost_reason
 from hpolab.study.state.outage import passthrough
 from hpolab.study.driver.progress import Progress
 from hpolab.study.objectives.pruning import Pruning
@@ -202,6 +202,16 @@ class TrialEvents:
         if r.process is not None and r.process.is_alive():
             r.process.kill()
         self.runner.retire(r)
+        if r.lost.startswith(PUT_BACK):  # Optuna keeps it RUNNING: its trial and run go on elsewhere, nothing to end here
+            self.running.pop(r.number, None)
+            self.tracker.metrics.forget(r.run_id)
+            for c in (r.conn, r.lifeline):
+                try:
+                    c.close()
+                except (OSError, AttributeError):
+                    pass
+            self.progress.note(f"trial {r.number}: {r.lost}; stopped here")
+            return
         self.finish(r, TrialState.FAIL, {"hpolab.fail_reason": r.lost or "reaped by another worker",
                                          "hpolab.fail_kind": "reaped", "hpolab.epochs_run": str(r.epoch)})
 

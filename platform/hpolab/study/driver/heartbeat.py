@@ -4,6 +4,8 @@ Optuna's heartbeat marks a RUNNING trial as alive; a trial without one for GRACE
 stale (its driver was killed or its machine lost). A trial whose owner (owners.py) ran on this host,
 in this PID namespace, and is gone is dead at once, without waiting for the grace period. The reaper fails dead trials,
 queues a WAITING retry copy (retry.py), and closes their MLflow runs so none stays RUNNING forever.
+A trial scheduler's dead segment is no FAIL: it is put back to paused in the same trial and run
+(pauses.py), until it was put back max_interrupts times; a driver still running it then learns it lost it.
 
 A reaped trial is marked (system attr `hpolab.reaped`: who reaped it and why). Its owner may still be
 alive (a heartbeat write failed, a long stall): the owner's heartbeat thread reads the trial's state
@@ -122,11 +124,25 @@ def lost_reason(storage, r: Running) -> str | None:
     """Why Optuna no longer has this driver's trial `r` RUNNING (another driver reaped it), or None."""
     t = storage.get_trial(r.trial._trial_id)
     if t.state == TrialState.RUNNING:
-        return None
+        return put_back_reason(t)
     by = t.system_attrs.get(REAPED)
     if by:
         return f"reaped by another worker ({by}) while it still ran here; its retry runs there"
     return f"Optuna has it {t.state.name} while it still ran here (another worker ended it)"
+
+
+PUT_BACK = "put back to paused by another worker"  # (a lost reason: Optuna still has the trial RUNNING)
+
+
+def put_back_reason(t) -> str | None:
+    """Why this driver's RUNNING trial `t` is no longer its own: a trial scheduler's segment another
+    worker took for dead and put back to paused (pauses.py), maybe claimed since by a third one."""
+    info, owner, me = paused_at(t), owner_of(t), owner_record(t.number)
+    if info is not None and info.get("interrupted"):
+        return f"{PUT_BACK} (its heartbeats were stale); it resumes there"
+    if owner is not None and owner.get("pid") is not None and (owner.get("host"), owner.get("pid")) != (me["host"], me["pid"]):
+        return f"{PUT_BACK} and resumed by {describe(owner)}"
+    return None
 
 
 def why_dead(t, stale_ids: set[int], storage) -> tuple[str, str] | None:
@@ -156,13 +172,16 @@ def reap_dead_trials(
     note: Callable[[str], None],
     guard: Callable[..., Any] = passthrough,
     watch: AttrBeats | None = None,
+    put_back: Callable[[Any, str], bool] | None = None,
 ) -> None:
     """RUNNING trials of other drivers that are dead -> FAIL, a WAITING retry copy, and their MLflow
     runs closed with the reason, so none stays RUNNING. Dead: an owner on this host that is gone
     (at once), or no heartbeat for GRACE_PERIOD seconds (any host).
     `mine`: the trials this driver runs (alive by definition; never reaped here). `guard`: the driver's
     store calls, retried through a database outage (outage.py), so a reap is not left half done.
-    `watch`: the driver's AttrBeats, for a storage without Optuna heartbeats (the gRPC proxy)."""
+    `watch`: the driver's AttrBeats, for a storage without Optuna heartbeats (the gRPC proxy).
+    `put_back`: a trial scheduler's (driver/pauses.py): a dead segment becomes paused again in the same
+    trial and run, no FAIL, no retry copy (False: max_interrupts reached, reaped as always)."""
     others = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.number not in mine]
     if not others:
         return
@@ -175,7 +194,7 @@ def reap_dead_trials(
             stale_ids = set()
     for t in others:
         why = why_dead(t, stale_ids, storage)
-        if why is None:
+        if why is None or (put_back is not None and guard(put_back, t, why[1])):
             continue
         reap_trial(study, storage, t, why, retry, close_run, note, guard)
 

@@ -14,6 +14,16 @@
             still paused end as the scheduler says (ASHA: PRUNED, tagged with the rung reached).
 
 A Ctrl-C or SIGTERM stop is not a pause (events.py: FAIL and a retry copy, as always).
+
+    put back  a segment whose driver died (heartbeat.py's reaper: its owner gone, or its heartbeats
+            stale) is no FAIL and gets no retry copy: the same trial becomes paused again, at the epoch
+            of its newest checkpoint (last.pt, local else uploaded), hpolab.paused = {rung, epoch,
+            "interrupted": True}, its run still open (tagged hpolab.interrupted_at_epoch). next_resume
+            takes it first and it trains on to the pause point its segment was heading for. The epochs
+            after the checkpoint that the dead segment had already logged keep the dead segment's values
+            (MLflow: the resumed segment skips steps the run has; Optuna keeps a step's first report).
+            A segment that had reached its pause point is simply paused there. After max_interrupts of
+            one trial, the reaper fails it as any other trial.
 """
 
 from __future__ import annotations
@@ -27,9 +37,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.stores.artifacts import fetch_checkpoint
 from hpolab.stores.budget_lock import budget_lock
-from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR, PAUSED_ATTR, RUNG_ATTR, Resume, TrialScheduler, paused_at
+from hpolab.study.objectives.trial_scheduler import (CHANGES_ATTR, INTERRUPTS_ATTR, PAUSED_ATTR, RUNG_ATTR, SEGMENT_ATTR, Resume,
+                                                      TrialScheduler, paused_at)
 from hpolab.study.state.budget import epoch_budget_spent
-from hpolab.study.state.owners import OWNER_ATTR, owner_record
+from hpolab.study.state.metric_backfill import backfill_run, checkpoint_history
+from hpolab.study.state.owners import OWNER_ATTR, owner_of, owner_record
 from hpolab.study.state.retry import OVERRIDES
 from hpolab.study.trials.runner import Running
 
@@ -43,6 +55,7 @@ class Claimed:
     resume: Resume
     epoch: int  # the epoch it paused after (its checkpoint's)
     trial: FrozenTrial
+    logged: int = 0  # an interrupted segment's: the last epoch its run has (not logged again)
 
 
 def epochs_in_flight(scheduler: TrialScheduler, trials: list[FrozenTrial]) -> int:
@@ -147,9 +160,11 @@ class Pauses:
         g = self.guard
         g(self.storage.set_trial_user_attr, t._trial_id, OWNER_ATTR, owner_record(t.number))
         g(self.storage.set_trial_system_attr, t._trial_id, PAUSED_ATTR, None)
+        # where this segment started: an interrupted one goes on with the segment its dead driver began
+        g(self.storage.set_trial_system_attr, t._trial_id, SEGMENT_ATTR, int(info.get("after", info["epoch"])))
         if hasattr(self.storage, "record_heartbeat"):
             g(self.storage.record_heartbeat, t._trial_id)
-        return Claimed(res, int(info["epoch"]), t)
+        return Claimed(res, int(info["epoch"]), t, int(info.get("logged", 0)))
 
     def may_start_new(self, trials: list[FrozenTrial]) -> bool:
         return self.scheduler.may_start_new(trials)
@@ -173,7 +188,8 @@ class Pauses:
         r = Running(trial=optuna.Trial(self.study, t._trial_id), run_id=run_id, config=config, trial_dir=trial_dir)
         r.epoch = r.uploaded_epoch = c.epoch
         r.last_value = t.intermediate_values.get(c.epoch)
-        self.tracker.resume(r, {"hpolab.state": "RUNNING", "hpolab.resumed_after_epoch": str(c.epoch), **res.tags}, res.params)
+        self.tracker.resume(r, {"hpolab.state": "RUNNING", "hpolab.resumed_after_epoch": str(c.epoch), **res.tags}, res.params,
+                            logged=c.logged)
         self.running[t.number] = r
         self.plan(r)
         runner.spawn_trial(r, str(checkpoint) if checkpoint else None, self.running.values())
@@ -187,6 +203,66 @@ class Pauses:
         if fetched is None:
             self.note(f"no checkpoint at {path} nor in run {run_id}: the trial starts over")
         return fetched
+
+    # ------------------------------------------------------------ put back (a dead driver's segment)
+
+    def put_back(self, t: FrozenTrial, reason: str) -> bool:
+        """The reaper's dead trial `t` becomes paused again in the same trial and run (the module's
+        "put back"). False: the reaper fails it as always (max_interrupts reached)."""
+        if int(t.system_attrs.get(INTERRUPTS_ATTR, 0)) >= self.spec.max_interrupts:
+            return False
+        g, tid = self.guard, t._trial_id
+        with budget_lock(self.storage, self.spec.name):  # (another worker's reaper may find it dead too)
+            now = g(self.storage.get_trial, tid)
+            if now.state != TrialState.RUNNING or paused_at(now) is not None or owner_of(now) != owner_of(t):
+                return True  # put back, claimed or ended by another worker meanwhile
+            info, tags = self._put_back_mark(now, reason)
+            run_id = now.user_attrs.get("mlflow_run_id")
+            if run_id:  # its run first, then the mark in Optuna (from then on any worker may resume it)
+                self.tracker.mlflow_guard(self.tracker.set_tags, run_id, tags)
+            g(self.storage.set_trial_system_attr, tid, INTERRUPTS_ATTR, int(now.system_attrs.get(INTERRUPTS_ATTR, 0)) + 1)
+            if not info.get("interrupted"):
+                g(self.storage.set_trial_user_attr, tid, RUNG_ATTR, info["rung"])
+            g(self.storage.set_trial_system_attr, tid, PAUSED_ATTR, info)
+            g(self.storage.set_trial_user_attr, tid, OWNER_ATTR, {"trial": t.number, PAUSED_OWNER: True})
+        self.note(f"trial {t.number}: {reason}; paused again after epoch {info['epoch']} (its newest checkpoint), "
+                  "in the same trial and run")
+        return True
+
+    def _put_back_mark(self, t: FrozenTrial, reason: str) -> tuple[dict[str, Any], dict[str, str]]:
+        """(hpolab.paused, the run's tags) for dead trial `t`: its run gets every epoch up to its newest
+        checkpoint's (metric_backfill.py), Optuna the study metric's epochs it lacks up to there."""
+        run_id, metric = t.user_attrs.get("mlflow_run_id"), self.spec.metric
+        trial_dir = self.stores.trial_dir(self.spec.name, t.number)
+        history = (self.guard(checkpoint_history, trial_dir, self.stores.tracking_uri, run_id) if run_id else None) or []
+        epoch = max((int(h["epoch"]) for h in history), default=0)
+        for h in history:  # (its driver died between the checkpoint and the report)
+            v = h.get(metric)
+            if int(h["epoch"]) not in t.intermediate_values and isinstance(v, (int, float)) and v == v:
+                self.guard(self.storage.set_trial_intermediate_value, t._trial_id, int(h["epoch"]), float(v))
+        t = self.guard(self.storage.get_trial, t._trial_id)
+        logged = 0
+        if run_id:
+            client = self.tracker.client
+            try:
+                restored = backfill_run(client, run_id, t, metric, trial_dir, self.stores.tracking_uri, history, up_to=epoch)
+            except Exception as e:
+                restored = {}
+                self.note(f"trial {t.number}: could not restore its run's unwritten epochs: {type(e).__name__}: {e}")
+            logged = max((m.step for m in self.tracker.mlflow_guard(client.get_metric_history, run_id, metric)), default=0)
+        after = int(t.system_attrs.get(SEGMENT_ATTR, 0))
+        target = self.scheduler.pause_epoch(t, after + 1)
+        if target is not None and epoch >= target:  # it reached its pause point: paused there, as its driver would have
+            rung = self._rung_of(t, target)
+            return {"rung": rung, "epoch": target}, {"hpolab.state": "PAUSED", "hpolab.rung": str(rung),
+                                                     "hpolab.paused_at_epoch": str(target), **restored}
+        info = {"rung": int(t.user_attrs.get(RUNG_ATTR, -1)), "epoch": epoch, "interrupted": True, "after": after, "logged": logged}
+        return info, {"hpolab.state": "PAUSED", "hpolab.interrupted_at_epoch": str(epoch), "hpolab.interrupted": reason, **restored}
+
+    def _rung_of(self, t: FrozenTrial, epoch: int) -> int:
+        rung_of = getattr(self.scheduler, "rung_index", None)
+        k = rung_of(t, epoch) if rung_of is not None else None
+        return int(k) if k is not None else int(t.user_attrs.get(RUNG_ATTR, -1)) + 1
 
     # ------------------------------------------------------------ end
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from optuna.trial import FrozenTrial, TrialState
 
-from hpolab.study.objectives.trial_scheduler import RUNG_ATTR, Resume, chain_root, paused_at
+from hpolab.study.objectives.trial_scheduler import RUNG_ATTR, Resume, chain_root, interrupted_resume, paused_at
 
 COUNTED = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)  # a FAIL's epochs live on in its retry copy
 
@@ -89,15 +89,20 @@ class Asha:
                 out += [(k, -self._value(t, epoch), t) for t in top if (paused_at(t) or {}).get("epoch") == epoch]
         return [t for _, _, t in sorted(out, key=lambda x: (-x[0], x[1], x[2].number))]
 
+    def checkpoint_of(self, number: int) -> Path:
+        return self.stores.trial_dir(self.study_name, number) / "last.pt" if self.stores else Path("last.pt")
+
     def next_resume(self, trials: list[FrozenTrial]) -> Resume | None:
+        first = interrupted_resume(trials, self.checkpoint_of)  # (a segment its dead driver never finished)
+        if first is not None:
+            return first
         ready = self.promotable(trials)
         if not ready:
             return None
         t = ready[0]
         epoch = paused_at(t)["epoch"]
         k = self.rung_index(t, epoch)
-        checkpoint = self.stores.trial_dir(self.study_name, t.number) / "last.pt" if self.stores else Path("last.pt")
-        return Resume(number=t.number, checkpoint=checkpoint, tags={"hpolab.promoted_from_rung": str(k)})
+        return Resume(number=t.number, checkpoint=self.checkpoint_of(t.number), tags={"hpolab.promoted_from_rung": str(k)})
 
     def may_start_new(self, trials: list[FrozenTrial]) -> bool:
         return True  # n_trials and the epoch budget decide (the driver's)

@@ -34,7 +34,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.study.objectives.pbt_explore import explore
-from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR, Resume, chain_root, paused_at
+from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR, Resume, chain_root, interrupted_resume, paused_at
 
 SCHEDULE_ATTR = "hpolab.pbt_schedule"
 PARENTS_ATTR = "hpolab.pbt_parents"
@@ -122,6 +122,9 @@ class Pbt:
         """The member paused longest (lowest boundary, then number) whose boundary is decided."""
         members = members_of(trials)
         self.tidy(members)
+        first = interrupted_resume(trials, lambda n: self.trial_dir(n) / "last.pt")  # (a segment its dead driver never finished)
+        if first is not None:
+            return first
         for epoch, _, trial in sorted((paused_at(t)["epoch"], t.number, t) for t in trials if paused_at(t)):
             if not self.ready(members, epoch):
                 continue

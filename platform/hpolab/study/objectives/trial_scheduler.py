@@ -27,6 +27,8 @@ from optuna.trial import FrozenTrial, TrialState
 PAUSED_ATTR = "hpolab.paused"  # system attr: {"rung": k, "epoch": e} while paused; None when not
 RUNG_ATTR = "hpolab.rung"  # user attr: the highest rung (0-based) the trial reached
 CHANGES_ATTR = "hpolab.config_changes"  # user attr: dotted config key -> value, applied over its params
+SEGMENT_ATTR = "hpolab.segment_after"  # system attr: the epoch its current segment resumed after (0: none yet)
+INTERRUPTS_ATTR = "hpolab.interrupts"  # system attr: how often a dead driver's segment of it was put back to paused
 
 
 @dataclass
@@ -56,6 +58,17 @@ def paused_at(trial: FrozenTrial) -> dict[str, int] | None:
     """{"rung": k, "epoch": e} when the trial is paused now, else None."""
     info = trial.system_attrs.get(PAUSED_ATTR)
     return info if trial.state == TrialState.RUNNING and isinstance(info, dict) else None
+
+
+def interrupted_resume(trials: list[FrozenTrial], checkpoint_of) -> Resume | None:
+    """A paused trial whose segment died with its driver (PAUSED_ATTR has "interrupted"): it resumes
+    first and unconditionally, from its own newest checkpoint (`checkpoint_of(number)`), towards the pause
+    point its segment was heading for (its promotion or boundary decision was made before it started)."""
+    for t in trials:
+        info = paused_at(t)
+        if info is not None and info.get("interrupted"):
+            return Resume(number=t.number, checkpoint=checkpoint_of(t.number))
+    return None
 
 
 def chain_root(trial: FrozenTrial) -> int:

@@ -10,6 +10,8 @@ metric's epochs. Before such a run is closed (repair.py), every (metric, epoch) 
 logged in one log_batch and the run is tagged `hpolab.metrics_restored` saying which epochs and
 from where. The same for the run of an attempt reaped because its driver died mid-trial (its last
 FLUSH_S seconds of epochs were never written; its retry copy's run gets them by carry-over anyway).
+And for the still open run of a trial scheduler's segment put back to paused (driver/pauses.py): up
+to its checkpoint's epoch only (the epochs after it are trained again).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from optuna.trial import FrozenTrial
 TAG = "hpolab.metrics_restored"
 
 
-def _history(trial_dir: Path | None, tracking_uri: str | None, run_id: str) -> list[dict] | None:
+def checkpoint_history(trial_dir: Path | None, tracking_uri: str | None, run_id: str) -> list[dict] | None:
     """The checkpoint's per-epoch history: the trial folder's last.pt (never older than its upload),
     else the run's uploaded checkpoints/last.pt; None when neither can be read."""
     from hpolab.train.checkpoint import load_checkpoint
@@ -54,7 +56,7 @@ def _number(v) -> bool:
 
 
 def missing_points(client, run_id: str, trial: FrozenTrial, metric: str | None,
-                   history: list[dict] | None) -> tuple[list, str]:
+                   history: list[dict] | None, up_to: int | None = None) -> tuple[list, str]:
     """The points the run lacks (checkpoint history first; the study metric's values from Optuna,
     which are its truth) and where they came from ("last.pt", "Optuna", or both)."""
     from mlflow.entities import Metric
@@ -72,6 +74,8 @@ def missing_points(client, run_id: str, trial: FrozenTrial, metric: str | None,
             ts = wanted.get((metric, step), (None, now))[1]
             source = "last.pt" if (metric, step) in wanted else "Optuna"
             wanted[(metric, int(step))] = (float(v), ts, source)
+    if up_to is not None:  # (a segment put back to paused: the epochs after its checkpoint are trained again)
+        wanted = {ks: v for ks, v in wanted.items() if ks[1] <= up_to}
     have: dict[str, set[int]] = {}
     for key in {k for k, _ in wanted}:  # one request per metric: this runs only to repair a killed driver's run
         have[key] = {m.step for m in client.get_metric_history(run_id, key)}
@@ -84,9 +88,12 @@ def missing_points(client, run_id: str, trial: FrozenTrial, metric: str | None,
 
 
 def backfill_run(client, run_id: str, trial: FrozenTrial, metric: str | None, trial_dir: Path | None,
-                 tracking_uri: str | None) -> dict[str, str]:
-    """Log every epoch point the run lacks; the tag for its close ({} when nothing was missing)."""
-    points, source = missing_points(client, run_id, trial, metric, _history(trial_dir, tracking_uri, run_id))
+                 tracking_uri: str | None, history: list[dict] | None = None, up_to: int | None = None) -> dict[str, str]:
+    """Log every epoch point the run lacks (`up_to`: only those up to that epoch); the tag for its
+    close ({} when nothing was missing). `history`: the checkpoint's, when the caller read it already."""
+    if history is None:
+        history = checkpoint_history(trial_dir, tracking_uri, run_id)
+    points, source = missing_points(client, run_id, trial, metric, history, up_to)
     if not points:
         return {}
     from hpolab.stores import mlflow_runs as tr

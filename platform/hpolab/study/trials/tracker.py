@@ -68,6 +68,7 @@ class TrialTracker:
         self.code = code  # the experiment's ExperimentCode: code/<module>.py on every trial run (None: no file)
         self.metrics = MetricBatches()  # epochs not yet handed to the upload thread, per run
         self.resumed_runs: set[str] = set()  # runs of paused trials resumed here: earlier points were logged elsewhen
+        self.logged_until: dict[str, int] = {}  # run -> epochs up to it are in the run (a dead segment's): not logged again
 
     def start_run(self, trial: optuna.Trial, config: dict[str, Any], trial_dir: Path, tags: dict[str, str]) -> str:
         """The trial's child run with its params (on the loop), config.yaml and code file (queued first
@@ -136,18 +137,23 @@ class TrialTracker:
                       "anyway (a worker on another host that resumes it may find an older checkpoint)")
         self.mlflow_guard(tr.set_tags, self.client, r.run_id, tags)  # now: another worker may resume it next
 
-    def resume(self, r: Running, tags: dict[str, str], params: dict[str, float]) -> None:
+    def resume(self, r: Running, tags: dict[str, str], params: dict[str, float], logged: int = 0) -> None:
         """A paused trial resumes in its own run: `tags` set now, `params` logged at the first epoch it
-        trains again (PBT's schedule: the values from that epoch on)."""
+        trains again (PBT's schedule: the values from that epoch on). `logged`: the last epoch the run
+        has already (a dead driver's segment, driver/pauses.py): epochs up to it are not logged again."""
         self.mlflow_guard(tr.set_tags, self.client, r.run_id, tags)
         self.metrics.start(r.run_id)
         self.resumed_runs.add(r.run_id)
+        if logged > r.epoch:
+            self.logged_until[r.run_id] = logged
         if params:
             self.log_epoch(r, r.epoch + 1, params)
 
     def log_epoch(self, r: Running, epoch: int, metrics: dict[str, float]) -> None:
         """Batched (metric_batches.py): written from the upload thread, not on the driver's loop.
         Kept on `r` too: its model's metric links are made from them (model_links.points_at)."""
+        if epoch <= self.logged_until.get(r.run_id, 0):
+            return  # (the run has this epoch from a segment whose driver died: its values stay)
         r.metric_points += self.metrics.add(r.run_id, epoch, metrics)
         if self.metrics.due(r.run_id):
             self.flush_metrics(r.run_id)
