@@ -117,3 +117,31 @@ def test_the_lr_decay_arms_specs_load():
     assert grid.n_trials == 2 * len(mf.SCHEDULE_LRS) and grid.sampler.type == "grid"
     fixed = load_spec(ROOT / task["spec"], ["seed=1", *mf.arm_overrides("random", 12, task["epochs"])])
     assert fixed.name == task["study"] and fixed.trainer.max_epochs == task["epochs"] and fixed.trainer.momentum == 0.0
+
+
+def test_the_lr_decay_task_redraws_only_training_labels():
+    sys.path.insert(0, str(ROOT / "platform"))
+    from hpolab.config.experiment import load_experiment
+
+    exp = load_experiment("digits_noisy_mlp", ROOT)
+    data = {"val_fraction": 0.4, "test_fraction": 0.1}
+    clean, noisy = exp.load_data({**data, "label_noise": 0.0}, seed=3), exp.load_data({**data, "label_noise": 0.6}, seed=3)
+    for part in ("val", "test"):  # the same images and true labels
+        assert all((a == b).all() for a, b in zip(getattr(clean, part).tensors, getattr(noisy, part).tensors))
+    changed = (clean.train.tensors[1] != noisy.train.tensors[1]).float().mean().item()
+    assert 0.45 < changed < 0.63  # 60% redrawn, a tenth of those to their own class again
+    with pytest.raises(ValueError, match="label_noise"):
+        exp.load_data({**data, "label_noise": 1.0}, seed=3)
+
+
+@pytest.mark.slow
+def test_the_lr_decay_comparison_runs_through_the_cli(tmp_path):
+    out = tmp_path / "lr.json"
+    proc = subprocess.run([sys.executable, "bench/multifidelity.py", "--pbt-task", "lr-decay", "--seeds", "0", "--trials", "4",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    saved = json.loads(out.read_text())
+    rows = {r["arm"]: r for r in saved["rows"]}
+    assert rows["schedules"]["states"] == {"COMPLETE": 8} and rows["pbt"]["states"] == {"COMPLETE": 4}
+    assert rows["pbt"]["exploited"] >= 1 and saved["summary"][0]["pbt_schedule"]
+    assert "| 0 | " in proc.stdout and "step-down" in proc.stdout
