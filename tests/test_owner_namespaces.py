@@ -13,6 +13,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from optuna.trial import TrialState
 
 from hpolab.study.driver.heartbeat import why_dead
 from hpolab.study.state.owners import OWNER_ATTR, owner_gone, owner_record
@@ -26,7 +27,8 @@ def _dead_pid() -> int:
 
 def _trial(rec: dict) -> SimpleNamespace:
     """A RUNNING trial of another driver, as why_dead reads it."""
-    return SimpleNamespace(number=rec["trial"], _trial_id=100 + rec["trial"], user_attrs={OWNER_ATTR: rec})
+    return SimpleNamespace(number=rec["trial"], _trial_id=100 + rec["trial"], user_attrs={OWNER_ATTR: rec}, system_attrs={},
+                           state=TrialState.RUNNING)  # (why_dead first asks whether a trial scheduler paused it)
 
 
 def test_a_pid_of_another_pid_namespace_is_not_trusted_its_heartbeat_decides():
