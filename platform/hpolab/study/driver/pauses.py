@@ -244,11 +244,7 @@ class Pauses:
         logged = 0
         if run_id:
             client = self.tracker.client
-            try:
-                restored = backfill_run(client, run_id, t, metric, trial_dir, self.stores.tracking_uri, history, up_to=epoch)
-            except Exception as e:
-                restored = {}
-                self.note(f"trial {t.number}: could not restore its run's unwritten epochs: {type(e).__name__}: {e}")
+            restored = backfill_run(client, run_id, t, metric, trial_dir, self.stores.tracking_uri, history, up_to=epoch, note=self.note)
             logged = max((m.step for m in self.tracker.mlflow_guard(client.get_metric_history, run_id, metric)), default=0)
         after = int(t.system_attrs.get(SEGMENT_ATTR, 0))
         target = self.scheduler.pause_epoch(t, after + 1)

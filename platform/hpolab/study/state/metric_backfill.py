@@ -88,9 +88,21 @@ def missing_points(client, run_id: str, trial: FrozenTrial, metric: str | None,
 
 
 def backfill_run(client, run_id: str, trial: FrozenTrial, metric: str | None, trial_dir: Path | None,
-                 tracking_uri: str | None, history: list[dict] | None = None, up_to: int | None = None) -> dict[str, str]:
+                 tracking_uri: str | None, history: list[dict] | None = None, up_to: int | None = None,
+                 note=None) -> dict[str, str]:
     """Log every epoch point the run lacks (`up_to`: only those up to that epoch); the tag for its
-    close ({} when nothing was missing). `history`: the checkpoint's, when the caller read it already."""
+    close ({} when nothing was missing). `history`: the checkpoint's, when the caller read it already.
+    With `note`, a backfill that fails is noted and never stops the close that follows ({} returned)."""
+    try:
+        return _backfill(client, run_id, trial, metric, trial_dir, tracking_uri, history, up_to)
+    except Exception as e:
+        if note is None:
+            raise
+        note(f"trial {trial.number}: could not restore its run's unwritten epochs: {type(e).__name__}: {e}")
+        return {}
+
+
+def _backfill(client, run_id, trial, metric, trial_dir, tracking_uri, history, up_to) -> dict[str, str]:
     if history is None:
         history = checkpoint_history(trial_dir, tracking_uri, run_id)
     points, source = missing_points(client, run_id, trial, metric, history, up_to)
@@ -111,11 +123,8 @@ def closing_with_backfill(close_run, client, study, stores, note):
     def close(run_id: str, state, tags: dict[str, str]) -> None:
         trial = next((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("mlflow_run_id") == run_id), None)
         if trial is not None and client.get_run(run_id).info.status == "RUNNING":  # (its owner closed it: all written)
-            try:
-                tags = {**tags, **backfill_run(client, run_id, trial, study.user_attrs.get("metric"),
-                                               stores.trial_dir(study.study_name, trial.number), stores.tracking_uri)}
-            except Exception as e:
-                note(f"trial {trial.number}: could not restore its run's unwritten epochs: {type(e).__name__}: {e}")
+            tags = {**tags, **backfill_run(client, run_id, trial, study.user_attrs.get("metric"),
+                                           stores.trial_dir(study.study_name, trial.number), stores.tracking_uri, note=note)}
         close_run(run_id, state, tags)
 
     return close

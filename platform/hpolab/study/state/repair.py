@@ -44,7 +44,7 @@ def close_orphan_runs(client, experiment_id: str, study: optuna.Study, close_run
         else:
             tags = {"hpolab.closed_by": "a later driver (the trial's driver died before closing its run)"}
             tags.update(backfill_run(client, run_id, t, study.user_attrs.get("metric"),
-                                     stores and stores.trial_dir(study.study_name, t.number), stores and stores.tracking_uri))
+                                     stores and stores.trial_dir(study.study_name, t.number), stores and stores.tracking_uri, note=note))
             if t.state == TrialState.COMPLETE:
                 tags["hpolab.model_error"] = "the driver died before the model was logged"
             elif t.state == TrialState.FAIL:  # its reason died with the driver (tell came first, the close was queued)
