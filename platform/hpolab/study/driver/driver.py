@@ -57,6 +57,7 @@ from hpolab.study.objectives.ranking import directions_of
 from hpolab.study.driver.progress import Progress
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.environment import capture_environment
+from hpolab.stores.trial_counts import count_trials
 from hpolab.study.state.budget import FINISHED, FailureStreak, count_existing_trials, epoch_budget_spent, may_start_another, over_budget, release, trial_counts
 from hpolab.study.driver.heartbeat import HEARTBEAT_ATTR, AttrBeats, Heartbeats, others_running, reap_dead_trials
 from hpolab.study.lr_test.lr_step import ensure_lr_range_test, lr_bounds
@@ -250,7 +251,8 @@ class Driver:
         once budget.epochs is spent (a WAITING retry copy still runs). A trial scheduler's paused
         trial that may resume comes first; it is claimed here, under the lock."""
         with budget_lock(self.storage, self.spec.name) as locked:
-            trials, counts = self.study.get_trials(deepcopy=False), trial_counts(self.study)
+            trials = self.study.get_trials(deepcopy=False)
+            counts = count_trials(trials)  # (the trials just read: not a second read under the lock)
             in_flight = self.pauses.in_flight(trials) if self.pauses else 0  # (slots never spend the last epochs twice)
             if epoch_budget_spent(trials, self.spec, in_flight) and not counts["waiting"]:
                 return None

@@ -15,10 +15,6 @@ def scheduler_for(spec, stores) -> TrialScheduler | None:
         from hpolab.study.objectives.asha import Asha
 
         return Asha(spec, stores)
-    try:
-        from hpolab.study.objectives.pbt import Pbt  # type: ignore[import-not-found]
-    except ImportError:
-        from hpolab.errors import UserError
+    from hpolab.study.objectives.pbt import Pbt
 
-        raise UserError("trial_scheduler.type: pbt is not available yet") from None
     return Pbt(spec, stores)

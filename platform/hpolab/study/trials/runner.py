@@ -89,7 +89,7 @@ def runner_for(spec, project_dir: Path | None) -> "TrialRunner":
 def cannot_stop_early(spec) -> bool:
     """Nothing but the driver's own stop (Ctrl-C, SIGTERM) ends the study's trials early: no pruner
     and no trial scheduler. An own loop's reports then do not wait for the driver (own_loop_reports.py)."""
-    return spec.pruner.type == "none" and getattr(spec, "trial_scheduler", None) is None
+    return spec.pruner.type == "none" and spec.trial_scheduler is None
 
 
 def started_runner(spec) -> "TrialRunner":
