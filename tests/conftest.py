@@ -78,6 +78,17 @@ _WARM: list = []  # this process's warm interpreter (tests/warm_cli.py)
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _host_slots_of_this_test_process(tmp_path_factory):
+    """Drivers started by this pytest process (and the CLIs it runs, which inherit the environment)
+    count each other's trial slots (study/trials/host_slots.py), not those of the other xdist worker's
+    tests: a trial's torch threads, and so its float results, do not depend on which test ran beside it."""
+    from hpolab.study.trials.host_slots import DIR_ENV
+
+    os.environ[DIR_ENV] = str(tmp_path_factory.mktemp("host-slots"))
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _autograd_without_device_threads():
     """One backward pass in this pytest process before any test. Autograd decides once per process, at
     its first backward pass, whether to start its device threads, and starts them when a device type

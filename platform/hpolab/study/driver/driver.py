@@ -211,14 +211,15 @@ class Driver:
         trial_dir = self.stores.trial_dir(self.spec.name, trial.number)
         trial_dir.mkdir(parents=True, exist_ok=True)
         # torch's thread count changes float reduction order: recorded so `hpolab reproduce` matches it
-        tags = {**self.env_tags, "hpolab.torch_threads": str(self.runner.threads_per_trial()),
+        threads = self.runner.threads_per_trial()
+        tags = {**self.env_tags, "hpolab.torch_threads": str(threads),
                 "hpolab.experiment": self.spec.experiment, "hpolab.worker_seed": str(self.worker_seed),
                 "hpolab.sampler_seed": str(self.sampler_seed), **src.tags}
         if trial.user_attrs.get("hpolab.warm_start_from"):  # an earlier study's configuration, re-run here
             tags["hpolab.warm_start_from"] = trial.user_attrs["hpolab.warm_start_from"]
         g(trial.set_user_attr, "worker_seed", self.worker_seed)
         run_id = self.tracker.start_run(trial, config, trial_dir, tags)
-        r = Running(trial=trial, run_id=run_id, config=config, trial_dir=trial_dir)
+        r = Running(trial=trial, run_id=run_id, config=config, trial_dir=trial_dir, threads=threads)
         if src.resume_from:
             self.tracker.carry_over_history(r, src.resume_from, self.spec.metric, self.pruning.report)
         if self.pauses:
@@ -332,6 +333,7 @@ class Driver:
     def _loop(self) -> Outcome:
         outcome = Outcome(n_trials=self.spec.n_trials)
         self.heartbeats.start()
+        self.runner.host_slots.hold()  # other drivers on these CPUs give their trials fewer threads now
         deadline = time.monotonic() + self.spec.timeout if self.spec.timeout else None
         try:
             self.progress.begin(self.outage.call(trial_counts, self.study), self.stores)
@@ -361,6 +363,7 @@ class Driver:
                 self._check_timeouts()
         finally:
             self.heartbeats.stop()
+            self.runner.host_slots.release()
         outcome.signal = self.signals.signum
         return outcome
 

@@ -19,6 +19,7 @@ import optuna
 
 from hpolab.study.trials import trial_forkserver
 from hpolab.study.trials.gpus import physical_devices, trial_indices
+from hpolab.study.trials.host_slots import HostSlots
 from hpolab.train.cpus import available_cpus
 
 
@@ -46,6 +47,7 @@ class Running:
     awaits_export: bool = False  # it reported "done" and waits for "export" | "skip" (child_export.py)
     model_tags: dict[str, str] | None = None  # what logging its model put on its run (once logged)
     metric_points: list = field(default_factory=list)  # every metric point given to its run, in order (model links)
+    threads: int | None = None  # its torch threads, fixed when it starts (run tag hpolab.torch_threads)
 
     @property
     def number(self) -> int:
@@ -101,6 +103,13 @@ def started_runner(spec) -> "TrialRunner":
     return runner
 
 
+def _affinity() -> set[int]:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # (no affinity on this platform: every CPU)
+        return set(range(os.cpu_count() or 1))
+
+
 class TrialRunner:
     """Starts trial processes: the forkserver context, threads per trial and the GPU of each."""
 
@@ -116,6 +125,7 @@ class TrialRunner:
         self._n_gpus: int | None = None
         self._cpus: int | None = None
         self._retired: list[tuple[Any, int | None]] = []  # (process, gpu) of finished trials still exiting
+        self.host_slots = HostSlots(_affinity(), parallel)  # held while the driver's loop runs trials
 
     def retire(self, r: Running) -> None:
         """A trial that has ended (reported its result, or was killed, or died): its process exits by
@@ -156,8 +166,10 @@ class TrialRunner:
         return self._cpus
 
     def threads_per_trial(self) -> int:
-        """Torch threads of each trial: the driver's CPUs shared by the `parallel` trials."""
-        return max(1, self.cpus() // self.parallel)
+        """Torch threads of a trial starting now: the driver's CPUs shared by its `parallel` trials and
+        the trial slots of the other drivers on the same CPUs (host_slots.py)."""
+        sharing = self.host_slots.sharing() if self.host_slots.held else self.parallel
+        return max(1, self.cpus() // max(self.parallel, sharing))
 
     def gpu_count(self) -> int:
         if self._n_gpus is None:
@@ -200,6 +212,8 @@ class TrialRunner:
         self.reap_retired()
         r.gpu = None  # (a retry re-picks: do not count its own previous slot)
         r.gpu = self.least_used_gpu(running)
+        if r.threads is None:
+            r.threads = self.threads_per_trial()
         job = {
             "experiment": self.experiment,
             "config": r.config,
@@ -208,7 +222,7 @@ class TrialRunner:
             "pipelined_reports": self.pipelined_reports,
             "checkpoint_dir": str(r.trial_dir),
             "resume_from": resume_from,
-            "threads": self.threads_per_trial(),
+            "threads": r.threads,
             "cuda_device": self.trial_gpus(r),
             "project_dir": str(self.project_dir),
             # DDP trials (devices > 1) leave their model to the driver (its fallback export)
