@@ -86,11 +86,54 @@ def server_cpu(url: str) -> float:
     return total
 
 
+def postgres_cpu(storage: str) -> float:
+    """CPU seconds the PostgreSQL cluster behind `storage` has used so far: its postmaster with the
+    backends it has reaped, and the backends still running."""
+    import psutil
+
+    port = storage.rsplit(":", 1)[1].split("/")[0]
+    total = 0.0
+    for p in psutil.process_iter(["cmdline", "name"]):
+        cmd = p.info["cmdline"] or []
+        if p.info["name"] == "postgres" and "-p" in " ".join(cmd) and port in " ".join(cmd):
+            for q in [p, *p.children(recursive=True)]:
+                try:
+                    t = q.cpu_times()
+                    total += t.user + t.system + (t.children_user + t.children_system if q is p else 0.0)
+                except psutil.NoSuchProcess:
+                    pass
+    return total
+
+
+def machine_busy() -> float:
+    """CPU seconds the whole machine has been busy (all cores, everything but idle and iowait)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def workers_cpu() -> float:
+    """CPU seconds of this process's reaped children: the workers with their trial processes."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def pin_to(i: int):
+    """A preexec_fn binding the child to one CPU of this process's, the i-th (mod their number)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return lambda: os.sched_setaffinity(0, {cpus[i % len(cpus)]})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=150)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--root", type=Path, default=HERE.parent, help="the checkout whose hpolab runs (default: this one)")
+    ap.add_argument("--pin", action="store_true",
+                    help="bind worker i to CPU i (mod the CPUs), as Slurm's --cpu-bind or a container's cpuset would")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     root = args.root.resolve()
@@ -105,15 +148,17 @@ def main() -> int:
     with team_stores(folder, env) as (storage, url):
         log = folder / "mlflow-server.log"
         mark = len(log.read_text())
-        cpu0 = server_cpu(url)
+        cpu0, pg0, busy0, w0 = server_cpu(url), postgres_cpu(storage), machine_busy(), workers_cpu()
         wenv = {**env, "OPTUNA_STORAGE": storage, "MLFLOW_TRACKING_URI": url}
         t0 = time.perf_counter()
         procs = [subprocess.Popen([exe, "--store", str(folder / f"w{i}"), "worker", *spec], cwd=root, env=wenv,
-                                  stdout=(folder / f"w{i}.log").open("w"), stderr=subprocess.STDOUT) for i in range(args.workers)]
+                                  stdout=(folder / f"w{i}.log").open("w"), stderr=subprocess.STDOUT,
+                                  preexec_fn=pin_to(i) if args.pin else None) for i in range(args.workers)]
         codes = [p.wait() for p in procs]
         wall = time.perf_counter() - t0
         time.sleep(1.0)  # the last access log lines
         cpu = server_cpu(url) - cpu0
+        pg, busy, wcpu = postgres_cpu(storage) - pg0, machine_busy() - busy0, workers_cpu() - w0
         if any(codes):
             sys.exit(f"team_workers: worker exit codes {codes}; see {folder}")
         out = {"root": str(root), "workers": args.workers, "trials": args.trials, "wall": wall,
@@ -122,6 +167,11 @@ def main() -> int:
         out["requests_per_trial"] = sum(counted.values()) / out["finished"]
         out["by_endpoint_per_trial"] = {k: v / out["finished"] for k, v in counted.most_common()}
         out["server_cpu_s"], out["server_cpu_s_per_trial"] = cpu, cpu / out["finished"]
+        # where the machine's CPU went, per finished trial: the workers with their trials, the MLflow
+        # server, PostgreSQL, and the machine as a whole (the rest is anything else running here)
+        n = out["finished"]
+        out["cpu_s_per_trial"] = {"workers_and_trials": wcpu / n, "mlflow_server": cpu / n, "postgres": pg / n,
+                                  "machine": busy / n}
     out["load_end"] = os.getloadavg()
     print(json.dumps(out, indent=1))
     if args.json:
