@@ -54,7 +54,9 @@ def rates(storage: str, window: int) -> dict:
     def rate(ts: list[float], since: float) -> float:
         return len(ts) / (ts[-1] - since)
 
+    blocks = [rate(done[i:i + window], done[i - 1] if i else start) for i in range(0, len(done) - window + 1, window)]
     return {"finished": len(trials), "states": dict(collections.Counter(t.state.name for t in trials)),
+            f"per_{window}": blocks,
             "trials_per_s": rate(done, start), f"first_{window}": rate(done[:window], start),
             f"last_{window}": rate(done[-window:], done[-window - 1])}
 
