@@ -33,9 +33,10 @@ from hpolab.stores.artifacts import CHECKPOINTS, delete_checkpoints, delete_logg
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 LAST_DELETED = "hpolab.last_checkpoint"  # run tag: last.pt deleted when the trial finished (nothing resumes it)
-# A driver's deletes go out at most this often (and at its last pass): each pass reads the runs and the
-# promote runs once (two `runs/search`), whatever it deletes, so one pass per finished trial would
-# cost two requests per trial. What waits is only files that go a few seconds later.
+# A driver's retention passes go out at most this often (and at its last pass): each reads the study's
+# trials (Optuna), and its deletes read the runs and the promote runs once (two `runs/search`), so one
+# pass per finished trial would cost a read of every trial and two requests per trial. What waits is
+# only files that go a few seconds later.
 PURGE_EVERY_S = 30.0
 RUN_IDS_PER_SEARCH = 100  # run ids per `attributes.run_id IN (...)` filter
 
@@ -81,8 +82,9 @@ class Retention:
         self.trial_dir = trial_dir  # this worker's folder of a trial (other workers purge their own)
         self._queued: set[tuple[str, int]] = set()  # (what, trial number) queued once per driver
         self._ranked: dict | None = None  # the rank tags the last pass wrote
-        # when plan() last handed out deletes, rank_tags() ranks (the first: an interval after the start)
-        self._planned_at = self._ranked_at = time.monotonic()
+        # when trials_due() last read the trials, plan() last handed out deletes, rank_tags() ranked
+        # (the first: an interval after the start)
+        self._read_at = self._planned_at = self._ranked_at = time.monotonic()
 
     @property
     def direction(self) -> list[str]:
@@ -98,6 +100,18 @@ class Retention:
             return n in top_k(self.study.get_trials(deepcopy=False), self.log_models.top_k, self.direction)
 
         return model_skip_reason(self.log_models, state, in_top_k, number)
+
+    def trials_due(self, last: bool = False) -> list[FrozenTrial] | None:
+        """The study's trials for a pass of plan() and rank_tags() (one read for both), or None when
+        no pass is due: between the driver's start and its `last` pass, at most every PURGE_EVERY_S
+        (a trial that ends inside the interval costs no read of the study); never when retention
+        has nothing to do (log_models none, keep_checkpoints all)."""
+        if not self.active and self.log_models == "none":
+            return None
+        if not last and time.monotonic() - self._read_at < PURGE_EVERY_S:
+            return None
+        self._read_at = time.monotonic()
+        return self.study.get_trials(deepcopy=False)
 
     def rank_tags(self, trials: list, force: bool = False) -> dict[int, dict[str, str | None]] | None:
         """The rank tags of the trial models (ranking.py), read on the driver's thread; None when

@@ -299,9 +299,10 @@ class TrialTracker:
         return tags
 
     def _retain(self, last: bool = False) -> None:
-        if not self.retention:
+        # one read of the study for the plan and the ranks, at most every PURGE_EVERY_S (and at the last pass)
+        trials = self.retention.trials_due(last) if self.retention else None
+        if trials is None:
             return
-        trials = self.retention.study.get_trials(deepcopy=False)  # one read for the plan and the ranks
         items = self.retention.plan(trials, now=last)  # (between: at most every PURGE_EVERY_S)
         if items:
             self.uploads.submit("retention", self.retention.purge, self.client, items, self.experiment_id)
