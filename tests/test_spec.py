@@ -130,3 +130,27 @@ def test_amp_off_reads_as_the_mode_not_as_false(tmp_path):
     spec.write_text((ROOT / "studies" / "digits_cnn.yaml").read_text().replace("trainer:", "trainer:\n  amp: off", 1))
     assert load_spec(spec).trainer.amp == "off"
     assert load_spec(ROOT / "studies" / "digits_cnn.yaml", ["trainer.amp=off"]).trainer.amp == "off"
+
+
+def test_the_check_of_a_spec_with_a_trial_scheduler_looks_its_experiment_up_once(monkeypatch):
+    """The trial-scheduler checks take the experiment module the spec check loaded (PBT reads its
+    MODEL_DEFAULTS / DATA_DEFAULTS) instead of a second load_experiment: counted around the real one."""
+    import hpolab.config.spec as spec_module
+
+    calls, real = [], spec_module.load_experiment
+
+    def counted(name, search_from=None):
+        calls.append(name)
+        return real(name, search_from=search_from)
+
+    monkeypatch.setattr(spec_module, "load_experiment", counted)
+    for path in ("studies/digits_asha.yaml", "studies/digits_pbt.yaml"):
+        calls.clear()
+        assert load_spec(ROOT / path).trial_scheduler is not None
+        assert calls == ["digits_cnn"], (path, calls)
+    # data.augment is a key of the experiment's DATA_DEFAULTS only (not in the spec): the module was passed
+    calls.clear()
+    pbt = load_spec(ROOT / "studies/digits_pbt.yaml", ["trial_scheduler.mutations={data.augment: {choices: [true, false]}}"])
+    assert list(pbt.trial_scheduler.mutations) == ["data.augment"] and calls == ["digits_cnn"]
+    with pytest.raises(SpecError, match="trial_scheduler.mutations.data.nope: not a searched or config key"):
+        load_spec(ROOT / "studies/digits_pbt.yaml", ["trial_scheduler.mutations={data.nope: {choices: [1, 2]}}"])

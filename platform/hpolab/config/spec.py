@@ -271,25 +271,26 @@ def _messages(err: ValidationError) -> list[str]:
     return out
 
 
-def _check_experiment(spec: StudySpec, search_from: Path | None = None) -> list[str]:
-    """The experiment's names, the spec's model/data/search_space keys, the metric against its task."""
+def _check_experiment(spec: StudySpec, search_from: Path | None = None) -> tuple[ModuleType | None, list[str]]:
+    """The experiment (None: it did not import) and the problems of its names, the spec's
+    model/data/search_space keys, the metric against its task."""
     try:
         exp = load_experiment(spec.experiment, search_from=search_from)
     except ModuleNotFoundError as e:
-        return [f"experiment: {e.args[0]}; put a module in experiments/ or give a dotted import path"]
+        return None, [f"experiment: {e.args[0]}; put a module in experiments/ or give a dotted import path"]
     except Exception as e:  # an experiment that fails to import is a spec problem the user must see
-        return [f"experiment: importing {spec.experiment!r} failed: {type(e).__name__}: {e}"]
+        return None, [f"experiment: importing {spec.experiment!r} failed: {type(e).__name__}: {e}"]
     spec._project_dir = project_root_of(exp)
     own = is_own_loop(exp)
     if not own and not hasattr(exp, "build_model") and not hasattr(exp, "train"):
-        return [f"experiment: {spec.experiment} defines neither train(config, trial) (your own training loop) nor "
-                "build_model and load_data (the platform's routine); define one of them (see experiments/README.md)"]
+        return exp, [f"experiment: {spec.experiment} defines neither train(config, trial) (your own training loop) nor "
+                     "build_model and load_data (the platform's routine); define one of them (see experiments/README.md)"]
     problems = []
     for attr in () if own else ("MODEL_DEFAULTS", "DATA_DEFAULTS", "load_data", "build_model"):
         if not hasattr(exp, attr):
             problems.append(f"experiment: {spec.experiment} has no {attr} (see experiments/README.md)")
     if problems:
-        return problems
+        return exp, problems
     # None: any key (an own loop without MODEL_DEFAULTS / DATA_DEFAULTS takes the spec's as given)
     declared = {"model": getattr(exp, "MODEL_DEFAULTS", None), "data": getattr(exp, "DATA_DEFAULTS", None)}
     for section, defaults in declared.items():
@@ -309,7 +310,7 @@ def _check_experiment(spec: StudySpec, search_from: Path | None = None) -> list[
                 f"search_space.{path}: from_lr_range_test needs the range test; set lr_range_test.enabled: true "
                 "(or give low/high)"
             )
-    return problems + (own_loop_problems(spec, exp) if own else _check_task(spec, exp))
+    return exp, problems + (own_loop_problems(spec, exp) if own else _check_task(spec, exp))
 
 
 def _check_task(spec: StudySpec, exp: ModuleType) -> list[str]:
@@ -355,10 +356,10 @@ def spec_from_mapping(raw: Any, source: str, overrides: dict[str, Any] | None = 
         spec = StudySpec.model_validate(raw)
     except ValidationError as e:
         raise SpecError(source, _messages(e)) from None
-    problems = _check_experiment(spec, search_from=search_from)
+    exp, problems = _check_experiment(spec, search_from=search_from)
     problems += check_named(spec)
     problems += check_enqueue(spec.search_space, spec.enqueue)
-    problems += [] if problems or not (spec.trial_scheduler or spec.budget.epochs) else trial_scheduler_problems(spec, load_experiment(spec.experiment, search_from=search_from))
+    problems += [] if problems or not (spec.trial_scheduler or spec.budget.epochs) else trial_scheduler_problems(spec, exp)
     if problems:
         raise SpecError(source, problems)
     return spec
