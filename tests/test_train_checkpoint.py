@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import random
 
 import numpy as np
@@ -52,6 +53,68 @@ def test_fit_checkpoints_load_weights_only(tmp_path):
     for a, b in zip(fresh.state_dict().values(), model.state_dict().values()):
         assert torch.equal(a, b)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp files left
+
+
+def _write_three_epochs(directory, values=(0.5, 0.9, 0.7)):
+    """write_checkpoints (the routine's) after epochs 1-3 with these val_acc values (maximized), the
+    model's weight set to the epoch number; returns last.pt's inode after each epoch."""
+    from hpolab.train.optim import optimizer_from_config, schedule_from_config
+    from hpolab.train.state import Checkpointed, LoopState, write_checkpoints
+
+    cfg = TrainConfig(max_epochs=3, device="cpu")
+    model = nn.Linear(4, 3)
+    optimizer = optimizer_from_config(cfg, model)
+    parts = Checkpointed(model, optimizer, schedule_from_config(cfg, optimizer, steps_per_epoch=1, direction="maximize"),
+                         torch.amp.GradScaler("cpu", enabled=False), torch.Generator().manual_seed(0))
+    state, inodes = LoopState(), {}
+    for epoch, value in enumerate(values, 1):
+        with torch.no_grad():
+            model.weight.fill_(epoch)
+        improved = state.record(epoch, {"val_acc": value}, value, "maximize", 0.0)
+        last, best = write_checkpoints(state, parts, directory, improved=improved, cfg=cfg, metric="val_acc",
+                                       direction="maximize", amp="off", device=torch.device("cpu"))
+        assert (best is not None) == improved
+        inodes[epoch] = last.stat().st_ino
+    return inodes
+
+
+def test_best_pt_is_the_best_epochs_last_pt_under_a_second_name(tmp_path):
+    """Epoch 2 the best of 3: best.pt is epoch 2's last.pt file (a hard link: one write and fsync for
+    both) and keeps epoch 2's state after epoch 3 writes a new last.pt."""
+    inodes = _write_three_epochs(tmp_path)
+    best, last = load_checkpoint(tmp_path / "best.pt"), load_checkpoint(tmp_path / "last.pt")
+    assert (best["epoch"], best["best_epoch"]) == (2, 2) and torch.equal(best["model"]["weight"], torch.full((3, 4), 2.0))
+    assert last["epoch"] == 3 and torch.equal(last["model"]["weight"], torch.full((3, 4), 3.0))
+    assert (tmp_path / "best.pt").stat().st_ino == inodes[2] != (tmp_path / "last.pt").stat().st_ino
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]  # no link name left
+
+
+def test_best_pt_is_written_out_where_hard_links_fail(tmp_path, monkeypatch):
+    def no_links(src, dst, **kwargs):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(ckpt_mod.os, "link", no_links)  # (a filesystem without hard links)
+    _write_three_epochs(tmp_path)
+    best = load_checkpoint(tmp_path / "best.pt")
+    assert best["epoch"] == 2 and torch.equal(best["model"]["weight"], torch.full((3, 4), 2.0))
+    assert not os.path.samefile(tmp_path / "best.pt", tmp_path / "last.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]
+
+
+def test_fit_keeps_the_best_epochs_last_pt_as_best_pt(tmp_path):
+    """The routine end to end: best.pt is the last.pt file of fit's best epoch (val_loss maximized:
+    most likely epoch 1, so later epochs write last.pt anew while best.pt stays)."""
+    inodes = {}
+
+    def on_epoch(epoch, metrics):
+        inodes[epoch] = (tmp_path / "last.pt").stat().st_ino
+        return False
+
+    config = TrainConfig(max_epochs=3, batch_size=16, device="cpu")
+    result = fit(config, nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3)), tiny_data(), metric="val_loss",
+                 direction="maximize", on_epoch=on_epoch, checkpoint_dir=tmp_path)
+    assert load_checkpoint(tmp_path / "best.pt")["epoch"] == result.best_epoch
+    assert (tmp_path / "best.pt").stat().st_ino == inodes[result.best_epoch]
 
 
 def test_failed_serialization_leaves_the_previous_checkpoint(tmp_path, monkeypatch):

@@ -3,7 +3,9 @@
 A checkpoint is a dict of plain data and tensors (state_dicts, never pickled objects), so
 `torch.load(weights_only=True)` reads it: loading one runs no code. `fit` writes `last.pt` after
 every epoch and `best.pt` when the study metric improves; both hold the full training state, so
-either can be resumed from. Keys written by `fit`:
+either can be resumed from. `best.pt` is then a hard link to that epoch's `last.pt` (one write and
+fsync for both): every write of last.pt is a new file (atomic_write_bytes: a temporary file renamed
+over it), so the link keeps that epoch's state. Keys written by `fit`:
 
     format_version   int, CHECKPOINT_FORMAT
     epoch            last completed epoch (1-based; resume continues at epoch + 1)
@@ -84,6 +86,23 @@ def atomic_write_bytes(data: bytes, path: str | Path) -> Path:
             pass
         raise
     _fsync_dir(path.parent)
+    return path
+
+
+def link_or_write(data: bytes, source: Path, path: str | Path) -> Path:
+    """`path` as another name of `source`, a file just written with `data` by atomic_write_bytes (a
+    hard link put in place atomically: no second write and fsync). `source` must never be written in
+    place, or `path` would change with it: atomic_write_bytes replaces it with a new file. Where the
+    filesystem has no hard links (os.link raises OSError), `data` is written to `path` instead."""
+    path = Path(path)
+    link = path.with_name(f".{path.name}.{os.getpid()}.link")
+    try:
+        link.unlink(missing_ok=True)  # (one a crash left)
+        os.link(source, link)
+    except OSError:
+        return atomic_write_bytes(data, path)
+    # A crash before the next atomic_write_bytes syncs the directory leaves the previous `path`, whole.
+    os.replace(link, path)
     return path
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .checkpoint import CHECKPOINT_FORMAT, atomic_write_bytes, load_checkpoint, load_model_state, serialize_checkpoint
+from .checkpoint import CHECKPOINT_FORMAT, atomic_write_bytes, link_or_write, load_checkpoint, load_model_state, serialize_checkpoint
 from .config import TrainConfig
 from .optim import LRSchedule, take_group_settings
 from .seeding import capture_rng_state, restore_rng_state
@@ -82,7 +82,8 @@ def write_checkpoints(
     amp: str,
     device: torch.device,
 ) -> tuple[Path, Path | None]:
-    """last.pt (and best.pt when `improved`) after epoch `state.epoch`; returns (last, best or None)."""
+    """last.pt (and best.pt when `improved`: the same file under a second name, checkpoint.py)
+    after epoch `state.epoch`; returns (last, best or None)."""
     blob = serialize_checkpoint(
         {
             "format_version": CHECKPOINT_FORMAT,
@@ -107,7 +108,7 @@ def write_checkpoints(
         }
     )
     last = atomic_write_bytes(blob, directory / "last.pt")
-    best = atomic_write_bytes(blob, directory / "best.pt") if improved else None
+    best = link_or_write(blob, last, directory / "best.pt") if improved else None
     return last, best
 
 
