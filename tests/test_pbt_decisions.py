@@ -44,8 +44,8 @@ class Recorder:
 def member(number: int, curve: dict[int, float], *, paused_epoch: int | None = None, lr=0.01, state=TrialState.RUNNING,
            user_attrs=None, failed_trial: int | None = None) -> optuna.trial.FrozenTrial:
     system = {PAUSED_ATTR: {"rung": 0, "epoch": paused_epoch}} if paused_epoch else {}
-    if failed_trial is not None:
-        system["failed_trial"] = failed_trial
+    if failed_trial is not None:  # a retry copy (study/state/retry.py writes both)
+        system.update({"failed_trial": failed_trial, "retry_history": [failed_trial]})
     t = optuna.trial.create_trial(state=state, value=max(curve.values()) if state == TrialState.COMPLETE else None, params={"trainer.lr": lr}, distributions={"trainer.lr": LR},
                                   intermediate_values=curve if state != TrialState.WAITING else None,
                                   system_attrs=system, user_attrs=user_attrs or {})

@@ -15,7 +15,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from conftest import FAULT_PROJECT, FAULT_SPEC, run_cli, start_cli, wait_for_checkpoints
-from hpolab.study.state.budget import may_start_another, trial_counts
+from hpolab.study.state.budget import epochs_used, may_start_another, trial_counts
 
 DIST = {"x": FloatDistribution(0, 1)}
 
@@ -90,6 +90,30 @@ def test_status_caps_the_running_and_waiting_trials_of_a_large_study(tmp_path):
     every = run_cli("--store", str(store), "study", "status", "busy", "--all", cwd=tmp_path).stdout
     assert len([line for line in every.splitlines() if line.startswith("│")]) == 90
 
+
+
+def test_status_shows_the_epochs_the_budget_counts(tmp_path):
+    # budget.epochs counts per configuration (a retry chain) its last epoch, and nothing of a warm start's
+    # imported trials or of released ones: `study status` (plain SQL, no Optuna) says the same number.
+    store = tmp_path / "store"
+    store.mkdir()
+    study = optuna.create_study(storage=f"sqlite:///{store / 'optuna.db'}", study_name="epochs", direction="maximize")
+    study.set_user_attr("hpolab.budget_epochs", 20)
+
+    def add(state, epochs, attrs=None):
+        curve = {e: 0.1 * e for e in range(1, epochs + 1)}
+        study.add_trial(create_trial(state=state, value=curve.get(epochs) if state == TrialState.COMPLETE else None, params={"x": 0.5},
+                                     distributions=DIST, intermediate_values=curve, system_attrs=attrs))
+
+    add(TrialState.COMPLETE, 4)  # 0: 4 epochs
+    add(TrialState.COMPLETE, 6, {"hpolab.imported_from": "older trial 2"})  # 1: a warm start's: history, no epochs of this study
+    add(TrialState.FAIL, 0, {"hpolab.released": True})  # 2: given back unrun
+    add(TrialState.FAIL, 2)  # 3: interrupted after epoch 2, resumed by 4 ...
+    add(TrialState.COMPLETE, 5, {"retry_history": [3], "failed_trial": 3})  # ... which carried epochs 1-2 over: 5 in all
+    used = epochs_used(study.get_trials())
+    assert used == 9
+    out = run_cli("--store", str(store), "study", "status", "epochs", cwd=tmp_path).stdout
+    assert f"epochs used: {used} / 20 (budget.epochs)" in out, out
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from rich.text import Text
 from hpolab.study.driver.progress import fmt_value
 from hpolab.study.state.paused_mark import shown_state
 from hpolab.stores.paths import Stores, redact
-from hpolab.stores.trial_counts import count_trials, describe
+from hpolab.stores.trial_counts import count_trials, describe, epochs_used, over_budget_note
 
 
 def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
@@ -66,24 +66,16 @@ def _budget_sql(name: str, stores: Stores) -> int | None:
 
 def epochs_line(rows: list, budget) -> str | None:
     """'epochs used: 16 / 40 (budget.epochs); 2 paused, 5 pruned at a rung' for a study with a
-    trial scheduler or an epoch budget (None otherwise). Epochs per configuration: the steps of the
-    last attempt of its retry chain (a copy carries its attempt's epochs)."""
+    trial scheduler or an epoch budget (None otherwise). Epochs used: the budget's own rule
+    (trial_counts.epochs_used; a row's last epoch is its count of steps)."""
     scheduled = any(PAUSED in r.system_attrs for r in rows)
     if not scheduled and budget is None:
         return None
-    last: dict[int, int] = {}
-    for r in rows:
-        root = (r.system_attrs.get("retry_history") or [r.number])[0]
-        last[root] = max(last.get(root, 0), r.steps)
+    used = epochs_used(rows, last_epoch=lambda r: r.steps)
     paused = sum(1 for r in rows if r.state == "RUNNING" and isinstance(r.system_attrs.get(PAUSED), dict))
     at_rung = sum(1 for r in rows if r.state == "PRUNED" and PAUSED in r.system_attrs)
-    line = f"epochs used: {sum(last.values())}" + (f" / {budget} (budget.epochs{over_budget_note(sum(last.values()), budget)})" if budget is not None else "")
+    line = f"epochs used: {used}" + (f" / {budget} (budget.epochs{over_budget_note(used, budget)})" if budget is not None else "")
     return line + (f"; {paused} paused, {at_rung} pruned at a rung (never promoted)" if scheduled else "")
-
-
-def over_budget_note(used: int, budget: int) -> str:
-    """The epochs past budget.epochs, said: the last segment started before it was spent trains to its rung."""
-    return f"; {used - budget} over: the last segments started trained to their rung" if used > budget else ""
 
 
 def _ranked_rows(rows: list, direction: str) -> list:

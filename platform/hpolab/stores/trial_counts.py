@@ -1,5 +1,6 @@
-"""How a study's trials count: one rule for the budget (study/state/budget.py: what `n_trials` means),
-the progress line, `study list` and `study status` -- so they all say the same numbers.
+"""How a study's trials count: one rule for the budget (study/state/budget.py: what `n_trials` and
+`budget.epochs` mean), the progress line, `study list`, `study status` and the report -- so they all
+say the same numbers.
 
 A trial counts under its state (complete, pruned, fail, running, waiting; `paused`: RUNNING in Optuna
 but paused by a trial scheduler, with no process: study/state/paused_mark.py), except:
@@ -10,21 +11,54 @@ but paused by a trial scheduler, with no process: study/state/paused_mark.py), e
   the sampler, not a result of this study.
 - `released`: a trial a worker gave back unrun because the budget was already full (`hpolab.released`).
 `finished` = complete + pruned + fail; n_trials budgets finished + running + paused + waiting.
+Epochs (`budget.epochs`): per configuration (a retry chain, one trial across a trial scheduler's
+pauses), the last epoch it reported; imported and released trials count none.
 
 Plain data in, no Optuna: the SQL readers (optuna_sql.py) and Optuna's FrozenTrial both fit.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from hpolab.stores.optuna_sql import IMPORTED
 
 RELEASED = "hpolab.released"  # system attr of a trial given back unrun because the budget was already full
 PAUSED = "hpolab.paused"  # system attr {rung, epoch} of a trial a trial scheduler paused (None once resumed)
-RETRY_HISTORY = "retry_history"  # system attr of a retry copy: the numbers of the attempts it continues
+RETRY_HISTORY = "retry_history"  # system attr of a retry copy: the numbers of the attempts it continues (the first: its chain's root)
 COUNTED_STATES = ("complete", "pruned", "fail", "running", "paused", "waiting")
 ASIDE = {"retried": "attempt{s} retried", "imported": "imported by a warm start", "released": "released unrun"}
+
+
+def chain_root(trial) -> int:
+    """The first attempt of the trial's retry chain (itself when it is no retry copy): a copy is the
+    same configuration at the same place in a trial scheduler's schedule as the attempt it continues.
+    (study/state/retry.py writes `failed_trial` too, always the same number.)"""
+    return int((trial.system_attrs.get(RETRY_HISTORY) or [trial.number])[0])
+
+
+def last_reported(trial) -> int:
+    """The last epoch an Optuna trial reported (0: none)."""
+    return max(trial.intermediate_values, default=0)
+
+
+def epochs_used(trials: Iterable, last_epoch: Callable[[Any], int] = last_reported) -> int:
+    """Epochs trained by the study's trials (`budget.epochs`): per configuration, the last epoch it
+    reported (a copy carries its attempt's epochs over, and a paused trial goes on from where it
+    was: not counted twice). `last_epoch`: a trial's last reported epoch (a `study status` row: the
+    count of its steps, the same number as epochs are reported 1, 2, ... without a gap)."""
+    last: dict[int, int] = {}
+    for t in trials:
+        if t.system_attrs.get(RELEASED) or t.system_attrs.get(IMPORTED):
+            continue
+        root = chain_root(t)
+        last[root] = max(last.get(root, 0), last_epoch(t))
+    return sum(last.values())
+
+
+def over_budget_note(used: int, budget: int | None) -> str:
+    """The epochs past budget.epochs, said: the last segment started before it was spent trains to its rung."""
+    return f"; {used - budget} over: the last segments started trained to their rung" if budget is not None and used > budget else ""
 
 
 def retried_numbers(trials: Iterable) -> set[int]:

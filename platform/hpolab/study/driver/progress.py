@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from hpolab.stores.trial_counts import epochs_used, over_budget_note
 from hpolab.study.objectives import ranking
 from hpolab.study.state.paused_mark import shown_state
 
@@ -153,11 +154,8 @@ class Progress:
         """Under a trial scheduler or an epoch budget: epochs used (of the budget), trials ended at a rung."""
         if spec.trial_scheduler is None and spec.budget.epochs is None:
             return
-        from hpolab.study.state.budget import epochs_used
-
         used = epochs_used(trials)
-        over = f"; {used - spec.budget.epochs} over: the last segments started trained to their rung" if used > (spec.budget.epochs or used) else ""
-        budget = f" / {spec.budget.epochs} (budget.epochs{over})" if spec.budget.epochs is not None else ""
+        budget = f" / {spec.budget.epochs} (budget.epochs{over_budget_note(used, spec.budget.epochs)})" if spec.budget.epochs is not None else ""
         at_rung = sum(1 for t in trials if t.state.name == "PRUNED" and "hpolab.paused" in t.system_attrs)
         self.console.print(f"epochs used: {used}{budget}" + (f"; {at_rung} pruned at a rung (never promoted)" if at_rung else ""))
         if spec.budget.epochs is not None and used >= spec.budget.epochs:

@@ -24,6 +24,8 @@ from typing import Any, Protocol
 
 from optuna.trial import FrozenTrial, TrialState
 
+from hpolab.stores.trial_counts import chain_root  # noqa: F401 -- the schedulers' retry-chain rule is the budget's
+
 PAUSED_ATTR = "hpolab.paused"  # system attr: {"rung": k, "epoch": e} while paused; None when not
 RUNG_ATTR = "hpolab.rung"  # user attr: the highest rung (0-based) the trial reached
 CHANGES_ATTR = "hpolab.config_changes"  # user attr: dotted config key -> value, applied over its params
@@ -69,12 +71,6 @@ def interrupted_resume(trials: list[FrozenTrial], checkpoint_of) -> Resume | Non
         if info is not None and info.get("interrupted"):
             return Resume(number=t.number, checkpoint=checkpoint_of(t.number))
     return None
-
-
-def chain_root(trial: FrozenTrial) -> int:
-    """The first attempt of the trial's retry chain: a retry copy is the same configuration at the
-    same place in the schedule as the attempt it continues."""
-    return int(trial.system_attrs.get("failed_trial", trial.number))
 
 
 def best_at_highest_rung(trials, direction: str) -> tuple[FrozenTrial, int] | None:

@@ -2,8 +2,9 @@
 
 `n_trials` is the study's total of finished trials (COMPLETE + PRUNED + FAIL, not counting failures
 that were retried, imported or released trials: stores/trial_counts.py, the rule `study list` and
-`study status` count by too). Counts are read from the Optuna storage every time, because other workers may
-be adding trials to the same study.
+`study status` count by too). `budget.epochs` is spent by the rule of trial_counts.epochs_used, which
+`study status` and the report use too. Counts are read from the Optuna storage every time, because other
+workers may be adding trials to the same study.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from hpolab.stores.optuna_sql import IMPORTED  # noqa: F401 -- a trial copied from another study (warm_start.py): history, not budget
-from hpolab.stores.trial_counts import RELEASED, count_trials, retried_numbers
+from hpolab.stores.trial_counts import RELEASED, count_trials, epochs_used, retried_numbers
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
@@ -93,19 +94,6 @@ class FailureStreak:
     @property
     def hit(self) -> bool:
         return self.max_failures is not None and self.count >= self.max_failures
-
-
-def epochs_used(trials) -> int:
-    """Epochs trained by the study's trials (`budget.epochs`): per configuration, the last epoch it
-    reported. A configuration is a retry chain (a copy resumes its attempt's epochs, not counted twice)
-    and, under a trial scheduler, one trial across its pauses."""
-    last: dict[int, int] = {}
-    for t in trials:
-        if t.system_attrs.get(RELEASED) or t.system_attrs.get(IMPORTED) or not t.intermediate_values:
-            continue
-        root = int(t.system_attrs.get("failed_trial", t.number))
-        last[root] = max(last.get(root, 0), max(t.intermediate_values))
-    return sum(last.values())
 
 
 def epoch_budget_spent(trials, spec, in_flight: int = 0) -> bool:
