@@ -31,16 +31,6 @@ def spec(direction="maximize", population=4, quantile=0.25, mutations=None, resa
     })
 
 
-class Recorder:
-    """The storage calls PBT makes (user attrs of the resumed trial), kept by trial id."""
-
-    def __init__(self):
-        self.attrs: dict[int, dict] = {}
-
-    def set_trial_user_attr(self, trial_id, key, value):
-        self.attrs.setdefault(trial_id, {})[key] = value
-
-
 def member(number: int, curve: dict[int, float], *, paused_epoch: int | None = None, lr=0.01, state=TrialState.RUNNING,
            user_attrs=None, failed_trial: int | None = None) -> optuna.trial.FrozenTrial:
     system = {PAUSED_ATTR: {"rung": 0, "epoch": paused_epoch}} if paused_epoch else {}
@@ -53,10 +43,9 @@ def member(number: int, curve: dict[int, float], *, paused_epoch: int | None = N
     return t
 
 
-def scheduler(tmp_path, **kw) -> tuple[Pbt, Recorder]:
-    rec = Recorder()
+def scheduler(tmp_path, **kw) -> Pbt:
     stores = Stores(root=tmp_path, optuna_url="sqlite://", tracking_uri="sqlite://", artifact_location=None)
-    return Pbt(spec(**kw), stores, storage=rec), rec
+    return Pbt(spec(**kw), stores)
 
 
 def with_last_pt(pbt: Pbt, trials, content=b"ckpt") -> None:
@@ -68,13 +57,13 @@ def with_last_pt(pbt: Pbt, trials, content=b"ckpt") -> None:
 
 
 def test_pauses_at_each_interval_boundary_below_max_epochs(tmp_path):
-    pbt, _ = scheduler(tmp_path)
+    pbt = scheduler(tmp_path)
     t = member(0, {})
     assert [pbt.pause_epoch(t, start) for start in (1, 2, 3, 4, 5, 6)] == [2, 2, 4, 4, None, None]
 
 
 def test_a_boundary_waits_for_the_whole_population_then_the_worst_copies_the_best(tmp_path):
-    pbt, rec = scheduler(tmp_path)
+    pbt = scheduler(tmp_path)
     trials = [member(i, {1: v - 0.1, 2: v}, paused_epoch=2, lr=lr) for i, (v, lr) in enumerate([(0.5, 0.01), (0.9, 0.02), (0.7, 0.03)])]
     with_last_pt(pbt, trials)
     assert pbt.may_start_new(trials) and pbt.next_resume(trials) is None  # three of four members exist
@@ -100,12 +89,12 @@ def test_a_boundary_waits_for_the_whole_population_then_the_worst_copies_the_bes
     assert resume.config_changes == {"trainer.lr": decision.values["trainer.lr"]}
     assert resume.tags == {PARENTS_TAG: "1@2", EXPLOITED_TAG: "1@2"}
     assert resume.params == {"pbt.trainer.lr": decision.values["trainer.lr"]}
-    assert rec.attrs[103][SCHEDULE_ATTR] == {"1": {"trainer.lr": 0.04}, "3": {"trainer.lr": decision.values["trainer.lr"]}}
-    assert rec.attrs[103][PARENTS_ATTR] == ["1@2"]
+    assert resume.attrs == {SCHEDULE_ATTR: {"1": {"trainer.lr": 0.04}, "3": {"trainer.lr": decision.values["trainer.lr"]}},
+                            PARENTS_ATTR: ["1@2"]}  # written on trial 3 by the driver (pauses.start)
 
 
 def test_the_decision_is_the_same_when_asked_again_and_only_the_bottom_exploits(tmp_path):
-    pbt, _ = scheduler(tmp_path, population=8, quantile=0.25, mutations={"trainer.lr": {"factor": [0.5, 2.0]}})
+    pbt = scheduler(tmp_path, population=8, quantile=0.25, mutations={"trainer.lr": {"factor": [0.5, 2.0]}})
     trials = [member(i, {2: i / 10}, paused_epoch=2, lr=0.001 * (i + 1)) for i in range(8)]
     with_last_pt(pbt, trials)
     pbt.snapshot(members_of(trials), 2)
@@ -118,7 +107,7 @@ def test_the_decision_is_the_same_when_asked_again_and_only_the_bottom_exploits(
 
 
 def test_minimize_exploits_from_the_smallest_and_nan_is_worst(tmp_path):
-    pbt, _ = scheduler(tmp_path, direction="minimize")
+    pbt = scheduler(tmp_path, direction="minimize")
     trials = [member(i, {2: v}, paused_epoch=2) for i, v in enumerate([0.1, float("nan"), 0.5, 0.3])]
     with_last_pt(pbt, trials)
     pbt.snapshot(members_of(trials), 2)
@@ -128,7 +117,7 @@ def test_minimize_exploits_from_the_smallest_and_nan_is_worst(tmp_path):
 
 
 def test_a_dead_member_is_not_waited_for_and_a_retry_copy_is_the_same_member(tmp_path):
-    pbt, _ = scheduler(tmp_path)
+    pbt = scheduler(tmp_path)
     trials = [member(i, {2: 0.1 * i}, paused_epoch=2) for i in range(3)] + [member(3, {1: 0.5}, state=TrialState.FAIL)]
     with_last_pt(pbt, trials)
     copy = member(4, {1: 0.5}, state=TrialState.WAITING, failed_trial=3)
@@ -139,20 +128,21 @@ def test_a_dead_member_is_not_waited_for_and_a_retry_copy_is_the_same_member(tmp
 
 
 def test_a_member_already_exploited_keeps_its_parents_once_per_boundary(tmp_path):
-    pbt, rec = scheduler(tmp_path)
+    pbt = scheduler(tmp_path)
     earlier = {SCHEDULE_ATTR: {"1": {"trainer.lr": 0.01}, "3": {"trainer.lr": 0.03}}, PARENTS_ATTR: ["2@2"], CHANGES_ATTR: {"trainer.lr": 0.03}}
     trials = [member(0, {4: 0.1}, paused_epoch=4, user_attrs=earlier)] + [member(i, {4: 0.5 + i / 10}, paused_epoch=4) for i in (1, 2, 3)]
     with_last_pt(pbt, trials)
     resume = pbt.next_resume(trials)
     assert resume.number == 0 and resume.tags[PARENTS_TAG].startswith("2@2,") and resume.tags[EXPLOITED_TAG].endswith("@4")
-    assert rec.attrs[100][SCHEDULE_ATTR]["1"] == {"trainer.lr": 0.01} and set(rec.attrs[100][SCHEDULE_ATTR]) == {"1", "3", "5"}
-    assert schedule_of(member(0, {}, user_attrs=rec.attrs[100]))[0] == (1, {"trainer.lr": 0.01})
-    again = pbt.next_resume(trials)  # asked again (a re-run before the resume took effect): the same, no second parent
-    assert again.tags == resume.tags and len(rec.attrs[100][PARENTS_ATTR]) == 2
+    assert resume.attrs[SCHEDULE_ATTR]["1"] == {"trainer.lr": 0.01} and set(resume.attrs[SCHEDULE_ATTR]) == {"1", "3", "5"}
+    assert schedule_of(member(0, {}, user_attrs=resume.attrs))[0] == (1, {"trainer.lr": 0.01})
+    trials[0] = member(0, {4: 0.1}, paused_epoch=4, user_attrs={**earlier, **resume.attrs})  # its records written (pauses.start)
+    again = pbt.next_resume(trials)  # asked again before the resume took effect (a re-run): the same, no second parent
+    assert again.tags == resume.tags and again.attrs == resume.attrs and len(again.attrs[PARENTS_ATTR]) == 2
 
 
 def test_the_current_value_of_an_unsearched_key_comes_from_the_spec(tmp_path):
-    pbt, _ = scheduler(tmp_path, mutations={"trainer.weight_decay": {"range": [0.0, 0.02]}})
+    pbt = scheduler(tmp_path, mutations={"trainer.weight_decay": {"range": [0.0, 0.02]}})
     assert pbt.value_of({"trainer.lr": 0.1}, "trainer.weight_decay") == 0.01
 
 
@@ -171,7 +161,7 @@ def test_explore_rules():
 
 
 def test_boundary_copies_are_deleted_once_every_member_is_past_them(tmp_path):
-    pbt, _ = scheduler(tmp_path)
+    pbt = scheduler(tmp_path)
     trials = [member(i, {2: 0.1 * i, 3: 0.2, 4: 0.3}, paused_epoch=4) for i in range(3)] + [member(3, {2: 0.5, 3: 0.6})]
     for t in trials:
         for name in ("pbt_epoch_2.pt", "pbt_epoch_2_best.pt", "pbt_epoch_4.pt"):

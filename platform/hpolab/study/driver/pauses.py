@@ -178,6 +178,8 @@ class Pauses:
         changes = {**(t.user_attrs.get(CHANGES_ATTR) or {}), **res.config_changes}
         if res.config_changes:  # a re-run rebuilds the config from the params and these
             g(self.storage.set_trial_user_attr, t._trial_id, CHANGES_ATTR, changes)
+        for key, value in res.attrs.items():  # the scheduler's records (PBT: schedule, parents)
+            g(self.storage.set_trial_user_attr, t._trial_id, key, value)
         config = self.spec.resolved_config(experiment, t.params)
         config["trainer"].update(t.system_attrs.get(OVERRIDES) or {})  # e.g. the halved micro-batch after an OOM
         self.adjust(config, {CHANGES_ATTR: changes})

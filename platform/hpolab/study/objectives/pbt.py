@@ -97,7 +97,7 @@ class Decision:
 class Pbt:
     """The PBT trial scheduler (trial_scheduler.py's interface)."""
 
-    def __init__(self, spec, stores=None, *, storage=None):
+    def __init__(self, spec, stores=None):
         ts = spec.trial_scheduler
         self.spec, self.stores = spec, stores
         self.population, self.interval, self.quantile = ts.population, ts.interval_epochs, ts.quantile
@@ -105,7 +105,6 @@ class Pbt:
         self.max_epochs = spec.trainer.max_epochs
         self.maximize = spec.direction == "maximize"
         self.seed = spec.seed
-        self._storage = storage  # where the schedule and parents are written (opened from stores when None)
 
     # ---------------------------------------------------------------- the interface
 
@@ -232,7 +231,6 @@ class Pbt:
         parents = [p for p in member.user_attr(PARENTS_ATTR, []) if not p.endswith(f"@{d.epoch}")]
         if d.donor is not None:
             parents.append(f"{d.donor}@{d.epoch}")
-        self.write_attrs(trial, {SCHEDULE_ATTR: schedule, PARENTS_ATTR: parents})
         tags = {PARENTS_TAG: ",".join(parents), EXPLOITED_TAG: parents[-1]} if parents else {}
         own = self.trial_dir(trial.number) / "last.pt"
         if d.donor is not None:
@@ -249,18 +247,9 @@ class Pbt:
         # An exploit takes the donor's whole configuration (a searched model width must fit its checkpoint).
         changes = d.config if d.donor is not None else {}
         metrics = {METRIC_PREFIX + k: float(v) for k, v in d.values.items() if isinstance(v, (int, float))}
-        return Resume(number=trial.number, checkpoint=checkpoint, config_changes=changes, tags=tags, params=metrics)
-
-    def write_attrs(self, trial: FrozenTrial, attrs: dict[str, Any]) -> None:
-        """The member's records on its Optuna trial (the paused attempt it resumes as); rewriting is harmless."""
-        if self._storage is None:
-            if self.stores is None:
-                return
-            from hpolab.stores.optuna_storage import open_storage
-
-            self._storage = open_storage(self.stores.optuna_url)
-        for key, value in attrs.items():
-            self._storage.set_trial_user_attr(trial._trial_id, key, value)
+        # The member's records go on the paused attempt it resumes as (the driver writes them; rewriting is harmless).
+        attrs = {SCHEDULE_ATTR: schedule, PARENTS_ATTR: parents}
+        return Resume(number=trial.number, checkpoint=checkpoint, config_changes=changes, attrs=attrs, tags=tags, params=metrics)
 
 
 def best_beside(snapshot: Path) -> Path:

@@ -13,6 +13,9 @@ A paused trial's state lives in the Optuna storage only (so a re-run, or another
 system attr PAUSED_ATTR = {"rung": k, "epoch": e} while paused, None once resumed; user attr
 RUNG_ATTR = the highest rung reached; CHANGES_ATTR = the config changes applied to it so far.
 
+The scheduler never writes to the stores itself: what it wants recorded comes back in its Resume
+(config changes, user attrs, run tags), written by the driver (pauses.py) inside its storage-outage guard.
+
 schedulers.py picks the spec's scheduler (scheduler_for); the schedulers import this module only.
 """
 
@@ -38,6 +41,7 @@ class Resume:
     number: int  # the paused trial to resume now (its Optuna trial and MLflow run are kept)
     checkpoint: Path  # the file it resumes from (ASHA: its own last.pt; PBT: maybe a copy of another member's)
     config_changes: dict[str, Any] = field(default_factory=dict)  # dotted config keys -> values for this segment on
+    attrs: dict[str, Any] = field(default_factory=dict)  # user attrs to set on its Optuna trial (PBT: its schedule, parents)
     tags: dict[str, str] = field(default_factory=dict)  # set on its MLflow run when it resumes (e.g. hpolab.rung)
     params: dict[str, float] = field(default_factory=dict)  # metrics logged at the resume epoch (PBT: the schedule)
 
