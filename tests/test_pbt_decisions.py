@@ -13,6 +13,7 @@ from optuna.trial import TrialState
 
 from hpolab.config.spec import StudySpec
 from hpolab.config.trial_scheduler import Choices, Factor, Range
+from hpolab.study.driver.pauses import epochs_in_flight
 from hpolab.study.objectives.pbt import EXPLOITED_TAG, PARENTS_ATTR, PARENTS_TAG, SCHEDULE_ATTR, Pbt, members_of, schedule_of
 from hpolab.study.objectives.pbt_explore import explore, perturb
 from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR, PAUSED_ATTR
@@ -60,6 +61,17 @@ def test_pauses_at_each_interval_boundary_below_max_epochs(tmp_path):
     pbt = scheduler(tmp_path)
     t = member(0, {})
     assert [pbt.pause_epoch(t, start) for start in (1, 2, 3, 4, 5, 6)] == [2, 2, 4, 4, None, None]
+
+
+def test_a_segment_training_counts_its_epochs_in_flight_up_to_its_boundary_or_the_end(tmp_path):
+    # budget.epochs counts what the segments training now will still train (pauses.epochs_in_flight):
+    # a member's last interval trains to max_epochs, not 0 epochs (parallel slots overshot by a segment).
+    pbt = scheduler(tmp_path)  # boundaries 2, 4; max_epochs 6
+    assert epochs_in_flight(pbt, [member(0, {1: 0.1})]) == 1  # to its boundary at 2
+    assert epochs_in_flight(pbt, [member(1, {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4})]) == 2  # its last interval: to 6
+    assert epochs_in_flight(pbt, [member(2, {4: 0.4}, paused_epoch=4)]) == 0  # paused: no process
+    assert [pbt.rung_index(member(0, {}), e) for e in (1, 2, 3, 4, 6)] == [None, 0, None, 1, None]  # boundary index
+    assert pbt.top_epochs() == 6
 
 
 def test_a_boundary_waits_for_the_whole_population_then_the_worst_copies_the_best(tmp_path):

@@ -62,13 +62,12 @@ def epochs_in_flight(scheduler: TrialScheduler, trials: list[FrozenTrial]) -> in
     """Epochs the segments training now (on any worker) will still train: each runs to the rung the
     scheduler pauses it at, else to the top. budget.epochs counts them before another segment starts,
     so parallel slots do not each spend the budget's last epochs."""
-    top = getattr(scheduler, "top_epochs", None)
     out = 0
     for t in trials:
         if t.state != TrialState.RUNNING or paused_at(t) is not None:
             continue
         last = max(t.intermediate_values, default=0)
-        target = scheduler.pause_epoch(t, last + 1) or (int(top()) if top is not None else last)
+        target = scheduler.pause_epoch(t, last + 1) or int(scheduler.top_epochs())
         out += max(0, target - last)
     return out
 
@@ -95,9 +94,7 @@ class Pauses:
     def adjust(self, config: dict[str, Any], user_attrs: dict[str, Any]) -> None:
         """A trial's config: trainer.max_epochs is the top rung (its LR schedule spans the whole
         training), then the config changes recorded on it so far (a retry copy carries them)."""
-        top = getattr(self.scheduler, "top_epochs", None)
-        if top is not None:
-            config["trainer"]["max_epochs"] = int(top())
+        config["trainer"]["max_epochs"] = int(self.scheduler.top_epochs())
         set_dotted(config, user_attrs.get(CHANGES_ATTR) or {})
 
     def plan(self, r: Running) -> None:
@@ -132,19 +129,15 @@ class Pauses:
 
     def completed(self, r: Running) -> dict[str, str]:
         """A trial that completes at the top rung: hpolab.rung says that rung (not the last it paused at)."""
-        rung_of = getattr(self.scheduler, "rung_index", None)
         frozen = self.guard(self.storage.get_trial, r.trial._trial_id)
-        k = rung_of(frozen, r.epoch) if rung_of is not None else None
+        k = self.scheduler.rung_index(frozen, r.epoch)
         if k is None:  # (its own early stop ended it between rungs: the last rung it paused at stays)
             return {}
         self.guard(self.storage.set_trial_user_attr, r.trial._trial_id, RUNG_ATTR, int(k))
         return {"hpolab.rung": str(k)}
 
     def _rung(self, r: Running, epoch: int) -> int:
-        rung_of = getattr(self.scheduler, "rung_index", None)
-        frozen = self.guard(self.storage.get_trial, r.trial._trial_id)
-        k = rung_of(frozen, epoch) if rung_of is not None else None
-        return int(k) if k is not None else int(frozen.user_attrs.get(RUNG_ATTR, -1)) + 1
+        return self._rung_of(self.guard(self.storage.get_trial, r.trial._trial_id), epoch)
 
     # ------------------------------------------------------------ resume
 
@@ -258,8 +251,8 @@ class Pauses:
         return info, {"hpolab.state": "PAUSED", "hpolab.interrupted_at_epoch": str(epoch), "hpolab.interrupted": reason, **restored}
 
     def _rung_of(self, t: FrozenTrial, epoch: int) -> int:
-        rung_of = getattr(self.scheduler, "rung_index", None)
-        k = rung_of(t, epoch) if rung_of is not None else None
+        """The scheduler's rung of `epoch`, else the one after the highest the trial reached."""
+        k = self.scheduler.rung_index(t, epoch)
         return int(k) if k is not None else int(t.user_attrs.get(RUNG_ATTR, -1)) + 1
 
     # ------------------------------------------------------------ end

@@ -112,6 +112,14 @@ class Pbt:
         boundary = math.ceil(start_epoch / self.interval) * self.interval
         return boundary if boundary < self.max_epochs else None
 
+    def rung_index(self, trial: FrozenTrial, epoch: int) -> int | None:
+        """The boundary index of `epoch` (0: the first boundary); None between boundaries and at max_epochs."""
+        return epoch // self.interval - 1 if epoch % self.interval == 0 and 0 < epoch < self.max_epochs else None
+
+    def top_epochs(self) -> int:
+        """trainer.max_epochs of every member (a trial scheduler refuses it searched or mutated)."""
+        return self.max_epochs
+
     def may_start_new(self, trials: list[FrozenTrial]) -> bool:
         """Fewer members than the population; or a WAITING retry copy (Optuna's ask() takes it first:
         an existing member continues, no new configuration is sampled)."""

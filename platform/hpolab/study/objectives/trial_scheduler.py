@@ -5,6 +5,8 @@ driver does the mechanics (a pause is a stop at `pause_epoch`: checkpoint writte
 Optuna trial kept RUNNING with PAUSED_ATTR, MLflow run kept open); the scheduler only decides:
 
     pause_epoch(trial, start_epoch)  where the segment that starts training at `start_epoch` pauses
+    rung_index(trial, epoch)         which rung (ASHA) or boundary (PBT) `epoch` is for the trial, if any
+    top_epochs()                     the epochs a trial trains in all (its trainer.max_epochs)
     next_resume(trials)              which paused trial resumes now (called under the budget lock)
     may_start_new(trials)            whether a new configuration may be sampled now
     at_end(paused)                   what the trials still paused become when nothing can run
@@ -49,6 +51,12 @@ class Resume:
 class TrialScheduler(Protocol):
     def pause_epoch(self, trial: FrozenTrial, start_epoch: int) -> int | None:
         """The epoch after which the segment starting at `start_epoch` pauses (None: it runs to the end)."""
+
+    def rung_index(self, trial: FrozenTrial, epoch: int) -> int | None:
+        """The 0-based rung (PBT: boundary) of the trial at `epoch`; None when `epoch` is none of them."""
+
+    def top_epochs(self) -> int:
+        """The epochs every trial trains in all (its trainer.max_epochs: its LR schedule spans them)."""
 
     def next_resume(self, trials: list[FrozenTrial]) -> Resume | None:
         """The paused trial to resume now, or None. Called under the budget lock, before a new trial is asked."""
