@@ -55,3 +55,24 @@ def test_a_trial_put_back_max_interrupts_times_is_reaped_as_any_trial():
     pauses = Pauses(None, SimpleNamespace(max_interrupts=2), None, None, None, {}, None, SimpleNamespace(note=print), None)
     (t,) = _study(({1: 0.5}, {INTERRUPTS_ATTR: 2}, {}))
     assert pauses.put_back(t, "its driver is gone") is False  # (before it touches any store)
+
+
+def test_the_put_back_backfill_says_the_last_epoch_the_run_has(store, tmp_path):
+    # A killed segment's run has epochs 1 and 4 (4: logged after its newest checkpoint, of epoch 3). Put back,
+    # the run gets epochs 2-3 from last.pt, and the resumed segment must not log 1-4 again: the backfill's own
+    # read of the metric's history says 4 (pauses.put_back then needs no second read).
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    from hpolab.study.state.metric_backfill import TAG, backfill_and_last_step
+    from hpolab.train.checkpoint import save_checkpoint
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    run_id = client.create_run(client.create_experiment("e", artifact_location=str(store / "artifacts"))).info.run_id
+    client.log_batch(run_id, metrics=[Metric("val_acc", 0.1 * s, 1000 + s, s) for s in (1, 4)])
+    save_checkpoint({"history": [{"epoch": e, "val_acc": 0.1 * e} for e in (1, 2, 3)]}, tmp_path / "last.pt")
+    trial = _study(({1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4}, {}, {}))[0]
+    tags, last = backfill_and_last_step(client, run_id, trial, "val_acc", tmp_path, None, up_to=3)
+    assert (tags, last) == ({TAG: "epochs 2-3 from last.pt"}, 4)
+    assert sorted(m.step for m in client.get_metric_history(run_id, "val_acc")) == [1, 2, 3, 4]
+    assert backfill_and_last_step(client, run_id, trial, "val_acc", tmp_path, None, up_to=3) == ({}, 4)

@@ -40,7 +40,7 @@ from hpolab.stores.budget_lock import budget_lock
 from hpolab.study.objectives.trial_scheduler import (CHANGES_ATTR, INTERRUPTS_ATTR, PAUSED_ATTR, RUNG_ATTR, SEGMENT_ATTR, Resume,
                                                       TrialScheduler, paused_at)
 from hpolab.study.state.budget import epoch_budget_spent
-from hpolab.study.state.metric_backfill import backfill_run, checkpoint_history
+from hpolab.study.state.metric_backfill import backfill_and_last_step, checkpoint_history
 from hpolab.study.state.owners import OWNER_ATTR, owner_of, owner_record
 from hpolab.study.state.retry import OVERRIDES
 from hpolab.study.trials.runner import Running
@@ -236,11 +236,13 @@ class Pauses:
             if int(h["epoch"]) not in t.intermediate_values and isinstance(v, (int, float)) and v == v:
                 self.guard(self.storage.set_trial_intermediate_value, t._trial_id, int(h["epoch"]), float(v))
         t = self.guard(self.storage.get_trial, t._trial_id)
-        logged = 0
+        restored, logged = {}, 0
         if run_id:
             client = self.tracker.client
-            restored = backfill_run(client, run_id, t, metric, trial_dir, self.stores.tracking_uri, history, up_to=epoch, note=self.note)
-            logged = max((m.step for m in self.tracker.mlflow_guard(client.get_metric_history, run_id, metric)), default=0)
+            restored, logged = backfill_and_last_step(client, run_id, t, metric, trial_dir, self.stores.tracking_uri, history,
+                                                      up_to=epoch, note=self.note)
+            if logged is None:  # (the backfill failed, noted, or never read the metric: what the run has, read on its own)
+                logged = max((m.step for m in self.tracker.mlflow_guard(client.get_metric_history, run_id, metric)), default=0)
         after = int(t.system_attrs.get(SEGMENT_ATTR, 0))
         target = self.scheduler.pause_epoch(t, after + 1)
         if target is not None and epoch >= target:  # it reached its pause point: paused there, as its driver would have

@@ -105,6 +105,7 @@ class Pbt:
         self.max_epochs = spec.trainer.max_epochs
         self.maximize = spec.direction == "maximize"
         self.seed = spec.seed
+        self._tidied_below: float | None = None  # the lowest epoch of the last tidy (its copies below it are gone)
 
     # ---------------------------------------------------------------- the interface
 
@@ -224,6 +225,9 @@ class Pbt:
         still alive is at (paused there, or trained to). At the end (none alive) all of them go."""
         alive = [m for m in members.values() if m.alive]
         lowest = min((max(m.latest.intermediate_values, default=0) for m in alive), default=math.inf)
+        if lowest == self._tidied_below:  # (asked on every claim: no copy below it has been made since the last look)
+            return
+        self._tidied_below = lowest
         for m in members.values():
             for path in self.trial_dir(m.root).glob("pbt_epoch_*.pt"):
                 epoch = path.stem.removeprefix("pbt_epoch_").removesuffix("_best")

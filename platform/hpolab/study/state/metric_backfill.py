@@ -56,9 +56,10 @@ def _number(v) -> bool:
 
 
 def missing_points(client, run_id: str, trial: FrozenTrial, metric: str | None,
-                   history: list[dict] | None, up_to: int | None = None) -> tuple[list, str]:
+                   history: list[dict] | None, up_to: int | None = None) -> tuple[list, str, set[int] | None]:
     """The points the run lacks (checkpoint history first; the study metric's values from Optuna,
-    which are its truth) and where they came from ("last.pt", "Optuna", or both)."""
+    which are its truth), where they came from ("last.pt", "Optuna", or both), and the steps of
+    `metric` the run has (None: not read, no point of it was wanted)."""
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
@@ -84,7 +85,7 @@ def missing_points(client, run_id: str, trial: FrozenTrial, metric: str | None,
         if step not in have[key]:
             points.append(Metric(key, value, ts, step))
             sources.add(source)
-    return points, " and ".join(sorted(sources, key=lambda s: s != "last.pt"))
+    return points, " and ".join(sorted(sources, key=lambda s: s != "last.pt")), have.get(metric)
 
 
 def backfill_run(client, run_id: str, trial: FrozenTrial, metric: str | None, trial_dir: Path | None,
@@ -93,27 +94,38 @@ def backfill_run(client, run_id: str, trial: FrozenTrial, metric: str | None, tr
     """Log every epoch point the run lacks (`up_to`: only those up to that epoch); the tag for its
     close ({} when nothing was missing). `history`: the checkpoint's, when the caller read it already.
     With `note`, a backfill that fails is noted and never stops the close that follows ({} returned)."""
+    return backfill_and_last_step(client, run_id, trial, metric, trial_dir, tracking_uri, history, up_to, note)[0]
+
+
+def backfill_and_last_step(client, run_id: str, trial: FrozenTrial, metric: str | None, trial_dir: Path | None,
+                           tracking_uri: str | None, history: list[dict] | None = None, up_to: int | None = None,
+                           note=None) -> tuple[dict[str, str], int | None]:
+    """backfill_run's tag, and the last step of `metric` the run has once it is done (0: none; None:
+    not known: the metric's history was not read, or the backfill failed and was noted): a segment
+    put back to paused (driver/pauses.py) does not log those epochs again, and the backfill has just
+    read the metric's history."""
     try:
         return _backfill(client, run_id, trial, metric, trial_dir, tracking_uri, history, up_to)
     except Exception as e:
         if note is None:
             raise
         note(f"trial {trial.number}: could not restore its run's unwritten epochs: {type(e).__name__}: {e}")
-        return {}
+        return {}, None
 
 
-def _backfill(client, run_id, trial, metric, trial_dir, tracking_uri, history, up_to) -> dict[str, str]:
+def _backfill(client, run_id, trial, metric, trial_dir, tracking_uri, history, up_to) -> tuple[dict[str, str], int | None]:
     if history is None:
         history = checkpoint_history(trial_dir, tracking_uri, run_id)
-    points, source = missing_points(client, run_id, trial, metric, history, up_to)
+    points, source, have = missing_points(client, run_id, trial, metric, history, up_to)
+    last = None if have is None else max(have | {p.step for p in points if p.key == metric}, default=0)
     if not points:
-        return {}
+        return {}, last
     from hpolab.stores import mlflow_runs as tr
 
     tr.log_metrics(client, run_id, points)
     steps = sorted({p.step for p in points})
     span = f"epoch {steps[0]}" if len(steps) == 1 else f"epochs {steps[0]}-{steps[-1]}"
-    return {TAG: f"{span} from {source}"}
+    return {TAG: f"{span} from {source}"}, last
 
 
 def closing_with_backfill(close_run, client, study, stores, note):
