@@ -147,7 +147,7 @@ def test_a_member_already_exploited_keeps_its_parents_once_per_boundary(tmp_path
     resume = pbt.next_resume(trials)
     assert resume.number == 0 and resume.tags[PARENTS_TAG].startswith("2@2,") and resume.tags[EXPLOITED_TAG].endswith("@4")
     assert resume.attrs[SCHEDULE_ATTR]["1"] == {"trainer.lr": 0.01} and set(resume.attrs[SCHEDULE_ATTR]) == {"1", "3", "5"}
-    assert schedule_of(member(0, {}, user_attrs=resume.attrs))[0] == (1, {"trainer.lr": 0.01})
+    assert schedule_of(members_of([member(0, {}, user_attrs=resume.attrs)])[0])[0] == (1, {"trainer.lr": 0.01})
     trials[0] = member(0, {4: 0.1}, paused_epoch=4, user_attrs={**earlier, **resume.attrs})  # its records written (pauses.start)
     again = pbt.next_resume(trials)  # asked again before the resume took effect (a re-run): the same, no second parent
     assert again.tags == resume.tags and again.attrs == resume.attrs and len(again.attrs[PARENTS_ATTR]) == 2

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from hpolab.study.objectives.pbt import PARENTS_TAG, SCHEDULE_ATTR, members_of
+from hpolab.study.objectives.pbt import PARENTS_TAG, members_of, schedule_of
 from hpolab.study.objectives.trial_scheduler import chain_root
 
 
@@ -37,9 +37,7 @@ def member_schedule(stores, tags: dict[str, str]) -> list[tuple[int, dict[str, A
     trials = study.get_trials(deepcopy=False)
     if int(number) >= len(trials):
         return None
-    member = members_of(trials)[chain_root(trials[int(number)])]
-    schedule = member.user_attr(SCHEDULE_ATTR, None)
-    return sorted((int(k), dict(v)) for k, v in schedule.items()) if schedule else None
+    return schedule_of(members_of(trials)[chain_root(trials[int(number)])]) or None
 
 
 def first_exploit(tags: dict[str, str]) -> int | None:

@@ -9,7 +9,7 @@ from rich.text import Text
 from hpolab.study.driver.progress import fmt_value
 from hpolab.study.state.paused_mark import shown_state
 from hpolab.stores.paths import Stores, redact
-from hpolab.stores.trial_counts import count_trials, describe, epochs_used, over_budget_note
+from hpolab.stores.trial_counts import count_trials, describe, epochs_used, over_budget_note, paused_counts
 
 
 def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
@@ -54,7 +54,6 @@ def _read_sql(name: str, stores: Stores):
 
 
 BUDGET_ATTR = "hpolab.budget_epochs"  # study user attr: the spec's budget.epochs (the driver writes it)
-PAUSED = "hpolab.paused"  # trial system attr of a trial scheduler's trials: {rung, epoch} while paused
 
 
 def _budget_sql(name: str, stores: Stores) -> int | None:
@@ -68,14 +67,12 @@ def epochs_line(rows: list, budget) -> str | None:
     """'epochs used: 16 / 40 (budget.epochs); 2 paused, 5 pruned at a rung' for a study with a
     trial scheduler or an epoch budget (None otherwise). Epochs used: the budget's own rule
     (trial_counts.epochs_used; a row's last epoch is its count of steps)."""
-    scheduled = any(PAUSED in r.system_attrs for r in rows)
-    if not scheduled and budget is None:
+    paused = paused_counts(rows)
+    if paused is None and budget is None:
         return None
     used = epochs_used(rows, last_epoch=lambda r: r.steps)
-    paused = sum(1 for r in rows if r.state == "RUNNING" and isinstance(r.system_attrs.get(PAUSED), dict))
-    at_rung = sum(1 for r in rows if r.state == "PRUNED" and PAUSED in r.system_attrs)
     line = f"epochs used: {used}" + (f" / {budget} (budget.epochs{over_budget_note(used, budget)})" if budget is not None else "")
-    return line + (f"; {paused} paused, {at_rung} pruned at a rung (never promoted)" if scheduled else "")
+    return line + (f"; {paused['paused']} paused, {paused['at_rung']} pruned at a rung (never promoted)" if paused is not None else "")
 
 
 def _ranked_rows(rows: list, direction: str) -> list:

@@ -3,7 +3,7 @@
 say the same numbers.
 
 A trial counts under its state (complete, pruned, fail, running, waiting; `paused`: RUNNING in Optuna
-but paused by a trial scheduler, with no process: study/state/paused_mark.py), except:
+but paused by a trial scheduler, with no process: is_paused below), except:
 - `retried`: a FAIL attempt that a later trial retries (its number is in that trial's
   `retry_history`: an attempt interrupted by Ctrl-C/SIGTERM, a dead driver, an OOM or timeout, resumed
   by its copy). The copy is what counts, so an interrupted and resumed study has no failures.
@@ -14,7 +14,9 @@ but paused by a trial scheduler, with no process: study/state/paused_mark.py), e
 Epochs (`budget.epochs`): per configuration (a retry chain, one trial across a trial scheduler's
 pauses), the last epoch it reported; imported and released trials count none.
 
-Plain data in, no Optuna: the SQL readers (optuna_sql.py) and Optuna's FrozenTrial both fit.
+Plain data in, no Optuna: the SQL readers (optuna_sql.py) and Optuna's FrozenTrial both fit. Also
+the one home of the paused mark and its tests (is it paused now, was it pruned at a rung), since
+`study status` and `study list` import this module without Optuna.
 """
 
 from __future__ import annotations
@@ -28,6 +30,32 @@ PAUSED = "hpolab.paused"  # system attr {rung, epoch} of a trial a trial schedul
 RETRY_HISTORY = "retry_history"  # system attr of a retry copy: the numbers of the attempts it continues (the first: its chain's root)
 COUNTED_STATES = ("complete", "pruned", "fail", "running", "paused", "waiting")
 ASIDE = {"retried": "attempt{s} retried", "imported": "imported by a warm start", "released": "released unrun"}
+
+
+def _state_name(state: Any) -> str:
+    """An Optuna TrialState or its name -> "RUNNING", "PRUNED", ..."""
+    return str(getattr(state, "name", state)).upper()
+
+
+def is_paused(state: Any, system_attrs: dict[str, Any]) -> bool:
+    """Paused by a trial scheduler now: RUNNING in Optuna (it has no paused state), with no process."""
+    return _state_name(state) == "RUNNING" and isinstance(system_attrs.get(PAUSED), dict)
+
+
+def pruned_at_rung(state: Any, system_attrs: dict[str, Any]) -> bool:
+    """Ended PRUNED while paused (never promoted or resumed): the trial scheduler's end of it."""
+    return _state_name(state) == "PRUNED" and PAUSED in system_attrs
+
+
+def paused_counts(trials: Iterable) -> dict[str, int] | None:
+    """{"paused": paused now, "at_rung": pruned at a rung} in one pass over `trials`; None when no
+    trial was ever paused (no trial scheduler, or none paused yet)."""
+    out, scheduled = {"paused": 0, "at_rung": 0}, False
+    for t in trials:
+        scheduled = scheduled or PAUSED in t.system_attrs
+        out["paused"] += is_paused(t.state, t.system_attrs)
+        out["at_rung"] += pruned_at_rung(t.state, t.system_attrs)
+    return out if scheduled else None
 
 
 def chain_root(trial) -> int:
@@ -80,7 +108,7 @@ def count_trials(trials: Iterable) -> dict[str, int]:
             counts["imported"] = counts.get("imported", 0) + 1
         elif state == "fail" and t.number in retried:
             counts["retried"] += 1
-        elif state == "running" and isinstance(t.system_attrs.get(PAUSED), dict):
+        elif is_paused(state, t.system_attrs):
             counts["paused"] += 1
         elif state in counts:
             counts[state] += 1

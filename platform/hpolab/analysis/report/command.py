@@ -29,6 +29,7 @@ from hpolab.analysis.report.figures import plots_for, PLOTS, quiet
 from hpolab.analysis.report.sql import gather_sql
 from hpolab.analysis.report.trials import model_cell, problem_trials, run_cell, top_trials, trial_row, ui_url_of
 from hpolab.stores.paths import Stores
+from hpolab.stores.trial_counts import epochs_used, paused_counts
 
 ARTIFACT_DIR = "report"  # on the study's parent run: report/<study>.html
 TOP_K = TOP_ROWS
@@ -51,10 +52,10 @@ def _budget(data: ReportData) -> int | None:
         return None
 
 
-def _in_progress(data: ReportData) -> int:
-    """RUNNING and WAITING trials, less a trial scheduler's paused ones (no process: a re-run resumes them)."""
-    paused = sum(1 for t in data.study.trials if t.state.name == "RUNNING" and isinstance(t.system_attrs.get("hpolab.paused"), dict))
-    return data.counts["RUNNING"] + data.counts["WAITING"] - paused
+def _in_progress(data: ReportData, paused: dict[str, int] | None) -> int:
+    """RUNNING and WAITING trials, less a trial scheduler's paused ones (no process: a re-run resumes them).
+    `paused`: trial_counts.paused_counts of the study's trials."""
+    return data.counts["RUNNING"] + data.counts["WAITING"] - (paused or {}).get("paused", 0)
 
 
 def _status(data: ReportData, budget: int | None, running: int, any_trials: bool) -> str:
@@ -68,7 +69,7 @@ def _status(data: ReportData, budget: int | None, running: int, any_trials: bool
     return "empty"
 
 
-def _summary_cards(data: ReportData, trials: list, best: int | None) -> str:
+def _summary_cards(data: ReportData, trials: list, best: int | None, paused: dict[str, int] | None) -> str:
     c = data.counts
     budget = _budget(data)
     finished = data.finished
@@ -76,7 +77,7 @@ def _summary_cards(data: ReportData, trials: list, best: int | None) -> str:
         done = f"{finished} <small>of {budget} (budget)</small>"
     else:
         done = f"{finished}"
-    status = _status(data, budget, _in_progress(data), bool(trials))
+    status = _status(data, budget, _in_progress(data, paused), bool(trials))
     direction = "higher is better" if data.direction == "maximize" else "lower is better"
     items = [
         ("status", status),
@@ -93,18 +94,14 @@ def _summary_cards(data: ReportData, trials: list, best: int | None) -> str:
             items.append(("Pareto front", f"{_front_size(data)} trials <small>knee: trial {best}</small>"))
     elif best is not None:
         items.append(("best " + data.metric, f"{H.fmt_num(data.study.trials[best].value)} <small>trial {best}</small>"))
-    return H.cards(items + _scheduler_card(data.study.trials))
+    return H.cards(items + _scheduler_card(trials, paused))
 
 
-def _scheduler_card(trials: list) -> list[tuple[str, str]]:
+def _scheduler_card(trials: list, paused: dict[str, int] | None) -> list[tuple[str, str]]:
     """Under a trial scheduler (ASHA, PBT): how many trials wait paused, how many ended at a rung, epochs used."""
-    if not any("hpolab.paused" in t.system_attrs for t in trials):
+    if paused is None:
         return []
-    from hpolab.study.state.budget import epochs_used
-
-    paused = sum(1 for t in trials if t.state.name == "RUNNING" and isinstance(t.system_attrs.get("hpolab.paused"), dict))
-    at_rung = sum(1 for t in trials if t.state.name == "PRUNED" and "hpolab.paused" in t.system_attrs)
-    return [("paused / pruned at a rung", f"{paused} / {at_rung} <small>{epochs_used(trials)} epochs used</small>")]
+    return [("paused / pruned at a rung", f"{paused['paused']} / {paused['at_rung']} <small>{epochs_used(trials)} epochs used</small>")]
 
 
 def _objectives(data: ReportData) -> list[tuple[str, str]]:
@@ -119,9 +116,9 @@ def _front_size(data: ReportData) -> int:
     return len(ranking.front(data.study.get_trials(deepcopy=False), ranking.directions_of(data.study)))
 
 
-def _summary_notes(data: ReportData) -> list[str]:
+def _summary_notes(data: ReportData, paused: dict[str, int] | None) -> list[str]:
     finished = data.finished
-    running = _in_progress(data)
+    running = _in_progress(data, paused)
     out = []
     if finished == 0:
         out.append(H.note("<b>No finished trials yet.</b> The plots below fill in as trials finish; "
@@ -165,8 +162,9 @@ def _summary(data: ReportData) -> str:
     ends = [t.datetime_complete for t in trials if t.datetime_complete]
     span = f"trials ran from {_when(min(starts))} to {_when(max(ends) if ends else None)}" if starts else "no trial has started"
     out.append(f"<p class=\"sub\">Hyperparameter study report &middot; {span} &middot; generated {_when(dt.datetime.now())}</p>")
-    out.append(_summary_cards(data, trials, best))
-    out += _summary_notes(data)
+    paused = paused_counts(trials)  # (one pass: the cards and the notes both say it)
+    out.append(_summary_cards(data, trials, best, paused))
+    out += _summary_notes(data, paused)
     out += _best_trial_html(data, best)
     return "\n".join(out)
 

@@ -11,6 +11,7 @@ import warnings
 from typing import Any
 
 from hpolab.analysis.report.data import ReportData, best_number
+from hpolab.stores.trial_counts import PAUSED
 
 STATE_COLORS = {"COMPLETE": "#2b6cb0", "PRUNED": "#dd8a1a", "FAIL": "#c53030", "RUNNING": "#718096", "WAITING": "#a0aec0"}
 
@@ -178,7 +179,7 @@ def _curve_trials(data: ReportData) -> list:
 
 def _rung_lines(fig, trials) -> None:
     """A trial scheduler's rungs (ASHA): a dotted line at each epoch trials paused at."""
-    paused = [t.system_attrs.get("hpolab.paused") for t in trials]
+    paused = [t.system_attrs.get(PAUSED) for t in trials]
     for epoch in sorted({int(p["epoch"]) for p in paused if isinstance(p, dict)}):
         fig.add_vline(x=epoch, line={"dash": "dot", "width": 1, "color": "#a0aec0"}, annotation_text=f"rung: epoch {epoch}")
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from hpolab.stores.trial_counts import epochs_used, over_budget_note
+from hpolab.stores.trial_counts import PAUSED, epochs_used, over_budget_note, paused_counts
 from hpolab.study.objectives import ranking
 from hpolab.study.state.paused_mark import shown_state
 
@@ -156,7 +156,7 @@ class Progress:
             return
         used = epochs_used(trials)
         budget = f" / {spec.budget.epochs} (budget.epochs{over_budget_note(used, spec.budget.epochs)})" if spec.budget.epochs is not None else ""
-        at_rung = sum(1 for t in trials if t.state.name == "PRUNED" and "hpolab.paused" in t.system_attrs)
+        at_rung = (paused_counts(trials) or {}).get("at_rung")
         self.console.print(f"epochs used: {used}{budget}" + (f"; {at_rung} pruned at a rung (never promoted)" if at_rung else ""))
         if spec.budget.epochs is not None and used >= spec.budget.epochs:
             self.console.print(f"the epoch budget is spent: {used}{budget}{self._short_of_the_top(spec, trials)}")
@@ -166,7 +166,7 @@ class Progress:
         (a PRUNED trial: its run and checkpoints are kept, it has no model; promote needs a COMPLETE one)."""
         from optuna.trial import TrialState
 
-        from hpolab.study.objectives.trial_scheduler import PAUSED_ATTR, best_at_highest_rung
+        from hpolab.study.objectives.trial_scheduler import best_at_highest_rung
 
         if spec.trial_scheduler is None or any(t.state == TrialState.COMPLETE for t in trials):
             return ""
@@ -175,7 +175,7 @@ class Progress:
             return "; no trial reached a rung"
         t, epoch = found
         top = spec.trial_scheduler.max_epochs or spec.trainer.max_epochs
-        return (f"; no trial reached the top rung (epoch {top}); the best at rung {t.system_attrs[PAUSED_ATTR]['rung']} "
+        return (f"; no trial reached the top rung (epoch {top}); the best at rung {t.system_attrs[PAUSED]['rung']} "
                 f"(epoch {epoch}): trial {t.number} {spec.metric} {fmt_value(t.intermediate_values[epoch])}")
 
     def _print_elapsed(self, spec) -> None:

@@ -12,12 +12,11 @@ epoch, compared in the spec's direction (ranking.py's rule: NaN is worst).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from optuna.trial import FrozenTrial, TrialState
 
-from hpolab.study.objectives.trial_scheduler import RUNG_ATTR, Resume, chain_root, interrupted_resume, paused_at
+from hpolab.study.objectives.trial_scheduler import RUNG_ATTR, Resume, chain_root, interrupted_resume, paused_at, score
 
 COUNTED = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)  # a FAIL's epochs live on in its retry copy
 
@@ -65,11 +64,7 @@ class Asha:
         return r.index(epoch) if epoch in r else None
 
     def _value(self, trial: FrozenTrial, epoch: int) -> float:
-        """Larger is better (the direction folded in); NaN and missing are worst."""
-        v = trial.intermediate_values.get(epoch)
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return -math.inf
-        return v if self.maximize else -v
+        return score(trial.intermediate_values.get(epoch), self.maximize)
 
     def promotable(self, trials: list[FrozenTrial]) -> list[FrozenTrial]:
         """Paused trials that may resume now, best first, highest rung first."""

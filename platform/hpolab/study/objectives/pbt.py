@@ -34,7 +34,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.study.objectives.pbt_explore import explore
-from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR, Resume, chain_root, interrupted_resume, paused_at
+from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR, Resume, chain_root, interrupted_resume, paused_at, score
 
 SCHEDULE_ATTR = "hpolab.pbt_schedule"
 PARENTS_ATTR = "hpolab.pbt_parents"
@@ -154,15 +154,9 @@ class Pbt:
             return False
         return all(m.value_at(epoch) is not None or not m.alive for m in members.values())
 
-    def _score(self, value: float | None) -> float:
-        """Larger is better (the direction folded in); NaN and missing are worst."""
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return -math.inf
-        return value if self.maximize else -value
-
     def decide(self, members: dict[int, Member], root: int, epoch: int) -> Decision:
         reached = [m for m in members.values() if m.value_at(epoch) is not None]
-        ranked = sorted(reached, key=lambda m: (-self._score(m.value_at(epoch)), m.root))  # ties: the earlier member
+        ranked = sorted(reached, key=lambda m: (-score(m.value_at(epoch), self.maximize), m.root))  # ties: the earlier member
         n = len(ranked)
         k = min(math.ceil(n * self.quantile), n // 2)  # the quantile's size (Ray Tune's rule)
         bottom = {m.root for m in ranked[n - k:]} if k else set()
@@ -276,6 +270,7 @@ def copy_whole(source: Path, target: Path) -> None:
     os.replace(partial, target)
 
 
-def schedule_of(trial: FrozenTrial) -> list[tuple[int, dict[str, Any]]]:
-    """A member's schedule, (first epoch, {key: value}) by epoch: what `hpolab reproduce` replays."""
-    return sorted((int(k), dict(v)) for k, v in trial.user_attrs.get(SCHEDULE_ATTR, {}).items())
+def schedule_of(member: Member) -> list[tuple[int, dict[str, Any]]]:
+    """A member's schedule, (first epoch, {key: value}) by epoch: what `hpolab reproduce` replays ([]:
+    it never passed a boundary)."""
+    return sorted((int(k), dict(v)) for k, v in member.user_attr(SCHEDULE_ATTR, {}).items())

@@ -23,15 +23,16 @@ schedulers.py picks the spec's scheduler (scheduler_for); the schedulers import 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from optuna.trial import FrozenTrial, TrialState
 
-from hpolab.stores.trial_counts import chain_root  # noqa: F401 -- the schedulers' retry-chain rule is the budget's
+from hpolab.stores.trial_counts import PAUSED as PAUSED_ATTR  # system attr: {"rung": k, "epoch": e} while paused; None when not
+from hpolab.stores.trial_counts import chain_root, is_paused  # noqa: F401 -- chain_root: the schedulers' retry-chain rule is the budget's
 
-PAUSED_ATTR = "hpolab.paused"  # system attr: {"rung": k, "epoch": e} while paused; None when not
 RUNG_ATTR = "hpolab.rung"  # user attr: the highest rung (0-based) the trial reached
 CHANGES_ATTR = "hpolab.config_changes"  # user attr: dotted config key -> value, applied over its params
 SEGMENT_ATTR = "hpolab.segment_after"  # system attr: the epoch its current segment resumed after (0: none yet)
@@ -70,8 +71,14 @@ class TrialScheduler(Protocol):
 
 def paused_at(trial: FrozenTrial) -> dict[str, int] | None:
     """{"rung": k, "epoch": e} when the trial is paused now, else None."""
-    info = trial.system_attrs.get(PAUSED_ATTR)
-    return info if trial.state == TrialState.RUNNING and isinstance(info, dict) else None
+    return trial.system_attrs[PAUSED_ATTR] if is_paused(trial.state, trial.system_attrs) else None
+
+
+def score(value: float | None, maximize: bool) -> float:
+    """A value at a rung or boundary, larger is better (the direction folded in); NaN and missing are worst."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return -math.inf
+    return value if maximize else -value
 
 
 def interrupted_resume(trials: list[FrozenTrial], checkpoint_of) -> Resume | None:

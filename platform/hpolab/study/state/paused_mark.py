@@ -2,18 +2,17 @@
 
 Optuna has no paused state: a paused trial stays RUNNING with the system attr hpolab.paused =
 {rung, epoch} (driver/pauses.py). It has no process and is not finished, so the tables (the end of
-`study run`, `study status`, `compare`, Study.trials_df) say PAUSED. Plain data: no imports, for the
-light read paths.
+`study run`, `study status`, `compare`, Study.trials_df) say PAUSED. The mark and its test live in
+stores/trial_counts.py (plain data, no Optuna: the light read paths import it).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-PAUSED_ATTR = "hpolab.paused"
+from hpolab.stores.trial_counts import is_paused
 
 
 def shown_state(state: Any, system_attrs: dict[str, Any]) -> str:
     """`state`: an Optuna TrialState or its name."""
-    name = str(getattr(state, "name", state))
-    return "PAUSED" if name == "RUNNING" and isinstance(system_attrs.get(PAUSED_ATTR), dict) else name
+    return "PAUSED" if is_paused(state, system_attrs) else str(getattr(state, "name", state))
