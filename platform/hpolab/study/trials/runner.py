@@ -42,7 +42,7 @@ class Running:
     gpu: int | None = None
     uploaded_at: float = field(default_factory=time.monotonic)  # the last checkpoint upload (or the start)
     uploaded_epoch: int = 0  # the epoch of that upload
-    best_inode: int | None = None  # best.pt's inode at that upload (a new one is uploaded only when it changed)
+    best_id: tuple | None = None  # best.pt's identity at that upload (uploaded again only when it is another file)
     lost: str | None = None  # why Optuna no longer has it RUNNING (another worker reaped it; heartbeat.py)
     awaits_export: bool = False  # it reported "done" and waits for "export" | "skip" (child_export.py)
     model_tags: dict[str, str] | None = None  # what logging its model put on its run (once logged)

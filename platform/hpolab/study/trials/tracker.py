@@ -174,7 +174,7 @@ class TrialTracker:
         now = time.monotonic()
         if not (force or upload_due(r.uploaded_at, self.upload_every, now)) or r.uploaded_epoch >= r.epoch:
             return None
-        folder, r.best_inode = stage_checkpoints(r.trial_dir, r.epoch, r.best_inode)
+        folder, r.best_id = stage_checkpoints(r.trial_dir, r.epoch, r.best_id)
         if folder is not None:
             r.uploaded_at, r.uploaded_epoch = now, r.epoch
         return folder

@@ -113,22 +113,29 @@ def upload_due(last_upload: float, every: float | None, now: float) -> bool:
     return every is not None and now - last_upload >= every
 
 
-def stage_checkpoints(trial_dir: Path, epoch: int, best_inode: int | None) -> tuple[Path | None, int | None]:
-    """Hard-link last.pt (and best.pt if its inode changed since `best_inode`) into a staging folder.
+def stage_checkpoints(trial_dir: Path, epoch: int, best_id: tuple | None) -> tuple[Path | None, tuple | None]:
+    """Hard-link last.pt (and best.pt if it is another file than `best_id`) into a staging folder.
 
-    Returns (folder or None when there is no last.pt, best.pt's inode now)."""
+    Returns (folder or None when there is no last.pt, best.pt's identity now). A file's identity is its
+    inode number with its modification time: the number alone is not enough, as ext4 gives a freed
+    inode's number to the next new file at once, so a new best.pt written after the last upload's
+    staging folder was removed often got the uploaded one's number and was not uploaded again."""
     last = trial_dir / "last.pt"
     if not last.is_file():
-        return None, best_inode
+        return None, best_id
     folder = trial_dir / f".upload-{epoch}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
     _link(last, folder / "last.pt")
     best = trial_dir / "best.pt"
-    inode = best.stat().st_ino if best.is_file() else None
-    if inode is not None and inode != best_inode:
+    try:
+        st = best.stat()
+        now = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+    except FileNotFoundError:
+        now = None
+    if now is not None and now != best_id:
         _link(best, folder / "best.pt")
-    return folder, inode
+    return folder, now
 
 
 def _link(src: Path, dst: Path) -> None:
