@@ -142,8 +142,9 @@ def test_a_trial_run_is_written_not_read_back(mlflow_server, tmp_path):
 
 
 def test_retention_hands_out_deletes_at_most_every_interval_and_all_at_the_last_pass(tmp_path, monkeypatch):
-    """Each finished trial makes a retention pass; its deletes (and the two reads each batch of them
-    costs) go out at most every PURGE_EVERY_S, the driver's last pass takes everything left."""
+    """Each finished trial may make a retention pass; its deletes (and the two reads each batch of them
+    costs) go out at most every PURGE_EVERY_S (or PURGE_EVERY_TRIALS trials), the driver's last pass
+    takes everything left, and each delete is handed out once."""
     import optuna
     from types import SimpleNamespace
 
@@ -158,16 +159,20 @@ def test_retention_hands_out_deletes_at_most_every_interval_and_all_at_the_last_
     monkeypatch.setattr(ret.time, "monotonic", lambda: clock[0])
     r = ret.Retention(spec, study, lambda n: tmp_path / str(n))
     trials = study.get_trials(deepcopy=False)
-    assert r.plan(trials[:2], now=False) == []  # an interval from the start...
+    # as the tracker does after each finished trial: a pass when trials_due() says one is due
+    assert r.trials_due() is None  # an interval from the start...
     clock[0] += ret.PURGE_EVERY_S
-    first = r.plan(trials[:2], now=False)
+    assert r.trials_due() is not None
+    first = r.plan(trials[:2])
     assert [(w, n) for w, n, *_ in first] == [("checkpoints", 0)]
-    assert r.plan(trials[:3], now=False) == []  # ...and between two passes that delete
+    assert r.trials_due() is None  # ...and between two passes
     clock[0] += ret.PURGE_EVERY_S
-    assert [n for _, n, *_ in r.plan(trials[:3], now=False)] == [1]  # ...and then go
-    assert r.plan(trials, now=False) == []
-    assert [n for _, n, *_ in r.plan(trials, now=True)] == [2]  # the last pass: at once
-    assert r.plan(trials, now=True) == []  # each once
+    assert r.trials_due() is not None
+    assert [n for _, n, *_ in r.plan(trials[:3])] == [1]  # ...and then go
+    assert r.trials_due() is None
+    assert r.trials_due(last=True) is not None
+    assert [n for _, n, *_ in r.plan(trials)] == [2]  # the last pass: at once
+    assert r.plan(trials) == []  # each once
 
 
 def test_rank_tags_are_handed_out_at_most_every_interval_and_always_at_the_last_pass(monkeypatch):

@@ -259,7 +259,17 @@ def test_retention_leaves_a_pending_retry_resumable_on_another_worker(store, tmp
                                               system_attrs={"retry_history": [2], "failed_trial": 2}))
     spec = SimpleNamespace(log_models="complete", keep_checkpoints=SimpleNamespace(top_k=1), direction="maximize")
     retention = Retention(spec, study, lambda n: w1.trial_dir("keep", n))
-    retention.purge(client, retention.plan())
+    # The runs as another worker made them: not in this process's artifact-repository cache. The purge
+    # reads them in one search and takes their artifact URIs from it: no run read back one by one.
+    from mlflow.tracking._tracking_service import utils
+
+    utils._artifact_repos_cache.clear()
+    read_back = []
+    get_run = client._tracking_client.get_run
+    client._tracking_client.get_run = lambda run_id: read_back.append(run_id) or get_run(run_id)
+    retention.purge(client, retention.plan(), exp)
+    del client._tracking_client.get_run
+    assert read_back == []
     runs = [t.user_attrs["mlflow_run_id"] for t in study.get_trials()[:3]]
     assert client.list_artifacts(runs[1], "checkpoints") == [] and not (w1.trial_dir("keep", 1) / "last.pt").exists()
     assert [a.path for a in client.list_artifacts(runs[2], "checkpoints")] == ["checkpoints/last.pt"]
@@ -370,3 +380,19 @@ def test_retention_reads_the_trials_once_per_interval_and_at_the_last_pass(store
     assert [t.number for t in r.trials_due(last=True)] == [0] and reads  # the last pass: at once
     nothing = ret.Retention(SimpleNamespace(log_models="none", keep_checkpoints="all"), study, lambda n: None)
     assert nothing.trials_due(last=True) is None  # no model to rank, nothing to delete: no read
+
+
+def test_retention_passes_after_a_number_of_finished_trials_inside_the_interval(store, monkeypatch):
+    """Short trials: 30 s can be a hundred trials whose checkpoints would wait, and whose deletes would
+    all land on one later pass. A pass is also due once PURGE_EVERY_TRIALS trials ended here."""
+    from hpolab.study.retention import retention as ret
+
+    url = f"sqlite:///{store / 'optuna.db'}"
+    optuna.create_study(study_name="keep", storage=url, direction="maximize").add_trial(
+        create_trial(value=0.5, params={"x": 0.5}, distributions=DIST))
+    study = optuna.load_study(study_name="keep", storage=url)
+    clock = [1000.0]
+    monkeypatch.setattr(ret.time, "monotonic", lambda: clock[0])
+    r = ret.Retention(SimpleNamespace(log_models="all", keep_checkpoints="all"), study, lambda n: None)
+    due = [r.trials_due() is not None for _ in range(2 * ret.PURGE_EVERY_TRIALS)]  # the clock stands still
+    assert [i + 1 for i, d in enumerate(due) if d] == [ret.PURGE_EVERY_TRIALS, 2 * ret.PURGE_EVERY_TRIALS]

@@ -38,6 +38,10 @@ LAST_DELETED = "hpolab.last_checkpoint"  # run tag: last.pt deleted when the tri
 # pass per finished trial would cost a read of every trial and two requests per trial. What waits is
 # only files that go a few seconds later.
 PURGE_EVERY_S = 30.0
+# ...or once this driver has finished this many trials since its last pass, whichever comes first: with
+# short trials 30 s is a hundred trials or more, whose checkpoints would wait on disk and in the store,
+# and whose deletes would all land on one later pass (the first trials of a study paid none of them).
+PURGE_EVERY_TRIALS = 25
 RUN_IDS_PER_SEARCH = 100  # run ids per `attributes.run_id IN (...)` filter
 
 
@@ -82,9 +86,9 @@ class Retention:
         self.trial_dir = trial_dir  # this worker's folder of a trial (other workers purge their own)
         self._queued: set[tuple[str, int]] = set()  # (what, trial number) queued once per driver
         self._ranked: dict | None = None  # the rank tags the last pass wrote
-        # when trials_due() last read the trials, plan() last handed out deletes, rank_tags() ranked
-        # (the first: an interval after the start)
-        self._read_at = self._planned_at = self._ranked_at = time.monotonic()
+        # when trials_due() last read the trials, rank_tags() ranked (the first: an interval after the start)
+        self._read_at = self._ranked_at = time.monotonic()
+        self._ended_since_read = 0  # trials this driver finished since trials_due() last read
 
     @property
     def direction(self) -> list[str]:
@@ -103,14 +107,16 @@ class Retention:
 
     def trials_due(self, last: bool = False) -> list[FrozenTrial] | None:
         """The study's trials for a pass of plan() and rank_tags() (one read for both), or None when
-        no pass is due: between the driver's start and its `last` pass, at most every PURGE_EVERY_S
-        (a trial that ends inside the interval costs no read of the study); never when retention
-        has nothing to do (log_models none, keep_checkpoints all)."""
+        no pass is due: between the driver's start and its `last` pass, once PURGE_EVERY_S has
+        passed or PURGE_EVERY_TRIALS trials have ended here since the last (a trial that ends
+        between costs no read of the study); never when retention has nothing to do (log_models
+        none, keep_checkpoints all). Called once per trial this driver finishes."""
         if not self.active and self.log_models == "none":
             return None
-        if not last and time.monotonic() - self._read_at < PURGE_EVERY_S:
+        self._ended_since_read += 1  # (called once per finished trial, and at the last pass)
+        if not last and time.monotonic() - self._read_at < PURGE_EVERY_S and self._ended_since_read < PURGE_EVERY_TRIALS:
             return None
-        self._read_at = time.monotonic()
+        self._read_at, self._ended_since_read = time.monotonic(), 0
         return self.study.get_trials(deepcopy=False)
 
     def rank_tags(self, trials: list, force: bool = False) -> dict[int, dict[str, str | None]] | None:
@@ -128,12 +134,11 @@ class Retention:
         self._ranked, self._ranked_at = tags, time.monotonic()
         return tags
 
-    def plan(self, trials: list | None = None, now: bool = True) -> list[tuple[str, int, str | None, Path]]:
+    def plan(self, trials: list | None = None) -> list[tuple[str, int, str | None, Path]]:
         """(what, trial number, run id, trial folder) to delete now: what = "model" | "checkpoints".
-        Read on the driver's thread (Optuna); the deletes run on the upload thread (purge).
-        `now` False (a pass after each finished trial): nothing until PURGE_EVERY_S has passed since
-        deletes were last handed out; what waits comes in a later pass (nothing is marked queued)."""
-        if not self.active or (not now and time.monotonic() - self._planned_at < PURGE_EVERY_S):
+        Read on the driver's thread (Optuna); the deletes run on the upload thread (purge). Each is
+        handed out once per driver. A driver's passes are paced by trials_due()."""
+        if not self.active:
             return []
         if trials is None:  # (the tracker passes the trials it read for the rank tags too)
             trials = self.study.get_trials(deepcopy=False)
@@ -148,8 +153,6 @@ class Retention:
             if (what, n) not in self._queued:
                 self._queued.add((what, n))
                 out.append((what, n, trials[n].user_attrs.get("mlflow_run_id"), self.trial_dir(n)))
-        if out:
-            self._planned_at = time.monotonic()
         return out
 
     def purge(self, client, items: list[tuple[str, int, str | None, Path]], experiment_id: str | None = None) -> None:
@@ -160,6 +163,8 @@ class Retention:
         if ids and experiment_id is None:
             experiment_id = client.get_run(ids[0]).info.experiment_id
         runs = runs_by_id(client, experiment_id, ids) if ids else {}
+        for run_id, run in runs.items():  # (another worker's runs are not in this process's cache: no runs/get each)
+            tr.remember_artifact_uri(client, run_id, run.info.artifact_uri)
         promoted = promoted_in(client, experiment_id) if ids else set()
         for what, n, run_id, folder in items:
             run = runs.get(run_id)

@@ -299,11 +299,11 @@ class TrialTracker:
         return tags
 
     def _retain(self, last: bool = False) -> None:
-        # one read of the study for the plan and the ranks, at most every PURGE_EVERY_S (and at the last pass)
+        # one read of the study for the plan and the ranks, when a pass is due (trials_due) and at the last pass
         trials = self.retention.trials_due(last) if self.retention else None
         if trials is None:
             return
-        items = self.retention.plan(trials, now=last)  # (between: at most every PURGE_EVERY_S)
+        items = self.retention.plan(trials)
         if items:
             self.uploads.submit("retention", self.retention.purge, self.client, items, self.experiment_id)
         ranks = self.retention.rank_tags(trials, force=last)
