@@ -11,7 +11,7 @@ tracking stack (nor Optuna or pandas); each subpackage imports what it needs. Th
     hpolab.predict(model_uri, inputs)   predictions of a promoted model as a DataFrame (as `hpolab predict`)
 """
 
-__version__ = "0.4.0"
+__version__ = "0.4.1"
 
 # name -> the hpolab.api module defining it
 _API = {"run_study": "running", "load_study": "study", "Study": "study", "BestTrial": "study", "Promotion": "study",
