@@ -110,8 +110,11 @@ def test_status_shows_the_epochs_the_budget_counts(tmp_path):
     add(TrialState.FAIL, 0, {"hpolab.released": True})  # 2: given back unrun
     add(TrialState.FAIL, 2)  # 3: interrupted after epoch 2, resumed by 4 ...
     add(TrialState.COMPLETE, 5, {"retry_history": [3], "failed_trial": 3})  # ... which carried epochs 1-2 over: 5 in all
+    # 5: its epoch 2 was NaN, which a retry's carried-over history skips: 3 epochs, 2 intermediate values
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.3, params={"x": 0.5}, distributions=DIST,
+                                 intermediate_values={1: 0.1, 3: 0.3}))
     used = epochs_used(study.get_trials())
-    assert used == 9
+    assert used == 12
     out = run_cli("--store", str(store), "study", "status", "epochs", cwd=tmp_path).stdout
     assert f"epochs used: {used} / 20 (budget.epochs)" in out, out
 

@@ -39,7 +39,7 @@ def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
     from hpolab.study.objectives import ranking
 
     trials = study.get_trials(deepcopy=False)
-    rows = [TrialRow(t.number, t.state.name, t.value, t.params, len(t.intermediate_values), t.user_attrs.get("mlflow_run_id"),
+    rows = [TrialRow(t.number, t.state.name, t.value, t.params, max(t.intermediate_values, default=0), t.user_attrs.get("mlflow_run_id"),
                      ranking_attrs(t.system_attrs)) for t in trials]
     top = ranking.best(trials, ranking.directions_of(study))  # (feasible, not imported by a warm start)
     return _print_trials(name, study.direction.name.lower(), rows, (top.number, top.value) if top is not None else None, limit,
@@ -66,7 +66,7 @@ def _budget_sql(name: str, stores: Stores) -> int | None:
 def epochs_line(rows: list, budget) -> str | None:
     """'epochs used: 16 / 40 (budget.epochs); 2 paused, 5 pruned at a rung' for a study with a
     trial scheduler or an epoch budget (None otherwise). Epochs used: the budget's own rule
-    (trial_counts.epochs_used; a row's last epoch is its count of steps)."""
+    (trial_counts.epochs_used; a row's `steps` is its last epoch reported)."""
     paused = paused_counts(rows)
     if paused is None and budget is None:
         return None

@@ -159,7 +159,7 @@ class TrialRow:
     state: str  # COMPLETE, PRUNED, FAIL, RUNNING, WAITING
     value: float | None  # the first objective's
     params: dict[str, Any]
-    steps: int  # intermediate values reported (epochs)
+    steps: int  # the last epoch reported (its highest intermediate step; a retry copy may skip a NaN epoch)
     run_id: str | None
     system_attrs: dict[str, Any]  # constraints and a warm start's mark only
 
@@ -194,7 +194,7 @@ def _trial_rows(con: sqlite3.Connection, sid: int) -> list[TrialRow]:
         rows[tid].value = _INF.get(kind, value)
     for tid, pname, pvalue, dist in con.execute(f"SELECT trial_id, param_name, param_value, distribution_json FROM trial_params WHERE {where}", (sid,)):
         rows[tid].params[pname] = _external(pvalue, json.loads(dist))
-    for tid, n in con.execute(f"SELECT trial_id, COUNT(*) FROM trial_intermediate_values WHERE {where} GROUP BY trial_id", (sid,)):
+    for tid, n in con.execute(f"SELECT trial_id, MAX(step) FROM trial_intermediate_values WHERE {where} GROUP BY trial_id", (sid,)):
         rows[tid].steps = n
     for tid, value in con.execute(f"SELECT trial_id, value_json FROM trial_user_attributes WHERE key = 'mlflow_run_id' AND {where}", (sid,)):
         rows[tid].run_id = json.loads(value)

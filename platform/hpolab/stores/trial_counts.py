@@ -73,8 +73,9 @@ def last_reported(trial) -> int:
 def epochs_used(trials: Iterable, last_epoch: Callable[[Any], int] = last_reported) -> int:
     """Epochs trained by the study's trials (`budget.epochs`): per configuration, the last epoch it
     reported (a copy carries its attempt's epochs over, and a paused trial goes on from where it
-    was: not counted twice). `last_epoch`: a trial's last reported epoch (a `study status` row: the
-    count of its steps, the same number as epochs are reported 1, 2, ... without a gap)."""
+    was: not counted twice). `last_epoch`: a trial's last reported epoch (a `study status` row: its
+    highest step, read with SQL; not the count of its steps, which a copy that skipped a NaN epoch
+    has fewer of)."""
     last: dict[int, int] = {}
     for t in trials:
         if t.system_attrs.get(RELEASED) or t.system_attrs.get(IMPORTED):
