@@ -16,51 +16,80 @@ from pathlib import Path
 import pytest
 
 from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, open_study, trial_run
-from hpolab.study.trials.host_slots import DIR_ENV, HostSlots, _started
+from hpolab.study.trials.host_slots import DIR_ENV, HostSlots, _pid_namespace, _started
+from hpolab.train.cpus import available_cpus
 
 
-def _entry(folder: Path, pid: int, cpus: list[int], slots: int, started: str | None) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
+def _entry(folder: Path, pid: int, cpus: list[int], slots: int, started: str | None, pidns=_pid_namespace()) -> Path:
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = folder / f"{pid}.json"
-    path.write_text(json.dumps({"cpus": cpus, "slots": slots, "started": started}))
+    path.write_text(json.dumps({"cpus": cpus, "slots": slots, "started": started, "pidns": pidns}))
     return path
 
 
-def test_slots_of_live_drivers_on_overlapping_cpus_are_counted_the_dead_are_removed(tmp_path):
+def test_the_trials_live_drivers_run_on_overlapping_cpus_are_counted_the_dead_are_removed(tmp_path):
+    folder = tmp_path / "slots"
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exits and is not reaped yet (a SIGKILLed driver's state)
     try:
-        me = HostSlots({0, 1}, parallel=1, folder=tmp_path)
+        me = HostSlots({0, 1}, parallel=1, folder=folder)
         assert me.sharing() == 1  # not held, nothing else: its own parallel
         me.hold()
+        assert json.loads(me.path.read_text())["slots"] == 0  # running nothing yet
+        me.running(1)
         assert json.loads(me.path.read_text())["slots"] == 1
         assert me.sharing() == 1  # its own entry is not counted twice
 
-        _entry(tmp_path, other.pid, [1, 2], 2, _started(other.pid))  # overlaps on CPU 1: counted
+        _entry(folder, other.pid, [1, 2], 2, _started(other.pid))  # runs 2 trials, overlaps on CPU 1: counted
         assert me.sharing() == 3
-        (tmp_path / f"{other.pid}.json").unlink()
-        _entry(tmp_path, other.pid, [2, 3], 2, _started(other.pid))  # bound to other CPUs: not counted
+        _entry(folder, other.pid, [1, 2], 0, _started(other.pid))  # the same driver, waiting: counts nothing
+        assert me.sharing() == 1
+        _entry(folder, other.pid, [2, 3], 2, _started(other.pid))  # bound to other CPUs: not counted
         assert me.sharing() == 1
 
-        dead = _entry(tmp_path, gone.pid, [0], 4, "1")  # its driver died: ignored, and the file removed
-        reused = _entry(tmp_path, other.pid, [0], 4, "0")  # a live pid, started at another time: another process
+        while _started(zombie.pid) != "gone":
+            time.sleep(0.05)
+        dead = [_entry(folder, gone.pid, [0], 4, "1"),  # its driver died: ignored, and the file removed
+                _entry(folder, zombie.pid, [0], 4, None),  # killed, not reaped yet: likewise
+                _entry(folder, other.pid, [0], 4, "0")]  # a live pid, started at another time: another process
         assert me.sharing() == 1
-        assert not dead.exists() and not reused.exists()
+        assert not any(p.exists() for p in dead)
+        elsewhere = _entry(folder, 1, [0], 4, None, pidns=12345)  # another pid namespace: neither counted nor removed
+        assert me.sharing() == 1 and elsewhere.exists()
 
+        me.path.unlink()  # (another reader took it for a dead driver's: its pid was reused meanwhile)
+        me.sharing()
+        assert json.loads(me.path.read_text())["slots"] == 1
         me.release()
         assert not me.path.exists()
     finally:
         other.kill()
         other.wait()
+        zombie.wait()
 
 
-def test_an_unwritable_folder_leaves_a_driver_counting_its_own_slots(tmp_path):
+def test_a_folder_that_is_not_this_users_own_or_cannot_be_made_is_not_used(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     me = HostSlots({0}, parallel=2, folder=blocker / "slots")  # (a folder under a file: cannot be made)
     me.hold()
     assert not me.held and me.sharing() == 2
+    shared = tmp_path / "open"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)  # (others could plant entries here that decide our threads)
+    _entry(shared, os.getppid(), [0], 8, _started(os.getppid()))
+    me = HostSlots({0}, parallel=2, folder=shared)
+    me.hold()
+    assert not me.held and me.sharing() == 2
+
+
+def _slots(path: Path) -> int | None:
+    try:
+        return json.loads(path.read_text())["slots"]
+    except (OSError, ValueError):
+        return None
 
 
 @pytest.mark.slow
@@ -68,21 +97,23 @@ def test_a_second_driver_on_the_same_cpus_gives_its_trials_half_the_threads(stor
     """Two `hpolab study run`s of two studies on one machine, neither bound to CPUs: while the first
     runs its trials, the second's trials record (and set) half the CPUs as their torch threads; alone,
     a driver at parallel=1 gives a trial all of them."""
-    cpus = len(os.sched_getaffinity(0))
+    cpus = available_cpus()
     if cpus < 2:
         pytest.skip("needs 2 CPUs: with one, every trial gets 1 thread either way")
     slots = tmp_path / "slots"
     env = {**hpolab_env(), DIR_ENV: str(slots)}
     hpolab = str(Path(sys.executable).with_name("hpolab"))
     common = ["parallel=1", "trainer.max_epochs=1", "log_models=none"]
+    # the first runs one long trial (its entry says 1 trial all along), the second two short ones
     first = subprocess.Popen([hpolab, "--store", str(tmp_path / "first"), "study", "run", FAULT_SPEC, "name=first",
-                              "n_trials=500", *common], cwd=FAULT_PROJECT, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
+                              "n_trials=1", "parallel=1", "trainer.max_epochs=100000", "trainer.early_stopping_patience=null",
+                              "model.sleep=0.05", "log_models=none"],
+                             cwd=FAULT_PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
-        while not (slots / f"{first.pid}.json").exists():
+        while _slots(slots / f"{first.pid}.json") != 1:
             assert first.poll() is None, first.stderr.read()
-            assert time.monotonic() < deadline, "the first driver never held its slot"
+            assert time.monotonic() < deadline, "the first driver never said it runs a trial"
             time.sleep(0.2)
         second = subprocess.run([hpolab, "--store", str(store), "study", "run", FAULT_SPEC, "n_trials=2", *common],
                                 cwd=FAULT_PROJECT, env=env, capture_output=True, text=True, timeout=600)
@@ -90,7 +121,11 @@ def test_a_second_driver_on_the_same_cpus_gives_its_trials_half_the_threads(stor
         assert first.poll() is None, "the first driver ended before the second did: nothing was shared"
     finally:
         first.send_signal(signal.SIGTERM)
-        first.wait(timeout=120)
+        try:
+            first.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            first.kill()
+            first.wait()
     assert not (slots / f"{first.pid}.json").exists(), "a driver that stopped left its slot held"
     client, study = open_study(store)
     assert [trial_run(t, client).data.tags["hpolab.torch_threads"] for t in study.trials] == [str(cpus // 2)] * 2

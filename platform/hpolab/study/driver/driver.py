@@ -333,7 +333,7 @@ class Driver:
     def _loop(self) -> Outcome:
         outcome = Outcome(n_trials=self.spec.n_trials)
         self.heartbeats.start()
-        self.runner.host_slots.hold()  # other drivers on these CPUs give their trials fewer threads now
+        self.runner.host_slots.hold()  # other drivers on these CPUs count the trials this one runs
         deadline = time.monotonic() + self.spec.timeout if self.spec.timeout else None
         try:
             self.progress.begin(self.outage.call(trial_counts, self.study), self.stores)
@@ -350,6 +350,7 @@ class Driver:
                     self.draining = True  # stop_after_no_improvement: no new trials; running ones finish
                     outcome.stopped = self.no_improvement.reason
                 self._start_trials()
+                self.runner.host_slots.running(len(self.running))  # (what other drivers here count)
                 if not self.running:
                     if self._others_still_running():
                         continue
@@ -360,6 +361,7 @@ class Driver:
                 wait(handles, timeout=1.0)
                 for r in list(self.running.values()):
                     self.events.handle(r)
+                self.runner.host_slots.running(len(self.running))
                 self._check_timeouts()
         finally:
             self.heartbeats.stop()

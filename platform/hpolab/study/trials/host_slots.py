@@ -6,44 +6,58 @@ binding, two studies at once) each counted all the CPUs, so their trials ran twi
 machine has. Torch's OpenMP threads then spin against each other: on the 2-core machine, two workers
 with one-epoch trials did 0.8 trials/s, against 4.7 with one thread per trial (bench/team_workers.py).
 
-So each driver that runs trials writes a small file here, `<pid>.json` with its CPU set and its
-`parallel`, while its loop runs, and a trial's threads are its driver's CPUs divided by the slots of
-every live driver whose CPUs overlap them. Drivers bound to disjoint CPUs (Slurm's --cpu-bind, taskset,
-a container's cpuset) do not count each other; one driver alone gets what it got before. The files
-live in /dev/shm (memory, per host, gone at reboot) in a folder per user; a driver that died leaves its
-file behind, and it is not counted (its pid is gone, or is another process now) and removed by the
-next reader.
+So each driver keeps a small file here while its loop runs, `<pid>.json` with its CPU set and the
+number of trials it runs now (rewritten when that changes), and a trial's threads are its driver's
+CPUs divided by its own `parallel` plus the trials the other live drivers on overlapping CPUs run. A
+driver waiting (for another worker's last trials, a rung, a PBT boundary) counts for nothing.
+Drivers bound to disjoint CPUs (Slurm's --cpu-bind, taskset, a container's cpuset) do not count each
+other; one driver alone gets what it got before. The files live in /dev/shm (memory, per host, gone
+at reboot) in a folder per user (elsewhere: the temporary folder, with the host's name, as that may
+be shared between hosts). A driver that died leaves its file behind; it is not counted (its pid is
+gone, a zombie, or another process now) and is removed by the next reader. Drivers in another pid
+namespace (containers sharing /dev/shm) cannot be checked, and are neither counted nor removed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import stat
 import tempfile
 from pathlib import Path
 
 DIR_ENV = "HPOLAB_HOST_SLOTS_DIR"  # another folder (tests; a host without /dev/shm)
+GONE = "gone"
 
 
 def slots_dir() -> Path:
     if os.environ.get(DIR_ENV):
         return Path(os.environ[DIR_ENV])
-    base = Path("/dev/shm")
-    if not (base.is_dir() and os.access(base, os.W_OK)):
-        base = Path(tempfile.gettempdir())
-    return base / f"hpolab-slots-{os.getuid()}"
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm / f"hpolab-slots-{os.getuid()}"
+    return Path(tempfile.gettempdir()) / f"hpolab-slots-{os.getuid()}-{socket.gethostname()}"
 
 
 def _started(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot, /proc/PID/stat field 22): tells a live driver from
-    a later process that got its pid. None where there is no /proc (then a live pid is taken as the driver)."""
+    """The process's start time (clock ticks since boot, /proc/PID/stat field 22): tells a live driver
+    from a later process that got its pid. GONE for no such process or a zombie (killed, not reaped
+    yet); None where there is no /proc (then a live pid is taken as the driver)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except FileNotFoundError:
-        return None if not Path("/proc/self/stat").exists() else "gone"
+        return None if not Path("/proc/self/stat").exists() else GONE
+    except (OSError, IndexError):
+        return None
+    return GONE if fields[0] in ("Z", "X") else fields[19]
+
+
+def _pid_namespace() -> int | None:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[19]
 
 
 def _alive(pid: int, started: str | None) -> bool:
@@ -54,28 +68,53 @@ def _alive(pid: int, started: str | None) -> bool:
     except PermissionError:
         pass
     now = _started(pid)
-    return now != "gone" and (started is None or now is None or now == started)
+    return now != GONE and (started is None or now is None or now == started)
+
+
+def _ours(folder: Path) -> bool:
+    """The folder is this user's own and private: another local user's entries would decide our threads."""
+    try:
+        st = folder.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077 == 0
 
 
 class HostSlots:
-    """This driver's entry while its trials run (hold/release), and the slots sharing its CPUs."""
+    """This driver's entry while its loop runs (hold / running / release), and the slots sharing its CPUs."""
 
     def __init__(self, cpus: set[int], parallel: int, folder: Path | None = None):
         self.cpus, self.parallel = set(cpus), parallel
         self.folder = folder or slots_dir()
         self.path = self.folder / f"{os.getpid()}.json"
         self.held = False
+        self._running = 0  # the trials the entry says this driver runs
 
     def hold(self) -> None:
-        """Write this driver's entry (atomically: a reader never sees half of it). Best effort: a folder
-        that cannot be written leaves the driver counting its own slots only, as before."""
+        """Write this driver's entry. Best effort: a folder that cannot be made, or is not this user's
+        own, leaves the driver counting its own slots only, as before."""
         try:
             self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"cpus": sorted(self.cpus), "slots": self.parallel,
-                                       "started": _started(os.getpid())}))
+        except OSError:
+            return
+        self.held = _ours(self.folder)
+        self._write()
+
+    def running(self, n: int) -> None:
+        """The number of trials this driver runs now: its entry is rewritten when that changed."""
+        if self.held and n != self._running:
+            self._running = n
+            self._write()
+
+    def _write(self) -> None:
+        """Atomically (a reader never sees half of it); a failed write leaves the last one."""
+        if not self.held:
+            return
+        tmp = self.path.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps({"cpus": sorted(self.cpus), "slots": self._running,
+                                       "started": _started(os.getpid()), "pidns": _pid_namespace()}))
             os.replace(tmp, self.path)
-            self.held = True
         except OSError:
             pass
 
@@ -85,13 +124,18 @@ class HostSlots:
             self.held = False
 
     def sharing(self) -> int:
-        """Trial slots of the live drivers on CPUs overlapping this one's, its own included (at least
-        its `parallel`); the entries of dead drivers are removed."""
+        """This driver's `parallel` plus the trials the other live drivers on overlapping CPUs run; the
+        entries of dead drivers are removed. A driver not holding an entry counts its own only."""
         total = self.parallel
+        if not self.held:
+            return total
+        if not self.path.exists():  # (a reader took it for a dead driver's: pid reuse)
+            self._write()
         try:
             entries = list(self.folder.glob("*.json"))
         except OSError:
             return total
+        here = _pid_namespace()
         for entry in entries:
             if entry == self.path:
                 continue
@@ -99,9 +143,11 @@ class HostSlots:
                 pid, data = int(entry.stem), json.loads(entry.read_text())
             except (ValueError, OSError):  # (a name not ours, or gone since the listing)
                 continue
+            if data.get("pidns") != here:  # another pid namespace: its pid means nothing here
+                continue
             if not _alive(pid, data.get("started")):
                 entry.unlink(missing_ok=True)
                 continue
             if self.cpus & set(data.get("cpus") or []):
-                total += int(data.get("slots") or 1)
+                total += int(data.get("slots") or 0)
         return total

@@ -168,8 +168,7 @@ class TrialRunner:
     def threads_per_trial(self) -> int:
         """Torch threads of a trial starting now: the driver's CPUs shared by its `parallel` trials and
         the trial slots of the other drivers on the same CPUs (host_slots.py)."""
-        sharing = self.host_slots.sharing() if self.host_slots.held else self.parallel
-        return max(1, self.cpus() // max(self.parallel, sharing))
+        return max(1, self.cpus() // max(self.parallel, self.host_slots.sharing()))
 
     def gpu_count(self) -> int:
         if self._n_gpus is None:
