@@ -12,6 +12,7 @@ import subprocess
 import time
 
 import pytest
+from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from conftest import assert_study_check_clean, metric_steps, open_study, run_cli, start_cli, trial_run
@@ -76,6 +77,11 @@ def test_trials_pause_get_promoted_and_resume_from_their_checkpoint(store):
     assert "resumed after epoch 1" in out.stdout  # a resumed segment starts at the rung's epoch + 1
     trials = assert_asha_study(store, "asha-e2e", 5)
     assert any(t.state == TrialState.PRUNED for t in trials)
+    # every segment of a trial trains with the thread count its run records (the first segment's):
+    # the count of a segment started later may differ (drivers on the host share its CPUs)
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    for t in trials:
+        assert str(t.system_attrs["hpolab.torch_threads"]) == client.get_run(t.user_attrs["mlflow_run_id"]).data.tags["hpolab.torch_threads"]
     status = run_cli("--store", str(store), "study", "status", "asha-e2e").stdout
     used = sum(max(t.intermediate_values) for t in trials)
     assert f"epochs used: {used} / 40 (budget.epochs)" in status, status

@@ -44,8 +44,10 @@ from hpolab.study.state.metric_backfill import backfill_and_last_step, checkpoin
 from hpolab.study.state.owners import OWNER_ATTR, owner_of, owner_record
 from hpolab.study.state.retry import OVERRIDES
 from hpolab.study.trials.runner import Running
+from hpolab.train.cpus import available_cpus
 
 PAUSED_OWNER = "paused"  # the owner record of a paused trial: {"trial": n, "paused": True} (no process)
+THREADS_ATTR = "hpolab.torch_threads"  # trial system attr: its first segment's torch threads (the run's tag)
 
 
 @dataclass
@@ -98,9 +100,16 @@ class Pauses:
         set_dotted(config, user_attrs.get(CHANGES_ATTR) or {})
 
     def plan(self, r: Running) -> None:
-        """Where the segment `r` starts now (at epoch r.epoch + 1) pauses."""
+        """Where the segment `r` starts now (at epoch r.epoch + 1) pauses, and its torch threads: a
+        trial's first segment records its count, its later ones (on any worker) train with that count,
+        up to the CPUs there, as its run's `hpolab.torch_threads` says (reproduce replays it)."""
         frozen = self.guard(self.storage.get_trial, r.trial._trial_id)
         self.pause_at[r.number] = self.scheduler.pause_epoch(frozen, r.epoch + 1)
+        recorded = frozen.system_attrs.get(THREADS_ATTR)
+        if recorded is not None:
+            r.threads = max(1, min(int(recorded), available_cpus()))
+        elif r.threads is not None:
+            self.guard(self.storage.set_trial_system_attr, r.trial._trial_id, THREADS_ATTR, r.threads)
 
     def stop_here(self, r: Running, epoch: int) -> bool:
         at = self.pause_at.get(r.number)
