@@ -113,7 +113,8 @@ class Retention:
         none, keep_checkpoints all). Called once per trial this driver finishes."""
         if not self.active and self.log_models == "none":
             return None
-        self._ended_since_read += 1  # (called once per finished trial, and at the last pass)
+        if self.active:  # (only deletes are worth a pass by count: the rank tags keep their own interval)
+            self._ended_since_read += 1  # (called once per finished trial, and at the last pass)
         if not last and time.monotonic() - self._read_at < PURGE_EVERY_S and self._ended_since_read < PURGE_EVERY_TRIALS:
             return None
         self._read_at, self._ended_since_read = time.monotonic(), 0
