@@ -393,6 +393,9 @@ def test_retention_passes_after_a_number_of_finished_trials_inside_the_interval(
     study = optuna.load_study(study_name="keep", storage=url)
     clock = [1000.0]
     monkeypatch.setattr(ret.time, "monotonic", lambda: clock[0])
-    r = ret.Retention(SimpleNamespace(log_models="all", keep_checkpoints="all"), study, lambda n: None)
+    r = ret.Retention(SimpleNamespace(log_models="none", keep_checkpoints=SimpleNamespace(top_k=1)), study, lambda n: None)
     due = [r.trials_due() is not None for _ in range(2 * ret.PURGE_EVERY_TRIALS)]  # the clock stands still
     assert [i + 1 for i, d in enumerate(due) if d] == [ret.PURGE_EVERY_TRIALS, 2 * ret.PURGE_EVERY_TRIALS]
+    # only deletes make a pass due by count: ranking the models alone keeps the interval
+    ranks = ret.Retention(SimpleNamespace(log_models="all", keep_checkpoints="all"), study, lambda n: None)
+    assert not any(ranks.trials_due() is not None for _ in range(2 * ret.PURGE_EVERY_TRIALS))
