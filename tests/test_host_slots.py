@@ -135,3 +135,28 @@ def test_a_second_driver_on_the_same_cpus_gives_its_trials_half_the_threads(stor
     assert alone.returncode == 0, alone.stderr
     client, study = open_study(store)
     assert trial_run(study.trials[-1], client).data.tags["hpolab.torch_threads"] == str(cpus)
+
+
+def test_a_driver_between_two_trials_still_counts_them(tmp_path, monkeypatch):
+    """Between two trials a driver runs none for a moment: another driver's trial starting then would
+    take its threads for its whole length. A fall is written once it has lasted SETTLE_S."""
+    from hpolab.study.trials import host_slots
+
+    clock = [100.0]
+    monkeypatch.setattr(host_slots.time, "monotonic", lambda: clock[0])
+    me = HostSlots({0, 1}, parallel=2, folder=tmp_path / "slots")
+    me.hold()
+    me.running(2)
+    assert _slots(me.path) == 2  # a rise: at once
+    me.running(0)
+    clock[0] += host_slots.SETTLE_S / 2
+    me.running(1)
+    assert _slots(me.path) == 2  # a moment between trials: still 2
+    me.running(2)
+    clock[0] += host_slots.SETTLE_S
+    me.running(1)
+    assert _slots(me.path) == 2
+    clock[0] += host_slots.SETTLE_S
+    me.running(1)
+    assert _slots(me.path) == 1  # fewer for SETTLE_S: written
+    me.release()

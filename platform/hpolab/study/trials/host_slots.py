@@ -7,7 +7,7 @@ machine has. Torch's OpenMP threads then spin against each other: on the 2-core 
 with one-epoch trials did 0.8 trials/s, against 4.7 with one thread per trial (bench/team_workers.py).
 
 So each driver keeps a small file here while its loop runs, `<pid>.json` with its CPU set and the
-number of trials it runs now (rewritten when that changes), and a trial's threads are its driver's
+number of trials it runs now (rewritten when that changes, a fall once it has lasted 2 s), and a trial's threads are its driver's
 CPUs divided by its own `parallel` plus the trials the other live drivers on overlapping CPUs run. A
 driver waiting (for another worker's last trials, a rung, a PBT boundary) counts for nothing.
 Drivers bound to disjoint CPUs (Slurm's --cpu-bind, taskset, a container's cpuset) do not count each
@@ -25,10 +25,12 @@ import os
 import socket
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 DIR_ENV = "HPOLAB_HOST_SLOTS_DIR"  # another folder (tests; a host without /dev/shm)
 GONE = "gone"
+SETTLE_S = 2.0  # a driver running fewer trials says so once that has lasted this long (a driver's loop wakes every second)
 
 
 def slots_dir() -> Path:
@@ -89,6 +91,7 @@ class HostSlots:
         self.path = self.folder / f"{os.getpid()}.json"
         self.held = False
         self._running = 0  # the trials the entry says this driver runs
+        self._lower_since: float | None = None  # since when it has run fewer than that
 
     def hold(self) -> None:
         """Write this driver's entry. Best effort: a folder that cannot be made, or is not this user's
@@ -101,9 +104,22 @@ class HostSlots:
         self._write()
 
     def running(self, n: int) -> None:
-        """The number of trials this driver runs now: its entry is rewritten when that changed."""
-        if self.held and n != self._running:
-            self._running = n
+        """The number of trials this driver runs now. A rise is written at once; a fall only once it has
+        lasted SETTLE_S: between two trials a driver runs none for a moment, and another driver's trial
+        starting then would take its threads for its whole length."""
+        if not self.held:
+            return
+        if n >= self._running:
+            self._lower_since = None
+            if n > self._running:
+                self._running = n
+                self._write()
+            return
+        now = time.monotonic()
+        if self._lower_since is None:
+            self._lower_since = now
+        if now - self._lower_since >= SETTLE_S:
+            self._running, self._lower_since = n, None
             self._write()
 
     def _write(self) -> None:
