@@ -3,6 +3,8 @@ Determined's checkpoint GC. Logic on fabricated trials, then the real CLI on a t
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -399,3 +401,14 @@ def test_retention_passes_after_a_number_of_finished_trials_inside_the_interval(
     # only deletes make a pass due by count: ranking the models alone keeps the interval
     ranks = ret.Retention(SimpleNamespace(log_models="all", keep_checkpoints="all"), study, lambda n: None)
     assert not any(ranks.trials_due() is not None for _ in range(2 * ret.PURGE_EVERY_TRIALS))
+
+
+def test_prune_files_counts_a_hard_linked_best_pt_once(tmp_path):
+    """best.pt is a hard link to its epoch's last.pt: the space prune-files says it frees counts that file once."""
+    from hpolab.study.retention.prune_files import _local_sizes
+
+    (tmp_path / "last.pt").write_bytes(b"x" * 1000)
+    os.link(tmp_path / "last.pt", tmp_path / "best.pt")
+    (tmp_path / "fetched").mkdir()
+    (tmp_path / "fetched" / "last.pt").write_bytes(b"y" * 10)
+    assert sorted(_local_sizes(tmp_path)) == [10, 1000]

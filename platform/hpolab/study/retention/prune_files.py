@@ -39,11 +39,18 @@ class Plan:
         return bool(files)
 
 
-def _local_sizes(folder: Path, names=("last.pt", "best.pt", "fetched")) -> list[int]:
+def _local_sizes(folder: Path, names=("last.pt", "best.pt", "fetched"), seen: set | None = None) -> list[int]:
+    """Sizes of the files to delete, each file once: best.pt is often a hard link to last.pt. `seen`:
+    (device, inode) of files already counted."""
+    seen = set() if seen is None else seen
     out = []
     for n in names:
         p = folder / n
-        out += [f.stat().st_size for f in ([p] if p.is_file() else p.rglob("*") if p.is_dir() else []) if f.is_file()]
+        for f in ([p] if p.is_file() else p.rglob("*") if p.is_dir() else []):
+            st = f.stat()
+            if f.is_file() and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                out.append(st.st_size)
     return out
 
 
@@ -92,8 +99,10 @@ def plan_prune(study, client, stores: Stores, keep: int) -> tuple[Retention, Pla
             continue
         folder, arts = stores.trial_dir(study.study_name, t.number), _artifacts(client, run_id)
         best = folder / "best.pt"
-        files = _local_sizes(folder, ("last.pt", "fetched")) + ([arts["last.pt"]] if "last.pt" in arts else [])
-        files += [best.stat().st_size] if best.is_file() and arts.get("best.pt") == best.stat().st_size else []
+        seen: set = set()
+        files = _local_sizes(folder, ("last.pt", "fetched"), seen) + ([arts["last.pt"]] if "last.pt" in arts else [])
+        if best.is_file() and arts.get("best.pt") == best.stat().st_size:
+            files += _local_sizes(folder, ("best.pt",), seen)  # (nothing more when it is last.pt's hard link)
         if plan.add("tidy", files):
             plan.tidy.append((t.number, run_id, folder))
     return retention, plan
