@@ -4,7 +4,6 @@ Determined's checkpoint GC. Logic on fabricated trials, then the real CLI on a t
 from __future__ import annotations
 
 import os
-
 from pathlib import Path
 from types import SimpleNamespace
 
