@@ -25,7 +25,6 @@ import collections
 import copy
 import math
 import operator
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -33,7 +32,7 @@ from typing import Any, Callable
 import torch
 
 from hpolab.study.trials.own_loop_reports import Reports
-from hpolab.train.checkpoint import atomic_write_bytes, load_checkpoint, serialize_checkpoint, unwrap_model
+from hpolab.train.checkpoint import atomic_write_bytes, link_or_write, load_checkpoint, serialize_checkpoint, unwrap_model
 from hpolab.train.device import resolve_device
 from hpolab.train.state import LoopState
 
@@ -114,7 +113,7 @@ class OwnTrial:
         def write() -> None:
             self._last_path = atomic_write_bytes(blob, self.dir / "last.pt")
             if best:
-                self._best_path = _same_file(self._last_path, self.dir / "best.pt", blob)
+                self._best_path = link_or_write(blob, self._last_path, self.dir / "best.pt")
 
         return write
 
@@ -254,20 +253,6 @@ def _is_trial_pruned(error: Exception) -> bool:
     run_study starts) has not imported it (~0.2 s a trial), and a loop that raised it has imported it."""
     optuna = sys.modules.get("optuna")
     return optuna is not None and isinstance(error, optuna.TrialPruned)
-
-
-def _same_file(last: Path, best: Path, blob: bytes) -> Path:
-    """best.pt as another name of last.pt's file (a hard link: no second write and fsync), put in
-    place atomically; the next epoch's last.pt is a new file, so best.pt keeps this one. Written
-    out where the filesystem has no hard links."""
-    link = best.with_name(f".{best.name}.{os.getpid()}.link")
-    try:
-        link.unlink(missing_ok=True)
-        os.link(last, link)
-    except OSError:
-        return atomic_write_bytes(blob, best)
-    os.replace(link, best)
-    return best
 
 
 def _epoch_number(epoch: Any, last: int, start: int) -> int:
