@@ -114,7 +114,7 @@ def _mixed_params_study(url):
     for params, state, values, attrs in rows:
         t = create_trial(state=state, values=values, params=params, distributions={k: dists[k] for k in params},
                          system_attrs=attrs, user_attrs={"mlflow_run_id": f"run{len(params)}"} if params else None,
-                         intermediate_values={0: 0.5, 1: 0.4} if state != TrialState.FAIL else None)
+                         intermediate_values={1: 0.5, 2: 0.4} if state != TrialState.FAIL else None)  # (epochs: 1-based)
         study.add_trial(t)
     study.ask()
 
