@@ -166,6 +166,13 @@ class Pauses:
         g(self.storage.set_trial_system_attr, t._trial_id, SEGMENT_ATTR, int(info.get("after", info["epoch"])))
         if hasattr(self.storage, "record_heartbeat"):
             g(self.storage.record_heartbeat, t._trial_id)
+        # The scheduler's decision is recorded here, under the lock, right after it made it (PBT copied
+        # the donor's checkpoint in next_resume): a driver that dies before start() leaves a trial that
+        # says what its checkpoint is, and is resumed with no new decision.
+        if res.config_changes:  # a re-run rebuilds the config from the params and these
+            g(self.storage.set_trial_user_attr, t._trial_id, CHANGES_ATTR, {**(t.user_attrs.get(CHANGES_ATTR) or {}), **res.config_changes})
+        for key, value in res.attrs.items():  # the scheduler's records (PBT: schedule, parents)
+            g(self.storage.set_trial_user_attr, t._trial_id, key, value)
         return Claimed(res, int(info["epoch"]), t, int(info.get("logged", 0)))
 
     def may_start_new(self, trials: list[FrozenTrial]) -> bool:
@@ -176,12 +183,8 @@ class Pauses:
 
     def start(self, c: Claimed, experiment, runner) -> None:
         """Resume a claimed trial in a new process, in its own Optuna trial and MLflow run."""
-        t, res, g = c.trial, c.resume, self.guard
-        changes = {**(t.user_attrs.get(CHANGES_ATTR) or {}), **res.config_changes}
-        if res.config_changes:  # a re-run rebuilds the config from the params and these
-            g(self.storage.set_trial_user_attr, t._trial_id, CHANGES_ATTR, changes)
-        for key, value in res.attrs.items():  # the scheduler's records (PBT: schedule, parents)
-            g(self.storage.set_trial_user_attr, t._trial_id, key, value)
+        t, res = c.trial, c.resume
+        changes = {**(t.user_attrs.get(CHANGES_ATTR) or {}), **res.config_changes}  # (claim() recorded them)
         config = self.spec.resolved_config(experiment, t.params)
         config["trainer"].update(t.system_attrs.get(OVERRIDES) or {})  # e.g. the halved micro-batch after an OOM
         self.adjust(config, {CHANGES_ATTR: changes})
