@@ -10,6 +10,7 @@ The batching itself is tested on its own below.
 from __future__ import annotations
 
 import collections
+import os
 import re
 import subprocess
 import sys
@@ -90,11 +91,11 @@ def requests_in(log, start: int) -> collections.Counter:
     return out
 
 
-def _study(store, url, name: str, epochs: int, log, flush_s: str, trials: int = 1) -> collections.Counter:
+def _study(store, url, name: str, epochs: int, log, flush_s: str, trials: int = 1, models: str = "none") -> collections.Counter:
     start = len(log.read_text())
     env = {**hpolab_env(), "MLFLOW_TRACKING_URI": url, "HPOLAB_METRICS_FLUSH_S": flush_s}
     run_cli("--store", str(store), "study", "run", FAULT_SPEC, f"name={name}", f"n_trials={trials}", f"trainer.max_epochs={epochs}",
-            "log_models=none", "keep_checkpoints={top_k: 1}", cwd=FAULT_PROJECT, env=env)
+            f"log_models={models}", "keep_checkpoints={top_k: 1}", cwd=FAULT_PROJECT, env=env)
     time.sleep(0.5)  # the access log line of the last request
     made = requests_in(log, start)  # the study's own (the checks below read too)
     client = MlflowClient(url)
@@ -199,3 +200,26 @@ def test_rank_tags_are_handed_out_at_most_every_interval_and_always_at_the_last_
     assert r.rank_tags(trials)[2]["hpolab.rank"] == "2"
     assert r.rank_tags(trials) is None  # ...and not again while they stay
     assert r.rank_tags(trials, force=True)[2]["hpolab.rank"] == "2"  # the last pass writes them all
+
+
+@pytest.mark.slow
+def test_a_logged_model_reads_no_metric_history(mlflow_server, tmp_path):
+    """MLflow's log_model(run_id=...) links the run's metrics of step 0 to the model by reading the run
+    and each metric's history (~11 requests a model); a trial has no step 0 (model_links.py links the
+    model's epoch). The model still names its run: as the run's output, its record and its MLmodel."""
+    import mlflow
+
+    url, log = mlflow_server
+    made = _study(tmp_path / "m", url, "with-model", 2, log, flush_s="600", models="all")
+    assert ("GET", "/api/2.0/mlflow/metrics/get-history") not in made, made
+    client = MlflowClient(url)
+    run = client.search_runs([client.get_experiment_by_name("with-model").experiment_id], "tags.`hpolab.role` = 'trial'")[0]
+    model_id = run.data.tags["hpolab.model_id"]
+    assert [o.model_id for o in client.get_run(run.info.run_id).outputs.model_outputs] == [model_id]
+    assert client.get_logged_model(model_id).source_run_id == run.info.run_id
+    mlflow.set_tracking_uri(url)
+    try:
+        assert mlflow.models.get_model_info(f"models:/{model_id}").run_id == run.info.run_id
+    finally:
+        mlflow.set_tracking_uri(None)
+        os.environ.pop("MLFLOW_TRACKING_URI", None)

@@ -98,7 +98,7 @@ class _SavedFolder:
     CONTENT = ("flavors", "signature", "saved_input_example_info", "model_size_bytes", "metadata", "env_vars")
 
     @staticmethod
-    def save_model(path, mlflow_model, saved_dir, **_):
+    def save_model(path, mlflow_model, saved_dir, source_run_id, **_):
         import shutil
 
         from mlflow.models import Model
@@ -107,6 +107,7 @@ class _SavedFolder:
         saved = Model.load(saved_dir)
         for field in _SavedFolder.CONTENT:
             setattr(mlflow_model, field, getattr(saved, field, None))
+        mlflow_model.run_id = source_run_id  # (Model.log is not given the run: log_saved_model says why)
         mlflow_model.save(f"{path}/MLmodel")
 
 
@@ -116,8 +117,16 @@ def log_saved_model(saved_dir: str, run_id: str, name: str = "model", tags: dict
     import mlflow
     from mlflow.models import Model
 
+    from mlflow.entities import LoggedModelOutput
+
     client = mlflow.MlflowClient()  # the driver set the tracking URI; Model.log resolves the same one
-    logged = Model.log(artifact_path=None, name=name, flavor=_SavedFolder, run_id=run_id, saved_dir=saved_dir,
+    # Model.log(run_id=...) would also link the run's metrics of step 0 to the model, reading the run
+    # and every metric's history to find them (a `runs/get`, a `metrics/get-history` per metric and a
+    # `log-batch`: ~11 requests a model), and a trial logs no step 0 (its epochs are 1-based;
+    # model_links.py links the model's epoch). So the run is named here instead: the model's record
+    # (source_run_id, new_run_model), its MLmodel (_SavedFolder), and the run's outputs.
+    logged = Model.log(artifact_path=None, name=name, flavor=_SavedFolder, saved_dir=saved_dir, source_run_id=run_id,
                        model_id=new_run_model(client, run_id, name, tags).model_id,
                        validate_serving_input=False)  # the trial process did (child_export.save_model)
+    client.log_outputs(run_id=run_id, models=[LoggedModelOutput(logged.model_id, step=0)])
     return {"hpolab.model_uri": logged.model_uri, "hpolab.model_id": logged.model_id or ""}
