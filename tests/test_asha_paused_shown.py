@@ -11,19 +11,21 @@ from conftest import run_cli
 from hpolab.study.state.paused_mark import shown_state
 
 
-def _study_with_a_paused_trial(store) -> None:
-    study = optuna.create_study(study_name="shown", storage=f"sqlite:///{store / 'optuna.db'}", direction="maximize")
+def _study_with_a_paused_trial(store, name: str, resumed: bool = True) -> None:
+    """Trial 0 COMPLETE, 1 paused at rung 0, and (`resumed`) 2 resumed: RUNNING and training."""
+    study = optuna.create_study(study_name=name, storage=f"sqlite:///{store / 'optuna.db'}", direction="maximize")
     dist = {"lr": FloatDistribution(0.01, 1.0)}
     study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.9, params={"lr": 0.1}, distributions=dist,
                                  intermediate_values={1: 0.5, 2: 0.9}))
     study.add_trial(create_trial(state=TrialState.RUNNING, params={"lr": 0.2}, distributions=dist,
                                  intermediate_values={1: 0.4}, system_attrs={"hpolab.paused": {"rung": 0, "epoch": 1}}))
-    study.add_trial(create_trial(state=TrialState.RUNNING, params={"lr": 0.3}, distributions=dist,
-                                 intermediate_values={1: 0.3}, system_attrs={"hpolab.paused": None}))  # resumed: trains
+    if resumed:
+        study.add_trial(create_trial(state=TrialState.RUNNING, params={"lr": 0.3}, distributions=dist,
+                                     intermediate_values={1: 0.3}, system_attrs={"hpolab.paused": None}))
 
 
 def test_a_paused_trial_is_shown_paused_by_status_and_compare(store):
-    _study_with_a_paused_trial(store)
+    _study_with_a_paused_trial(store, "shown")
     status = run_cli("--store", str(store), "study", "status", "shown").stdout
     states = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in status.splitlines() if line.count("│") > 3}
     assert states == {"0": "COMPLETE", "1": "PAUSED", "2": "RUNNING"}, status
@@ -38,12 +40,7 @@ def test_shown_state():
 
 
 def test_the_report_of_a_study_with_only_paused_trials_says_it_is_stopped(store):
-    study = optuna.create_study(study_name="stopped", storage=f"sqlite:///{store / 'optuna.db'}", direction="maximize")
-    dist = {"lr": FloatDistribution(0.01, 1.0)}
-    study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.9, params={"lr": 0.1}, distributions=dist,
-                                 intermediate_values={1: 0.5, 2: 0.9}))
-    study.add_trial(create_trial(state=TrialState.RUNNING, params={"lr": 0.2}, distributions=dist,
-                                 intermediate_values={1: 0.4}, system_attrs={"hpolab.paused": {"rung": 0, "epoch": 1}}))
+    _study_with_a_paused_trial(store, "stopped", resumed=False)
     run_cli("--store", str(store), "report", "stopped")
     html = (store / "reports" / "stopped.html").read_text()
     status = html.split('status</div><div class="v">', 1)[1].split("</div>", 1)[0]
