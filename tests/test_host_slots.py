@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, open_study, trial_run
-from hpolab.study.trials.host_slots import DIR_ENV, HostSlots, _pid_namespace, _started
+from hpolab.study.state.owners import pid_namespace, process_start_time
+from hpolab.study.trials.host_slots import DIR_ENV, HostSlots
 from hpolab.train.cpus import available_cpus
 
 
-def _entry(folder: Path, pid: int, cpus: list[int], slots: int, started: str | None, pidns=_pid_namespace()) -> Path:
+def _entry(folder: Path, pid: int, cpus: list[int], slots: int, started: str | None, pidns=pid_namespace()) -> Path:
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = folder / f"{pid}.json"
     path.write_text(json.dumps({"cpus": cpus, "slots": slots, "started": started, "pidns": pidns}))
@@ -32,7 +33,8 @@ def test_the_trials_live_drivers_run_on_overlapping_cpus_are_counted_the_dead_ar
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exits and is not reaped yet (a SIGKILLed driver's state)
+    zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])  # exits, not reaped (a SIGKILLed driver's state)
+    zombie_started = process_start_time(zombie.pid)
     try:
         me = HostSlots({0, 1}, parallel=1, folder=folder)
         assert me.sharing() == 1  # not held, nothing else: its own parallel
@@ -42,17 +44,17 @@ def test_the_trials_live_drivers_run_on_overlapping_cpus_are_counted_the_dead_ar
         assert json.loads(me.path.read_text())["slots"] == 1
         assert me.sharing() == 1  # its own entry is not counted twice
 
-        _entry(folder, other.pid, [1, 2], 2, _started(other.pid))  # runs 2 trials, overlaps on CPU 1: counted
+        _entry(folder, other.pid, [1, 2], 2, process_start_time(other.pid))  # runs 2 trials, overlaps on CPU 1: counted
         assert me.sharing() == 3
-        _entry(folder, other.pid, [1, 2], 0, _started(other.pid))  # the same driver, waiting: counts nothing
+        _entry(folder, other.pid, [1, 2], 0, process_start_time(other.pid))  # the same driver, waiting: counts nothing
         assert me.sharing() == 1
-        _entry(folder, other.pid, [2, 3], 2, _started(other.pid))  # bound to other CPUs: not counted
+        _entry(folder, other.pid, [2, 3], 2, process_start_time(other.pid))  # bound to other CPUs: not counted
         assert me.sharing() == 1
 
-        while _started(zombie.pid) != "gone":
+        while process_start_time(zombie.pid) is not None:
             time.sleep(0.05)
         dead = [_entry(folder, gone.pid, [0], 4, "1"),  # its driver died: ignored, and the file removed
-                _entry(folder, zombie.pid, [0], 4, None),  # killed, not reaped yet: likewise
+                _entry(folder, zombie.pid, [0], 4, zombie_started),  # killed, not reaped yet: likewise
                 _entry(folder, other.pid, [0], 4, "0")]  # a live pid, started at another time: another process
         assert me.sharing() == 1
         assert not any(p.exists() for p in dead)
@@ -79,7 +81,7 @@ def test_a_folder_that_is_not_this_users_own_or_cannot_be_made_is_not_used(tmp_p
     shared = tmp_path / "open"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)  # (others could plant entries here that decide our threads)
-    _entry(shared, os.getppid(), [0], 8, _started(os.getppid()))
+    _entry(shared, os.getppid(), [0], 8, process_start_time(os.getppid()))
     me = HostSlots({0}, parallel=2, folder=shared)
     me.hold()
     assert not me.held and me.sharing() == 2

@@ -15,13 +15,18 @@ import os
 from pathlib import Path
 
 
+def cpu_set() -> set[int]:
+    """The CPUs in this process's affinity mask (every CPU where the platform has no affinity)."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
+
+
 def available_cpus(root: str | Path = "/") -> int:
     """CPUs this process may run on (at least 1): the affinity mask, capped by the cgroup quota
     (rounded down: 1.5 CPUs of quota run 1 thread without throttling)."""
-    try:
-        mask = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # (no affinity on this platform)
-        mask = os.cpu_count() or 1
+    mask = len(cpu_set())
     quota = cgroup_cpu_limit(root)
     return max(1, mask if quota is None else min(mask, math.floor(quota)))
 

@@ -44,7 +44,6 @@ from hpolab.study.state.metric_backfill import backfill_and_last_step, checkpoin
 from hpolab.study.state.owners import OWNER_ATTR, owner_of, owner_record
 from hpolab.study.state.retry import OVERRIDES
 from hpolab.study.trials.runner import Running
-from hpolab.train.cpus import available_cpus
 
 PAUSED_OWNER = "paused"  # the owner record of a paused trial: {"trial": n, "paused": True} (no process)
 THREADS_ATTR = "hpolab.torch_threads"  # trial system attr: its first segment's torch threads (the run's tag)
@@ -107,7 +106,7 @@ class Pauses:
         self.pause_at[r.number] = self.scheduler.pause_epoch(frozen, r.epoch + 1)
         recorded = frozen.system_attrs.get(THREADS_ATTR)
         if recorded is not None:
-            r.threads = max(1, min(int(recorded), available_cpus()))
+            r.threads = int(recorded)  # (the runner caps it at the CPUs here)
         elif r.threads is not None:
             self.guard(self.storage.set_trial_system_attr, r.trial._trial_id, THREADS_ATTR, r.threads)
 

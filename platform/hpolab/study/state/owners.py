@@ -38,7 +38,7 @@ def _boot_id() -> str:
         return ""
 
 
-def _pid_namespace() -> str | None:
+def pid_namespace() -> str | None:
     """This process's PID namespace, e.g. "pid:[4026531836]" (None where /proc/self/ns is absent)."""
     try:
         return os.readlink("/proc/self/ns/pid")
@@ -61,7 +61,7 @@ def process_start_time(pid: int) -> str | None:
 def owner_record(trial_number: int) -> dict[str, Any]:
     """This driver, as the owner of trial `trial_number`."""
     pid = os.getpid()
-    return {"host": this_host(), "boot_id": _boot_id(), "pid_ns": _pid_namespace(), "pid": pid,
+    return {"host": this_host(), "boot_id": _boot_id(), "pid_ns": pid_namespace(), "pid": pid,
             "start_time": process_start_time(pid), "trial": trial_number}
 
 
@@ -80,7 +80,7 @@ def owner_gone(rec: dict[str, Any] | None) -> str | None:
     where = f"its driver (pid {rec.get('pid')} on {rec.get('host')})"
     if rec.get("boot_id") and _boot_id() and rec["boot_id"] != _boot_id():
         return f"{where} ran before this machine rebooted"
-    if "pid_ns" in rec and (rec["pid_ns"] is None or rec["pid_ns"] != _pid_namespace()):
+    if "pid_ns" in rec and (rec["pid_ns"] is None or rec["pid_ns"] != pid_namespace()):
         return None  # its pid numbers another container's processes (or an unknown one's): only its heartbeats can tell
     if process_start_time(int(rec["pid"])) != rec.get("start_time"):
         return f"{where} is gone"

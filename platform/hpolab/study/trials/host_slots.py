@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import tempfile
 import time
 from pathlib import Path
 
+from hpolab.study.state.owners import pid_namespace, process_start_time, this_host
+
 DIR_ENV = "HPOLAB_HOST_SLOTS_DIR"  # another folder (tests; a host without /dev/shm)
-GONE = "gone"
 SETTLE_S = 2.0  # a driver running fewer trials says so once that has lasted this long (a driver's loop wakes every second)
 
 
@@ -39,38 +39,20 @@ def slots_dir() -> Path:
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK):
         return shm / f"hpolab-slots-{os.getuid()}"
-    return Path(tempfile.gettempdir()) / f"hpolab-slots-{os.getuid()}-{socket.gethostname()}"
-
-
-def _started(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot, /proc/PID/stat field 22): tells a live driver
-    from a later process that got its pid. GONE for no such process or a zombie (killed, not reaped
-    yet); None where there is no /proc (then a live pid is taken as the driver)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return None if not Path("/proc/self/stat").exists() else GONE
-    except (OSError, IndexError):
-        return None
-    return GONE if fields[0] in ("Z", "X") else fields[19]
-
-
-def _pid_namespace() -> int | None:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return None
+    return Path(tempfile.gettempdir()) / f"hpolab-slots-{os.getuid()}-{this_host()}"
 
 
 def _alive(pid: int, started: str | None) -> bool:
+    """The driver that wrote an entry runs still: its pid is live and started when the entry says (a
+    later process with its pid, a zombie, are not it). An entry written without /proc has no start
+    time: a live pid is taken as the driver."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass
-    now = _started(pid)
-    return now != GONE and (started is None or now is None or now == started)
+    return started is None or process_start_time(pid) == started
 
 
 def _ours(folder: Path) -> bool:
@@ -129,7 +111,7 @@ class HostSlots:
         tmp = self.path.with_suffix(".tmp")
         try:
             tmp.write_text(json.dumps({"cpus": sorted(self.cpus), "slots": self._running,
-                                       "started": _started(os.getpid()), "pidns": _pid_namespace()}))
+                                       "started": process_start_time(os.getpid()), "pidns": pid_namespace()}))
             os.replace(tmp, self.path)
         except OSError:
             pass
@@ -151,7 +133,7 @@ class HostSlots:
             entries = list(self.folder.glob("*.json"))
         except OSError:
             return total
-        here = _pid_namespace()
+        here = pid_namespace()
         for entry in entries:
             if entry == self.path:
                 continue

@@ -20,7 +20,7 @@ import optuna
 from hpolab.study.trials import trial_forkserver
 from hpolab.study.trials.gpus import physical_devices, trial_indices
 from hpolab.study.trials.host_slots import HostSlots
-from hpolab.train.cpus import available_cpus
+from hpolab.train.cpus import available_cpus, cpu_set
 
 
 @dataclass
@@ -103,13 +103,6 @@ def started_runner(spec) -> "TrialRunner":
     return runner
 
 
-def _affinity() -> set[int]:
-    try:
-        return set(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # (no affinity on this platform: every CPU)
-        return set(range(os.cpu_count() or 1))
-
-
 class TrialRunner:
     """Starts trial processes: the forkserver context, threads per trial and the GPU of each."""
 
@@ -125,7 +118,7 @@ class TrialRunner:
         self._n_gpus: int | None = None
         self._cpus: int | None = None
         self._retired: list[tuple[Any, int | None]] = []  # (process, gpu) of finished trials still exiting
-        self.host_slots = HostSlots(_affinity(), parallel)  # held while the driver's loop runs trials
+        self.host_slots = HostSlots(cpu_set(), parallel)  # held while the driver's loop runs trials
 
     def retire(self, r: Running) -> None:
         """A trial that has ended (reported its result, or was killed, or died): its process exits by
@@ -211,8 +204,8 @@ class TrialRunner:
         self.reap_retired()
         r.gpu = None  # (a retry re-picks: do not count its own previous slot)
         r.gpu = self.least_used_gpu(running)
-        if r.threads is None:
-            r.threads = self.threads_per_trial()
+        # (a later segment of a paused trial brings the count its first recorded: capped at the CPUs here)
+        r.threads = self.threads_per_trial() if r.threads is None else max(1, min(r.threads, self.cpus()))
         job = {
             "experiment": self.experiment,
             "config": r.config,
