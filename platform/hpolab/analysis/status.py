@@ -9,7 +9,7 @@ from rich.text import Text
 from hpolab.study.driver.progress import fmt_value
 from hpolab.study.state.paused_mark import shown_state
 from hpolab.stores.paths import Stores, redact
-from hpolab.stores.trial_counts import count_trials, describe, epochs_used, over_budget_note, paused_counts
+from hpolab.stores.trial_counts import count_trials, describe, epochs_used, last_reported, over_budget_note, paused_counts
 
 
 def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
@@ -39,7 +39,7 @@ def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
     from hpolab.study.objectives import ranking
 
     trials = study.get_trials(deepcopy=False)
-    rows = [TrialRow(t.number, t.state.name, t.value, t.params, max(t.intermediate_values, default=0), t.user_attrs.get("mlflow_run_id"),
+    rows = [TrialRow(t.number, t.state.name, t.value, t.params, last_reported(t), t.user_attrs.get("mlflow_run_id"),
                      ranking_attrs(t.system_attrs)) for t in trials]
     top = ranking.best(trials, ranking.directions_of(study))  # (feasible, not imported by a warm start)
     return _print_trials(name, study.direction.name.lower(), rows, (top.number, top.value) if top is not None else None, limit,

@@ -117,6 +117,11 @@ def count_trials(trials: Iterable) -> dict[str, int]:
     return counts
 
 
+def in_budget(counts: dict[str, int]) -> int:
+    """Trials that fill n_trials: finished, running, paused (they go on) and waiting (retry copies)."""
+    return counts["finished"] + counts["running"] + counts["paused"] + counts["waiting"]
+
+
 def describe(counts: dict[str, int]) -> str:
     """'3 complete, 1 pruned (2 attempts retried: not counted)': the counted states that are not 0,
     then what is left out."""

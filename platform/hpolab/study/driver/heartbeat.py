@@ -20,6 +20,7 @@ not changed for GRACE_PERIOD seconds, as timed by the reader, is stale like an R
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import warnings
@@ -30,7 +31,7 @@ from optuna.trial import TrialState
 
 from hpolab.stores.optuna_storage import GRACE_PERIOD, HEARTBEAT_INTERVAL
 from hpolab.study.state.outage import passthrough
-from hpolab.study.state.owners import age_since_start, describe, heartbeat_age, owner_gone, owner_of, owner_record
+from hpolab.study.state.owners import age_since_start, describe, heartbeat_age, owner_gone, owner_of, owner_record, this_host
 from hpolab.study.objectives.trial_scheduler import paused_at
 from hpolab.study.state.retry import RetryCopy
 from hpolab.study.trials.runner import Running
@@ -121,7 +122,8 @@ REAPED = "hpolab.reaped"  # system attr of a trial another driver failed as dead
 
 
 def lost_reason(storage, r: Running) -> str | None:
-    """Why Optuna no longer has this driver's trial `r` RUNNING (another driver reaped it), or None."""
+    """Why this driver's trial `r` is no longer its own, or None: Optuna no longer has it RUNNING
+    (another driver reaped it), or it is RUNNING but was put back to paused (put_back_reason)."""
     t = storage.get_trial(r.trial._trial_id)
     if t.state == TrialState.RUNNING:
         return put_back_reason(t)
@@ -137,10 +139,10 @@ PUT_BACK = "put back to paused by another worker"  # (a lost reason: Optuna stil
 def put_back_reason(t) -> str | None:
     """Why this driver's RUNNING trial `t` is no longer its own: a trial scheduler's segment another
     worker took for dead and put back to paused (pauses.py), maybe claimed since by a third one."""
-    info, owner, me = paused_at(t), owner_of(t), owner_record(t.number)
+    info, owner = paused_at(t), owner_of(t)
     if info is not None and info.get("interrupted"):
         return f"{PUT_BACK} (its heartbeats were stale); it resumes there"
-    if owner is not None and owner.get("pid") is not None and (owner.get("host"), owner.get("pid")) != (me["host"], me["pid"]):
+    if owner is not None and owner.get("pid") is not None and (owner.get("host"), owner.get("pid")) != (this_host(), os.getpid()):
         return f"{PUT_BACK} and resumed by {describe(owner)}"
     return None
 

@@ -37,6 +37,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.stores.artifacts import fetch_checkpoint
 from hpolab.stores.budget_lock import budget_lock
+from hpolab.stores.trial_counts import last_reported
 from hpolab.study.objectives.trial_scheduler import (CHANGES_ATTR, INTERRUPTS_ATTR, PAUSED_ATTR, RUNG_ATTR, SEGMENT_ATTR, Resume,
                                                       TrialScheduler, paused_at)
 from hpolab.study.state.budget import epoch_budget_spent
@@ -67,7 +68,7 @@ def epochs_in_flight(scheduler: TrialScheduler, trials: list[FrozenTrial]) -> in
     for t in trials:
         if t.state != TrialState.RUNNING or paused_at(t) is not None:
             continue
-        last = max(t.intermediate_values, default=0)
+        last = last_reported(t)
         target = scheduler.pause_epoch(t, last + 1) or int(scheduler.top_epochs())
         out += max(0, target - last)
     return out

@@ -33,6 +33,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from hpolab.stores.trial_counts import last_reported
 from hpolab.study.objectives.pbt_explore import explore
 from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR, Resume, chain_root, interrupted_resume, paused_at, score
 
@@ -218,7 +219,7 @@ class Pbt:
         """Delete the boundary copies no member can take any more: those below the lowest epoch a member
         still alive is at (paused there, or trained to). At the end (none alive) all of them go."""
         alive = [m for m in members.values() if m.alive]
-        lowest = min((max(m.latest.intermediate_values, default=0) for m in alive), default=math.inf)
+        lowest = min((last_reported(m.latest) for m in alive), default=math.inf)
         if lowest == self._tidied_below:  # (asked on every claim: no copy below it has been made since the last look)
             return
         self._tidied_below = lowest

@@ -19,6 +19,7 @@ import optuna
 from hpolab.config.spec import StudySpec
 from hpolab.errors import SpecError
 from hpolab.stores.budget_lock import budget_lock
+from hpolab.stores.trial_counts import in_budget
 from hpolab.study.state.budget import trial_counts
 from hpolab.study.sampling.search_space import optuna_distributions
 
@@ -32,7 +33,7 @@ def enqueue_known_good(study: optuna.Study, storage, spec: StudySpec, lr_bounds:
     queued = waiting_for_budget = 0
     with budget_lock(storage, spec.name):
         counts = trial_counts(study)
-        room = spec.n_trials - counts["finished"] - counts["running"] - counts.get("paused", 0) - counts["waiting"]
+        room = spec.n_trials - in_budget(counts)
         for params in entries:
             if already_in(study, params):
                 continue

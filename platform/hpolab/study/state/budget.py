@@ -13,7 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from hpolab.stores.optuna_sql import IMPORTED  # noqa: F401 -- a trial copied from another study (warm_start.py): history, not budget
-from hpolab.stores.trial_counts import RELEASED, count_trials, epochs_used, retried_numbers
+from hpolab.stores.trial_counts import RELEASED, count_trials, epochs_used, in_budget, retried_numbers
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
@@ -27,7 +27,7 @@ def may_start_another(counts: dict[str, int], n_trials: int) -> bool:
     """Whether one more trial fits the budget, given `trial_counts` of the study now."""
     # Running and waiting trials count against the budget (they will finish), but a WAITING trial
     # (a retry copy) is always picked up while the study is not done, so it is not left behind.
-    if counts["finished"] + counts["running"] + counts.get("paused", 0) + counts["waiting"] >= n_trials and counts["waiting"] == 0:
+    if in_budget(counts) >= n_trials and counts["waiting"] == 0:
         return False
     return counts["finished"] < n_trials
 
