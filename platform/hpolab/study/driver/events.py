@@ -197,8 +197,9 @@ class TrialEvents:
             return None
 
     def on_lost(self, r: Running) -> None:
-        """Another worker reaped this trial while it ran here (Optuna has it FAIL and its retry is
-        queued there): stop the child; the run is closed FAIL with why (no model, no second retry)."""
+        """Another worker reaped this trial while it ran here: stop the child. Reaped (Optuna has it FAIL
+        and its retry is queued there): the run is closed FAIL with why (no model, no second retry).
+        Put back to paused (a trial scheduler's segment): its trial and run go on elsewhere, nothing ends here."""
         if r.process is not None and r.process.is_alive():
             r.process.kill()
         self.runner.retire(r)

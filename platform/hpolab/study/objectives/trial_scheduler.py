@@ -12,11 +12,15 @@ Optuna trial kept RUNNING with PAUSED_ATTR, MLflow run kept open); the scheduler
     at_end(paused)                   what the trials still paused become when nothing can run
 
 A paused trial's state lives in the Optuna storage only (so a re-run, or another worker, sees it):
-system attr PAUSED_ATTR = {"rung": k, "epoch": e} while paused, None once resumed; user attr
-RUNG_ATTR = the highest rung reached; CHANGES_ATTR = the config changes applied to it so far.
+system attr PAUSED_ATTR = {"rung": k, "epoch": e} while paused (a segment whose driver died and was put
+back also has "interrupted", "after": the epoch it had resumed after, "logged": the last epoch its run
+has), None once resumed; SEGMENT_ATTR = the epoch the current segment resumed after; INTERRUPTS_ATTR =
+how often it was put back; user attr RUNG_ATTR = the highest rung reached; CHANGES_ATTR = the config
+changes applied to it so far.
 
-The scheduler never writes to the stores itself: what it wants recorded comes back in its Resume
-(config changes, user attrs, run tags), written by the driver (pauses.py) inside its storage-outage guard.
+The scheduler never writes to Optuna or MLflow itself: what it wants recorded comes back in its Resume
+(config changes, user attrs, run tags), written by the driver (pauses.py) inside its storage-outage
+guard. (PBT does copy and delete checkpoint files in the trial folders: its boundary snapshots.)
 
 schedulers.py picks the spec's scheduler (scheduler_for); the schedulers import this module only.
 """

@@ -1,7 +1,7 @@
 """The state a table shows for a trial: PAUSED for a trial scheduler's paused trial.
 
 Optuna has no paused state: a paused trial stays RUNNING with the system attr hpolab.paused =
-{rung, epoch} (driver/pauses.py). It has no process and is not finished, so the tables (the end of
+{rung, epoch, ...} (driver/pauses.py; trial_scheduler.py lists its fields). It has no process and is not finished, so the tables (the end of
 `study run`, `study status`, `compare`, Study.trials_df) say PAUSED. The mark and its test live in
 stores/trial_counts.py (plain data, no Optuna: the light read paths import it).
 """

@@ -118,7 +118,8 @@ class TrialTracker:
         """A paused trial (driver/pauses.py): its checkpoint uploaded (it may resume on another worker),
         its process told to save no model, its run left open with `tags`. Returns once the upload has
         landed: only then may the trial be marked paused, as a worker on another host claiming it
-        finds its checkpoint only in the run (the wait blocks the loop; a pause is rare)."""
+        finds its checkpoint only in the run. The wait blocks the driver's loop for the upload queue,
+        at every pause (each trial at each rung or PBT interval)."""
         self.flush_metrics(r.run_id)
         self.upload(r, self.stage_upload(r, force=True))
         landed = threading.Event()
