@@ -70,41 +70,35 @@ def requests(log: Path, start: int) -> collections.Counter:
     return out
 
 
-def server_cpu(url: str) -> float:
-    """CPU seconds (user + system) the `mlflow server` at `url` and its worker processes have used so far."""
+def _tree_cpu(matches, reaped: bool = False) -> float:
+    """CPU seconds (user + system) of the processes `matches(process)` picks and their children so far;
+    `reaped`: also what the picked processes' reaped children used (a postmaster's ended backends)."""
     import psutil
 
-    port = url.rsplit(":", 1)[1]
     total = 0.0
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if "mlflow" in cmd and "server" in cmd and port in cmd:
-            for q in [p, *p.children(recursive=True)]:
-                try:
-                    t = q.cpu_times()
-                    total += t.user + t.system
-                except psutil.NoSuchProcess:
-                    pass
+    for p in psutil.process_iter(["cmdline", "name"]):
+        if not matches(p):
+            continue
+        for q in [p, *p.children(recursive=True)]:
+            try:
+                t = q.cpu_times()
+                total += t.user + t.system + (t.children_user + t.children_system if reaped and q is p else 0.0)
+            except psutil.NoSuchProcess:
+                pass
     return total
+
+
+def server_cpu(url: str) -> float:
+    """CPU seconds the `mlflow server` at `url` and its worker processes have used so far."""
+    port = url.rsplit(":", 1)[1]
+    return _tree_cpu(lambda p: {"mlflow", "server", port} <= set(p.info["cmdline"] or []))
 
 
 def postgres_cpu(storage: str) -> float:
     """CPU seconds the PostgreSQL cluster behind `storage` has used so far: its postmaster with the
     backends it has reaped, and the backends still running."""
-    import psutil
-
     port = storage.rsplit(":", 1)[1].split("/")[0]
-    total = 0.0
-    for p in psutil.process_iter(["cmdline", "name"]):
-        cmd = p.info["cmdline"] or []
-        if p.info["name"] == "postgres" and "-p" in " ".join(cmd) and port in " ".join(cmd):
-            for q in [p, *p.children(recursive=True)]:
-                try:
-                    t = q.cpu_times()
-                    total += t.user + t.system + (t.children_user + t.children_system if q is p else 0.0)
-                except psutil.NoSuchProcess:
-                    pass
-    return total
+    return _tree_cpu(lambda p: p.info["name"] == "postgres" and f"-p {port}" in " ".join(p.info["cmdline"] or []), reaped=True)
 
 
 def machine_busy() -> float:
