@@ -29,6 +29,11 @@ def _add_store_options(p: argparse.ArgumentParser, suppress: bool) -> None:
     p.add_argument("--tracking-uri", default=d, metavar="URI", help="MLflow tracking URI (default: env MLFLOW_TRACKING_URI, else sqlite in the store)")
 
 
+def _add_spec_arguments(p: argparse.ArgumentParser, overrides: str = "key=value overrides, e.g. n_trials=4 trainer.lr=0.01") -> None:
+    p.add_argument("spec", help="study spec YAML, e.g. studies/digits_cnn.yaml")
+    p.add_argument("overrides", nargs="*", help=overrides + " (typed like YAML; before or after the options)")
+
+
 def _add_spec_change_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-study", metavar="NAME", help="run this spec as a new study named NAME (e.g. after editing the spec of an existing study)")
     p.add_argument("--allow-spec-change", action="store_true",
@@ -48,8 +53,7 @@ def _add_study_commands(sub) -> None:
     ssub = study.add_subparsers(dest="study_command", metavar="SUBCOMMAND")
     ssub.required = True
     p = _command(ssub, "run", "run (or continue) a study up to its n_trials budget")
-    p.add_argument("spec", help="study spec YAML, e.g. studies/digits_cnn.yaml")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. n_trials=4 trainer.lr=0.01")
+    _add_spec_arguments(p)
     _add_spec_change_options(p)
     p = _command(ssub, "status", "trial table of a study, from the stores")
     p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file (its name: is used)")
@@ -68,26 +72,23 @@ def _add_study_commands(sub) -> None:
     p.add_argument("--keep", type=int, default=5, metavar="N", help="keep the N best COMPLETE trials' files (default 5)")
     p.add_argument("--yes", "-y", action="store_true", help="delete without asking (needed without a terminal)")
     p = _command(ssub, "validate", "check a spec and print the resolved version")
-    p.add_argument("spec")
-    p.add_argument("overrides", nargs="*")
+    _add_spec_arguments(p, "key=value overrides to check with it, e.g. trainer.lr=0.01")
 
 
 def _add_run_commands(sub) -> None:
     """worker, ui, env, doctor, reproduce, lr-find."""
     p = _command(sub, "worker", "join a study as one more worker (same as `study run`)")
-    p.add_argument("spec")
-    p.add_argument("overrides", nargs="*")
+    _add_spec_arguments(p, "key=value overrides, the same as the other workers'")
     _add_spec_change_options(p)
 
     p = _command(sub, "ui", "serve the MLflow UI for the store in use")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only; the UI has no login)")
+    p.add_argument("--port", type=int, default=5000, help="TCP port to listen on")
 
     _command(sub, "env", "check the install: versions, CUDA, a matmul on the device")
 
     p = _command(sub, "doctor", "sanity checks before a costly study: data, model, can it overfit a tiny batch?")
-    p.add_argument("spec")
-    p.add_argument("overrides", nargs="*")
+    _add_spec_arguments(p, "key=value overrides to check with it, e.g. trainer.batch_size=32")
 
     p = _command(sub, "reproduce", "train a trial again from its MLflow run and compare the metrics")
     p.add_argument("run_id", help="an MLflow run id of a trial (hpolab compare NAME shows them)")
@@ -96,8 +97,7 @@ def _add_run_commands(sub) -> None:
                    help="retrain with the importable experiment module although its hash differs from the code the run recorded")
 
     p = _command(sub, "lr-find", "LR range test (Leslie Smith) on the spec's experiment")
-    p.add_argument("spec")
-    p.add_argument("overrides", nargs="*")
+    _add_spec_arguments(p, "key=value overrides, e.g. lr_range_test.num_steps=200")
     p.add_argument("--out", metavar="DIR", help="where to write the plot and CSV (default: STORE/lr-find/NAME)")
 
 
@@ -109,7 +109,7 @@ def _add_result_commands(sub) -> None:
     p.add_argument("--pick", metavar="RULE", help="several objectives: choose from the Pareto front, e.g. "
                    "\"val_acc>=0.97; min latency_ms\" (default: the front's knee)")
     p.add_argument("--model-name", help="registered model name (default: the study name)")
-    p.add_argument("--alias", default="champion")
+    p.add_argument("--alias", default="champion", help="registry alias to move to the new version")
     p.add_argument("--force", action="store_true", help="move the alias even if the challenger is not better")
     p.add_argument("--dry-run", action="store_true", help="print what would happen; write nothing")
 
@@ -122,13 +122,14 @@ def _add_result_commands(sub) -> None:
     p.add_argument("targets", nargs="+", metavar="NAME|SPEC|RUN_ID", help="a study name or spec file, or two or more MLflow run ids")
     p.add_argument("--top", type=int, help="only the K best rows")
     p.add_argument("--sort", metavar="METRIC", help="sort by this column, metric or param; METRIC:asc|desc forces the order (default: the study metric)")
-    p.add_argument("--state", default="all", choices=["complete", "pruned", "fail", "all"])
-    p.add_argument("--format", default="table", choices=["table", "csv", "json", "markdown"])
+    p.add_argument("--state", default="all", choices=["complete", "pruned", "fail", "all"], help="only the trials in this state")
+    p.add_argument("--format", default="table", choices=["table", "csv", "json", "markdown"],
+                   help="table (fits the terminal), markdown (the same columns), csv or json (every column, full precision)")
 
     p = _command(sub, "storage-proxy", "serve the Optuna storage (--storage) to many workers over gRPC")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback; the proxy has no login or TLS)")
     p.add_argument("--allow-unauthenticated-remote", action="store_true", help="allow another --host: anyone who reaches it can change every study")
-    p.add_argument("--port", type=int, default=13000)
+    p.add_argument("--port", type=int, default=13000, help="TCP port to listen on")
 
     add_launch_parsers(sub, _command)
 

@@ -20,7 +20,7 @@ def add_launch_parsers(sub, command) -> None:
     p = command(lsub, "slurm", "submit N workers of a study as one sbatch array job (one `hpolab worker` per array task)")
     _common(p)
     p.add_argument("--cpus-per-worker", type=int, metavar="C", help="--cpus-per-task of each array task (default: the partition's)")
-    p.add_argument("--partition", metavar="P")
+    p.add_argument("--partition", metavar="P", help="Slurm partition to submit to (default: the cluster's default)")
     p.add_argument("--time", metavar="HH:MM:SS", help="time limit of each array task")
     p.add_argument("--requeue", action="store_true", help="let Slurm requeue a preempted or failed-node task (it rejoins the study)")
     p.add_argument("--single-node", action="store_true",
@@ -31,7 +31,7 @@ def add_launch_parsers(sub, command) -> None:
     p = command(lsub, "k8s", "write Kubernetes manifests: an Indexed Job of N workers (+ NetworkPolicy, optional stores)")
     _common(p)
     p.add_argument("--image", required=True, help="container image with hpolab and the project (see the Dockerfile)")
-    p.add_argument("--namespace", default="hpolab", metavar="NS")
+    p.add_argument("--namespace", default="hpolab", metavar="NS", help="Kubernetes namespace of every manifest")
     p.add_argument("--secret", default="hpolab-stores", metavar="NAME",
                    help="Secret holding OPTUNA_STORAGE and MLFLOW_TRACKING_URI (and optional MLflow credentials)")
     p.add_argument("--with-stores", action="store_true", help="also write a PostgreSQL and an MLflow server for a cluster that has none")
@@ -42,7 +42,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="study spec YAML, e.g. studies/digits_cnn.yaml")
     p.add_argument("overrides", nargs="*", help="key=value overrides every worker applies, e.g. n_trials=40")
     p.add_argument("--workers", type=int, required=True, metavar="N", help="how many workers (each runs `parallel` trials at once)")
-    p.add_argument("--gpus-per-worker", type=int, default=0, metavar="G")
+    p.add_argument("--gpus-per-worker", type=int, default=0, metavar="G",
+                   help="GPUs per worker (Slurm --gres=gpu:G, Kubernetes nvidia.com/gpu); the worker places its trials on them")
 
 
 def _worker_command(args, stores, cwd: Path) -> WorkerCommand:
