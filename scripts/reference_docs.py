@@ -2,11 +2,17 @@
 
     .venv/bin/python scripts/reference_docs.py [OUT_DIR]     (scripts/gen-reference; default docs/reference)
 
-spec.md       from the pydantic schema of the study spec (hpolab.config.spec.StudySpec and what it nests)
-cli.md        from the argparse parser (hpolab.cli.build_parser), every command, subcommand and option
-exit-codes.md from hpolab.errors (the EXIT_* constants and the exceptions mapped to them)
-mlflow.md     from the names hpolab writes to MLflow and Optuna (scripts/reference_mlflow.py: the table,
-              checked against every such string literal in the package's source)
+spec.md        from the pydantic schema of the study spec (hpolab.config.spec.StudySpec and what it nests),
+               one section per part of the spec (SECTIONS below)
+cli.md         from the argparse parser (hpolab.cli.build_parser), every command, subcommand and option
+exit-codes.md  from hpolab.errors (the EXIT_* constants and the exceptions mapped to them)
+mlflow.md      from the names hpolab writes to MLflow and Optuna (scripts/reference_mlflow.py: the table,
+               checked against every such string literal in the package's source)
+environment.md from the environment variables the package reads or sets (scripts/reference_env.py: the
+               table, checked against every such use in the package's source)
+
+The Python API page (docs/reference/python-api.md) is not written here: mkdocstrings renders it from
+the docstrings at build time.
 
 tests/test_reference_docs.py regenerates them and fails when the committed pages differ.
 Kept outside the package: hpolab never needs this at run time.
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import html
 import inspect
 import json
 import os
@@ -96,10 +103,21 @@ def _meaning(cls, name: str, description: str | None) -> str:
     return text
 
 
+def _code(s: str) -> str:
+    """`s` as inline code in a table cell. A `|` cannot be escaped inside backticks (Python-Markdown's
+    tables would show the backslash), so such code is written as HTML with the bar as an entity."""
+    if "|" not in s:
+        return f"`{s}`"
+    return "<code>" + html.escape(s, quote=False).replace("|", "&#124;") + "</code>"
+
+
 def _text(s: str) -> str:
-    """Free text for a table cell: `|` escaped, and `<word>` outside backticks shown as written (not as HTML)."""
-    parts = s.replace("|", "\\|").split("`")
-    return "`".join(p if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(parts))
+    """Free text for a table cell: `|` escaped (inside backticks as HTML), and `<word>` outside backticks
+    shown as written (not as HTML)."""
+    parts = s.split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick: no code spans
+        return s.replace("|", "\\|").replace("<", "&lt;")
+    return "".join(_code(p) if i % 2 else p.replace("|", "\\|").replace("<", "&lt;") for i, p in enumerate(parts))
 
 
 def _plain(v):
@@ -171,7 +189,16 @@ def _fields(cls):
         yield f.alias or name, name, f.annotation, default, _bounds(f.metadata), f.description
 
 
-def _spec_rows(cls, prefix: str = "") -> list[tuple[str, str, str, str, str]]:
+def _variant(m) -> str | None:
+    """The `type` value that selects model m among several (a Literal of one value), else None."""
+    ann = getattr(m, "model_fields", {}).get("type")
+    args = typing.get_args(ann.annotation) if ann is not None else ()
+    return args[0] if len(args) == 1 and isinstance(args[0], str) else None
+
+
+def _spec_rows(cls, prefix: str = "", variant: str | None = None) -> list[tuple[str, str, str, str, str | None]]:
+    """(key, type, default, meaning, variant) per field of cls and what it nests, depth first; `variant`
+    names the `type:` a row belongs to when a key takes one of several kinds of mapping."""
     rows = []
     for name, attr, ann, default, bounds, desc in _fields(cls):
         path = f"{prefix}{name}"
@@ -179,27 +206,84 @@ def _spec_rows(cls, prefix: str = "") -> list[tuple[str, str, str, str, str]]:
         meaning = _meaning(cls, attr, desc)
         if text.startswith("mapping") and models and default != "`null`":
             default = "see below"
-        values = ", ".join(f"`{a}`" for a in allowed) + ("; " if allowed and bounds else "") + ", ".join(bounds)
-        rows.append((path, text, default, values, meaning))
-        for m in dict.fromkeys(models):
+        if allowed:  # a Literal's values say more than its type
+            text = " | ".join([*(f"`{a}`" for a in allowed), *(t for t in text.split(" | ") if t != "str")])
+        text = text.replace("|", "\\|")
+        rows.append((path, " ".join([text, *bounds]), default.replace("|", "\\|"), meaning, variant))
+        models = list(dict.fromkeys(models))
+        several = len(models) > 1 and all(_variant(m) for m in models)
+        for m in models:
             sub = f"{path}[]." if "list[" in text else f"{path}.<key>." if text.startswith("dict[") else f"{path}."
-            if len(models) > 1 and m.__name__.endswith("Dist"):
-                sub = f"{path}.<path>.({m.model_fields['type'].annotation.__args__[0]})."
-            rows += _spec_rows(m, sub)
+            if several and text.startswith("dict["):
+                sub = f"{path}.<path>."
+            rows += _spec_rows(m, sub, _variant(m) if several else variant)
     return rows
+
+
+# The spec page's sections: title -> the top-level keys it holds (with everything under them), in the
+# order of the page. Every top-level key is in one of them (spec_page refuses a key in none).
+SECTIONS = {
+    "The study": ["name", "experiment", "metric", "direction", "objectives", "pruning", "constraints", "seed"],
+    "Budget and run controls": ["n_trials", "timeout", "trial_timeout", "parallel", "max_retries", "max_interrupts",
+                                "max_failures", "budget", "stop_after_no_improvement", "checkpoint_upload_every",
+                                "storage_outage_grace"],
+    "sampler, enqueue, warm_start": ["sampler", "enqueue", "warm_start"],
+    "pruner": ["pruner"],
+    "trial_scheduler": ["trial_scheduler"],
+    "trainer": ["trainer"],
+    "model and data": ["model", "data"],
+    "search_space": ["search_space"],
+    "lr_range_test": ["lr_range_test"],
+    "Retention: log_models, keep_checkpoints": ["log_models", "keep_checkpoints"],
+}
+
+
+def _anchor(title: str) -> str:
+    """The id MkDocs' toc gives a heading (lower case, words joined by '-')."""
+    return re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", title.lower()).strip())
+
+
+def _spec_table(rows) -> list[str]:
+    out, variant = [], ()  # () : no table started yet
+    for path, text, default, meaning, v in rows:
+        if v != variant:
+            out += ["", f"### `type: {v}`", ""] if v else [""]
+            out += ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+            variant = v
+        out.append(f"| `{path}` | {text} | {default} | {_text(meaning)} |")
+    return out
+
+
+def _section_note(title: str) -> list[str]:
+    """The names a sampler's or pruner's `type` takes, and the Optuna class each builds."""
+    from hpolab.config.samplers import PRUNERS, SAMPLERS
+
+    for key, names in (("sampler", SAMPLERS), ("pruner", PRUNERS)):
+        if title.split(",")[0] == key:
+            known = ", ".join(f"`{n}` (`optuna.{key}s.{c.__qualname__}`)" for n, c in names.items())
+            return ["", f"`{key}.type` is one of: {known}; `{key}.kwargs` are that class's constructor arguments."]
+    return []
 
 
 def spec_page() -> str:
     from hpolab.config.spec import StudySpec
 
+    rows = _spec_rows(StudySpec)
+    top = [r[0] for r in rows if "." not in r[0] and "[" not in r[0]]
+    placed = [k for keys in SECTIONS.values() for k in keys]
+    if sorted(top) != sorted(placed):
+        raise SystemExit(f"scripts/reference_docs.py SECTIONS: add {sorted(set(top) - set(placed))}, "
+                         f"drop {sorted(set(placed) - set(top))}")
     lines = [HEADER.format(src="hpolab.config.spec.StudySpec"), "# Study spec reference\n",
-             "Every key of a study spec (YAML), with its type, default and allowed values. Nested keys are written "
-             "with dots, as in `key=value` overrides (`trainer.lr=0.01`); `[]` marks an item of a list, `<key>` a "
-             "key you choose.\n",
-             "| key | type | default | allowed | meaning |", "| --- | --- | --- | --- | --- |"]
-    for path, text, default, values, meaning in _spec_rows(StudySpec):
-        cells = [f"`{path}`", text.replace("|", "\\|"), default.replace("|", "\\|"), values, _text(meaning)]
-        lines.append("| " + " | ".join(cells) + " |")
+             "Every key of a study spec (YAML), with its type, default and meaning. Nested keys are written with "
+             "dots, as in `key=value` overrides (`trainer.lr=0.01`); `[]` marks an item of a list, `<key>` a key "
+             "you choose. A key that takes one of several kinds of mapping lists each kind's keys under its "
+             "`type:`. Unknown keys anywhere are errors: `hpolab study validate SPEC` lists every problem at once.\n"]
+    lines += [f"- [{title}](#{_anchor(title)}): " + ", ".join(f"`{k}`" for k in keys) for title, keys in SECTIONS.items()]
+    for title, keys in SECTIONS.items():
+        inside = [r for r in rows if re.split(r"[.\[]", r[0], maxsplit=1)[0] in keys]
+        inside.sort(key=lambda r: keys.index(re.split(r"[.\[]", r[0], maxsplit=1)[0]))  # stable: nesting order kept
+        lines += ["", f"## {title}"] + _spec_table(inside) + _section_note(title)
     return "\n".join(lines) + "\n"
 
 
@@ -222,9 +306,9 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
     for a in parser._actions:
         if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) or a.default is argparse.SUPPRESS:
             continue
-        name = ", ".join(f"`{o}`" for o in a.option_strings) or f"`{a.metavar or a.dest}`"
+        name = ", ".join(_code(o) for o in a.option_strings) or _code(a.metavar or a.dest)
         if a.option_strings and a.nargs != 0:
-            name += f" `{a.metavar or a.dest.upper()}`"
+            name += " " + _code(a.metavar or a.dest.upper())
         notes = []
         if a.required and a.option_strings:
             notes.append("required")
@@ -235,7 +319,6 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
         if a.default not in (None, False) and not (a.nargs == "*" and a.default == []):
             notes.append(f"default `{a.default}`")
         help_ = _text(a.help or "")
-        name = name.replace("|", "\\|")
         rows.append(f"| {name} | {'; '.join(notes)} | {help_} |")
     return rows
 
@@ -261,6 +344,20 @@ def cli_page() -> str:
 # exit-codes.md
 
 
+# What the codes mean for the commands whose 0 and 1 need saying (every command: 2 on bad input, 130/143 on a signal).
+COMMAND_EXITS = [
+    ("`study run`, `worker`", "0 when `n_trials` trials finished, the study `timeout` was hit or "
+     "`stop_after_no_improvement` stopped it, with at least one COMPLETE trial, and when `budget.epochs` is spent; "
+     "1 when no trial completed, after `max_failures` failed trials in a row, or when the study stopped short of "
+     "its budget (the last line on stderr says which)"),
+    ("`study check`", "0 when Optuna and MLflow agree (after `--repair`'s fixes); 1 when a problem remains"),
+    ("`promote`", "0 when the alias moved (or `--dry-run`); 3 when the gate refused (the challenger is not better); "
+     "1 when the promotion itself failed"),
+    ("`study delete`", "0 when deleted or answered no; 2 without a terminal to ask on and without `--yes`"),
+    ("`study prune-files`", "0 when deleted, answered no, or without a terminal and `--yes` (nothing deleted)"),
+]
+
+
 def exit_codes_page() -> str:
     import hpolab.errors as errors
 
@@ -273,9 +370,8 @@ def exit_codes_page() -> str:
     for name, cls in vars(errors).items():
         if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == errors.__name__:
             lines.append(f"| `{name}` | {_text(inspect.getdoc(cls).splitlines()[0])} |")
-    from hpolab import cli
-
-    lines += ["", "## As the command line says it\n", *(f"> {line}" if line else ">" for line in inspect.getdoc(cli).splitlines())]
+    lines += ["", "## Per command\n", "| command | exits |", "| --- | --- |",
+              *(f"| {_text(cmd)} | {_text(rule)} |" for cmd, rule in COMMAND_EXITS)]
     return "\n".join(lines) + "\n"
 
 
@@ -302,7 +398,26 @@ def mlflow_page() -> str:
     return "\n".join(lines) + "\n"
 
 
-PAGES = {"spec.md": spec_page, "cli.md": cli_page, "exit-codes.md": exit_codes_page, "mlflow.md": mlflow_page}
+# --------------------------------------------------------------------------------------------
+# environment.md
+
+
+def environment_page() -> str:
+    from reference_env import SECTIONS as ENV_SECTIONS, rows
+
+    lines = [HEADER.format(src="scripts/reference_env.py and the package's source"), "# Environment variables\n",
+             "Every environment variable hpolab reads or sets, as found in its source.\n"]
+    for section, entries in rows().items():
+        lines += [f"## {section}\n"] + ([ENV_SECTIONS[section] + "\n"] if ENV_SECTIONS[section] else [])
+        lines += ["| variable | default | meaning | read in |" if "Set by" not in section else "| variable | value | meaning | set in |",
+                  "| --- | --- | --- | --- |"]
+        lines += [f"| `{name}` | {default or '-'} | {_text(meaning)} | {where} |" for name, default, meaning, where in entries]
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+PAGES = {"spec.md": spec_page, "cli.md": cli_page, "exit-codes.md": exit_codes_page, "mlflow.md": mlflow_page,
+         "environment.md": environment_page}
 
 
 def generate(out_dir: Path) -> list[Path]:

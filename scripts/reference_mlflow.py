@@ -20,6 +20,8 @@ SA, TA = "study attr", "trial attr"
 
 # literal in the code -> (name shown, where, meaning)
 NAMES = {
+    "hpolab.": ("hpolab.<metric>", VER, "the promoted trial's value of the study metric on the validation split "
+                                        "(e.g. `hpolab.val_acc`); the gate's test values are `hpolab.test_<metric>`"),
     "hpolab.amp": ("hpolab.amp", TR, "the AMP mode the trial trained with"),
     "hpolab.best_": ("hpolab.best_<metric>", f"{TR}, {PR}", "the best value of a metric (a trial's best epoch; the study's best trial)"),
     "hpolab.best_checkpoint_missing": ("hpolab.best_checkpoint_missing", TR, "an own training loop did not checkpoint its best epoch: no best.pt"),
@@ -181,12 +183,22 @@ def _is_module_path(name: str) -> bool:
     return target.with_suffix(".py").is_file() or (target / "__init__.py").is_file()
 
 
+def _bare_prefix(node: ast.JoinedStr) -> str | None:
+    """'hpolab.' for f"hpolab.{x}" (a prefix and nothing else before the first value), else None."""
+    first = node.values[0] if node.values else None
+    if isinstance(first, ast.Constant) and re.fullmatch(r"(hpolab|optuna|mlflow)\.", str(first.value)) and len(node.values) > 1:
+        return first.value
+    return None
+
+
 def written_names() -> dict[str, set[str]]:
     """Every `hpolab.*` / `optuna.*` / `mlflow.*` name in a string literal of the package -> its modules."""
     found: dict[str, set[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         module = path.relative_to(PACKAGE.parent).with_suffix("").as_posix().replace("/", ".")
         for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.JoinedStr) and _bare_prefix(node):  # f"hpolab.{metric}": a name made whole at run time
+                found.setdefault(_bare_prefix(node), set()).add(module)
             if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
                 continue
             v = node.value

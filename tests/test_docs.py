@@ -1,7 +1,11 @@
 """The docs site builds with `mkdocs build --strict` (no broken link or anchor, no page outside the nav)
-and its nav lists every page under docs/. Fast: a build of the site takes a few seconds."""
+and its nav lists every page under docs/; the built pages read as written (no stray escapes), the API
+reference shows every public name with its parameters, and search finds a spec key by its last part.
+Fast: a build of the site takes a few seconds."""
 
+import html
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +16,17 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 MKDOCS = Path(sys.executable).with_name("mkdocs")
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """mkdocs.yml as data: MkDocs' own tags (`!relative`) read as plain strings."""
+
+
+_ConfigLoader.add_multi_constructor("!", lambda loader, suffix, node: loader.construct_scalar(node))
+
+
+def _config() -> dict:
+    return yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=_ConfigLoader)
 
 
 def _nav_pages(entries) -> list[str]:
@@ -27,32 +42,75 @@ def _mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
         pytest.skip(f"{MKDOCS} is missing: install the docs extra (scripts/setup docs)")
     return subprocess.run(
         [str(MKDOCS), "build", "--strict", "--config-file", str(config), "--site-dir", str(site)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=300, cwd=config.parent,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # Material's banner about its successor, on every build
 
 
 def _copy_site_sources(dest: Path) -> Path:
     shutil.copytree(ROOT / "docs", dest / "docs")
     shutil.copy(ROOT / "mkdocs.yml", dest / "mkdocs.yml")
+    (dest / "experiments").mkdir()
+    shutil.copy(ROOT / "experiments" / "README.md", dest / "experiments" / "README.md")  # (included by a page)
     return dest / "mkdocs.yml"
 
 
 def test_nav_lists_every_page_under_docs():
-    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
-    nav = _nav_pages(config["nav"])
+    nav = _nav_pages(_config()["nav"])
     pages = sorted(p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md"))
     assert sorted(nav) == pages, f"in the nav only: {sorted(set(nav) - set(pages))}; " \
                                  f"under docs/ only: {sorted(set(pages) - set(nav))}"
     assert len(nav) == len(set(nav)), "a page is listed twice in the nav"
 
 
-def test_site_builds_strict_and_offline(tmp_path):
-    result = _mkdocs_build(ROOT / "mkdocs.yml", tmp_path / "site")
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site as `scripts/docs build` writes it."""
+    out = tmp_path_factory.mktemp("site") / "site"
+    result = _mkdocs_build(ROOT / "mkdocs.yml", out)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "site" / "how-to" / "scaling-out" / "index.html").exists()
-    html = (tmp_path / "site" / "index.html").read_text()
+    return out
+
+
+def test_site_builds_strict_and_offline(site):
+    assert (site / "how-to" / "scaling-out" / "index.html").exists()
+    html = (site / "index.html").read_text()
     # theme.font: false: the pages ask no font server, so the site reads the same offline
     assert "fonts.googleapis.com" not in html and "fonts.gstatic.com" not in html
+
+
+def _text_of(page: Path) -> str:
+    """A built page's text as a reader sees it (tags dropped, entities decoded)."""
+    body = re.sub(r"<script.*?</script>|<style.*?</style>", "", page.read_text(), flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", "", body))
+
+
+def test_no_page_shows_a_backslash_escape(site):
+    """A `\\|` inside backticks in a Markdown table is shown as written, backslash and all (Python-Markdown
+    splits cells on the bar first): such a cell must be written as HTML code with `&#124;`."""
+    shown = {p.relative_to(site).as_posix(): _text_of(p) for p in site.rglob("*.html")}
+    bad = {page: re.findall(r".{0,40}\\\|.{0,20}", text) for page, text in shown.items() if "\\|" in text}
+    assert not bad, bad
+    assert "NAME|SPEC study name, or its spec file" in " ".join(shown["reference/cli/index.html"].split())
+
+
+def test_the_api_reference_shows_every_public_name_with_its_parameters(site):
+    """The page mkdocstrings renders from the docstrings: every name `hpolab` exports, each function's
+    and public method's parameters, and the docstring's first line."""
+    import inspect
+
+    import hpolab
+
+    text = " ".join(_text_of(site / "reference" / "python-api" / "index.html").split())
+    for name in hpolab._API:
+        obj = getattr(hpolab, name)
+        assert name in text, f"{name} is not on the API reference page"
+        doc = inspect.getdoc(obj)
+        assert doc and " ".join(doc.splitlines()[0].replace("`", "").split()) in text, f"{name}: its docstring is not on the page"
+        members = [obj] + ([m for n, m in vars(obj).items() if not n.startswith("_") and callable(m)] if inspect.isclass(obj) else [])
+        for m in members:
+            for p in inspect.signature(m).parameters:
+                if p not in ("self", "cls"):
+                    assert p in text, f"{name}: parameter {p} of {getattr(m, '__name__', m)} is not on the page"
 
 
 def test_strict_build_fails_on_a_broken_link(tmp_path):

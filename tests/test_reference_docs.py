@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import reference_docs  # noqa: E402
+import reference_env  # noqa: E402
 import reference_mlflow  # noqa: E402
 
 REFERENCE = ROOT / "docs" / "reference"
@@ -46,7 +47,7 @@ def test_every_spec_field_has_a_row_with_a_meaning():
 
     page = (REFERENCE / "spec.md").read_text()
     cells = [re.split(r"(?<!\\)\|", line) for line in page.splitlines() if line.startswith("| `")]
-    rows = {c[1].strip().strip("`"): c[5].strip() for c in cells}
+    rows = {c[1].strip().strip("`"): c[4].strip() for c in cells}
     # the schema's own top-level and trainer fields, not the generator's walk of them
     for name in StudySpec.model_fields:
         key = StudySpec.model_fields[name].alias or name
@@ -74,7 +75,7 @@ def test_every_cli_command_and_option_is_on_the_page():
                         if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) or a.default is argparse.SUPPRESS:
                             continue
                         for word in a.option_strings or [a.metavar or a.dest]:
-                            assert f"`{word}`".replace("|", "\\|") in sections[cmd], f"{cmd} {word} is not on the page"
+                            assert reference_docs._code(word) in sections[cmd], f"{cmd} {word} is not on the page"
                     walk(sub, cmd)
 
     walk(build_parser(), "hpolab")
@@ -98,3 +99,45 @@ def test_every_exit_code_is_on_the_page():
     for name, value in vars(errors).items():
         if name.startswith("EXIT_"):
             assert f"| {value} | `{name}` |" in page
+
+
+def test_spec_page_has_a_section_per_part_and_a_table_of_contents():
+    from hpolab.config.spec import StudySpec
+
+    page = (REFERENCE / "spec.md").read_text()
+    sections = [line[3:] for line in page.splitlines() if line.startswith("## ")]
+    assert sections == list(reference_docs.SECTIONS)
+    for title in sections:
+        assert f"](#{reference_docs._anchor(title)})" in page, f"the table of contents has no link to {title}"
+    top = {(f.alias or name) for name, f in StudySpec.model_fields.items()}
+    assert sorted(top) == sorted(k for keys in reference_docs.SECTIONS.values() for k in keys)
+
+
+def test_every_environment_variable_the_code_uses_is_on_the_page_and_none_other():
+    """scripts/reference_env.py finds the variables in the source; the page lists exactly those. The
+    finder itself is checked on variables read in each way it knows (a literal, a module constant, a
+    comprehension over a tuple, an f-string, a dict's keys)."""
+    uses = reference_env.env_uses()
+    missing = sorted(set(uses) - set(reference_env.ENV))
+    assert not missing, f"used by hpolab but not in scripts/reference_env.py ENV: {missing}"
+    stale = sorted(set(reference_env.ENV) - set(uses))
+    assert not stale, f"in scripts/reference_env.py ENV but no longer used by hpolab: {stale}"
+    for name, how in [("HPOLAB_STORE", "a literal"), ("HPOLAB_HOST_SLOTS_DIR", "a module constant"),
+                      ("MLFLOW_TRACKING_PASSWORD", "an f-string over a tuple"), ("MLFLOW_WORKSPACE", "a loop over a constant tuple"),
+                      ("SLURM_ARRAY_TASK_ID", "a dict's keys"), ("HPOLAB_METRICS_FLUSH_S", "a read with a default")]:
+        assert uses[name].reads, f"{name} ({how}) was not found as read"
+    assert uses["HPOLAB_METRICS_FLUSH_S"].defaults == ["2.0"]  # (its default is a module constant, resolved)
+    page = (REFERENCE / "environment.md").read_text()
+    shown = re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \|", page, re.M)
+    assert sorted(shown) == sorted(uses), "docs/reference/environment.md lists other variables than the code uses"
+
+
+def test_the_environment_finder_sees_a_new_variable(tmp_path, monkeypatch):
+    """The check above can fail: a module that reads one more variable is found, and the table lacks it."""
+    pkg = tmp_path / "hpolab"
+    pkg.mkdir()
+    (pkg / "x.py").write_text('import os\nNAME = "HPOLAB_NEW_KNOB"\nv = os.environ.get(NAME, "3")\n')
+    monkeypatch.setattr(reference_env, "PACKAGE", pkg)
+    uses = reference_env.env_uses()
+    assert set(uses) == {"HPOLAB_NEW_KNOB"} and uses["HPOLAB_NEW_KNOB"].defaults == ["3"]
+    assert "HPOLAB_NEW_KNOB" not in reference_env.ENV
