@@ -89,3 +89,34 @@ def test_a_warm_start_across_different_constraints_is_refused(store):
         assert bad.returncode == 2 and len(lines) == 1 and "Traceback" not in bad.stderr, bad.stderr
         assert "'faulty'" in lines[0] and "'faulty-warm'" in lines[0] and "params <= 2000" in lines[0], lines[0]
         assert "faulty-warm" not in [s.study_name for s in optuna.get_all_study_summaries(storage)]
+
+
+def test_the_end_table_labels_imported_trials_and_ranks_them_nowhere():
+    """`study run`'s end table: a warm start's imported trial (COMPLETE, no epochs here) is labelled as
+    such, listed after this study's ranked trials, and set aside in the counts line, as `study status`
+    says it; the best is this study's own."""
+    import io
+
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState, create_trial
+    from rich.console import Console
+
+    from hpolab.config.spec import load_spec
+    from hpolab.stores.trial_counts import count_trials
+    from hpolab.study.driver.progress import Progress
+
+    spec = load_spec("studies/digits_cnn.yaml", ["n_trials=2"])
+    dist = {"trainer.lr": FloatDistribution(1e-4, 1e-1, log=True)}
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.999, params={"trainer.lr": 0.01}, distributions=dist,
+                                 system_attrs={"hpolab.imported_from": "digits-cnn trial 7"}))
+    for value in (0.95, 0.97):
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=value, params={"trainer.lr": 0.001}, distributions=dist,
+                                     intermediate_values={0: value - 0.1, 1: value}))
+    out = io.StringIO()
+    counts = count_trials(study.get_trials())
+    Progress(spec, console=Console(file=out, width=200, highlight=False)).end(study, counts, spec)
+    rows = [line for line in out.getvalue().splitlines() if line.startswith("│")]
+    cells = [[c.strip() for c in row.strip("│").split("│")] for row in rows]
+    assert [c[:2] for c in cells] == [["2", "COMPLETE"], ["1", "COMPLETE"], ["0", "COMPLETE (imported)"]], out.getvalue()
+    assert "2 complete (1 imported by a warm start: not counted)" in out.getvalue()

@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from hpolab.stores.trial_counts import PAUSED, epochs_used, over_budget_note, paused_counts
+from hpolab.stores.optuna_sql import IMPORTED
+from hpolab.stores.trial_counts import ASIDE, PAUSED, count_trials, describe, epochs_used, over_budget_note, paused_counts
 from hpolab.study.objectives import ranking
 from hpolab.study.state.paused_mark import shown_state
 
@@ -137,9 +138,10 @@ class Progress:
         for t in complete + others:
             secs = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
             best, last = best_and_last(t.state.name, t.value, t.intermediate_values, reverse)
+            imported = " (imported)" if t.system_attrs.get(IMPORTED) else ""  # a warm start's: history for the sampler
             table.add_row(
                 str(t.number),
-                shown_state(t.state, t.system_attrs),
+                shown_state(t.state, t.system_attrs) + imported,
                 fmt_value(best),
                 fmt_value(last),
                 *[fmt_value(t.params.get(p)) for p in spec.search_space],
@@ -147,6 +149,9 @@ class Progress:
                 f"{secs:.1f}" if secs is not None else "-",
             )
         self.console.print(table)
+        counted = count_trials(trials)
+        if any(counted.get(k) for k in ASIDE):  # as `study status` says it: what the counts leave out
+            self.console.print(describe(counted))
         self._print_epochs(study, spec, trials)
         self._print_elapsed(spec)
 
