@@ -336,6 +336,7 @@ END_TO_END_ONLY = {
     "test_chaos.py": "random SIGKILLs of a running study",
     "test_pareto_study.py": "a study of two objectives through the CLI (test_objectives.py is its fast side)",
     "test_distributed.py": "PostgreSQL + a real mlflow server + four workers",
+    "test_docs_images.py": "the docs' screenshots made from a study through the MLflow UI in Chromium",
     "test_fashion_e2e.py": "a study, promote and predict on image files",
     "test_launch_slurm.py": "sbatch arrays and scancel on the local Slurm",
     "test_mlflow_auth.py": "a study against a real basic-auth mlflow server",
