@@ -121,3 +121,32 @@ def test_strict_build_fails_on_a_broken_link(tmp_path):
     result = _mkdocs_build(config, tmp_path / "site")
     assert result.returncode != 0
     assert "no-such-page.md" in result.stderr
+
+
+# docs/img/ files no screenshot script makes, and the command that does (a benchmark's plot)
+PLOTS = {"multifidelity.png": "bench/multifidelity.py --plot docs/img/multifidelity.png"}
+
+
+def test_every_image_is_used_and_made_by_one_command():
+    """Each picture the pages show is in docs/img/, each file there is shown, and each is remade by
+    scripts/docs_images.py (`scripts/docs images`, from the demo study) or, for a benchmark's plot, by
+    the command benchmarks.md gives."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import docs_images
+
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    shown = {Path(m).name for p in pages for m in re.findall(r"!\[[^\]]+\]\(([^)]+\.png)\)", p.read_text())}
+    files = {p.name for p in (ROOT / "docs" / "img").glob("*")}
+    assert shown == files, f"shown but missing: {sorted(shown - files)}; in docs/img but shown nowhere: {sorted(files - shown)}"
+    assert files == set(docs_images.IMAGES) | set(PLOTS), f"made by no command: {sorted(files - set(docs_images.IMAGES) - set(PLOTS))}"
+    bench = (ROOT / "docs" / "benchmarks.md").read_text()
+    for command in PLOTS.values():
+        assert command in bench, f"benchmarks.md does not give the command that makes the plot: {command}"
+
+
+def test_the_home_page_links_every_page():
+    """docs/index.md's "Where to go" names every page of the nav (a new how-to is found from the home page)."""
+    index = (ROOT / "docs" / "index.md").read_text()
+    linked = {target.split("#")[0] for target in re.findall(r"\]\(([^)]+\.md[^)]*)\)", index)}
+    missing = sorted(set(_nav_pages(_config()["nav"])) - linked - {"index.md"})
+    assert not missing, f"docs/index.md links no {missing}"
