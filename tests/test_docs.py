@@ -150,3 +150,45 @@ def test_the_home_page_links_every_page():
     linked = {target.split("#")[0] for target in re.findall(r"\]\(([^)]+\.md[^)]*)\)", index)}
     missing = sorted(set(_nav_pages(_config()["nav"])) - linked - {"index.md"})
     assert not missing, f"docs/index.md links no {missing}"
+
+
+BENCH_HELPERS = {"baseline_loop.py", "gpu.py", "scale_team.py", "team_stores.py"}  # run by the scripts the page names
+
+
+def _benchmark_sections() -> dict[str, str]:
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    return {s.split("\n", 1)[0]: s for s in re.split(r"^## ", page, flags=re.M)[1:]}
+
+
+def test_benchmarks_give_a_method_one_command_and_a_dated_result_with_its_load():
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert not re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", page), "a commit hash in benchmarks.md"
+    for note in ("UTC", "before this change", "another engineer", "other people", "this commit"):
+        assert note not in page, f"a lab note in benchmarks.md: {note!r}"
+    sections = {title: text for title, text in _benchmark_sections().items()
+                if not title.startswith(("How to read", "Everyday"))}
+    assert len(sections) >= 10
+    for title, text in sections.items():
+        for part in re.split(r"^### ", text, flags=re.M):
+            assert "**Method.**" in part and "**Command" in part and "**Latest result**" in part, f"{title}: {part[:80]}"
+            blocks = re.findall(r"```bash\n(.*?)```", part, re.S)
+            assert blocks, f"{title}: no command block"
+            for line in (ln for b in blocks for ln in b.splitlines() if ln.strip()):
+                script = re.search(r"(bench/[\w.]+)", line)
+                assert script and (ROOT / script.group(1)).is_file(), f"{title}: {line} runs no script in bench/"
+            latest = part.split("**Latest result**", 1)[1].split("\n\n", 1)[0]
+            assert (re.search(r"20\d\d-\d\d-\d\d", latest) and "load" in latest) or "none yet" in latest, f"{title}: {latest}"
+    everyday = _benchmark_sections()["Everyday figures"]
+    rows = [r for r in everyday.splitlines() if r.startswith("| ") and not r.startswith(("| what", "| ---"))]
+    assert rows and all(re.search(r"20\d\d-\d\d-\d\d, (idle|load|not recorded)", r) for r in rows), rows
+
+
+def test_every_benchmark_script_is_on_the_page_and_every_cited_result_is_committed():
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    scripts = {p.name for p in (ROOT / "bench").glob("*") if p.suffix in (".py", ".sh")} - BENCH_HELPERS
+    assert all(f"bench/{s}" in page for s in scripts), sorted(s for s in scripts if f"bench/{s}" not in page)
+    cited = set(re.findall(r"bench/results/([\w.-]+\.(?:json|md))", page))
+    tracked = set(subprocess.run(["git", "ls-files", "bench/results"], cwd=ROOT, capture_output=True, text=True).stdout.split())
+    tracked = {Path(p).name for p in tracked}
+    assert cited <= tracked, f"cited but not committed: {sorted(cited - tracked)}"
+    assert tracked <= cited, f"committed but cited nowhere: {sorted(tracked - cited)}"
