@@ -141,3 +141,13 @@ def test_the_environment_finder_sees_a_new_variable(tmp_path, monkeypatch):
     uses = reference_env.env_uses()
     assert set(uses) == {"HPOLAB_NEW_KNOB"} and uses["HPOLAB_NEW_KNOB"].defaults == ["3"]
     assert "HPOLAB_NEW_KNOB" not in reference_env.ENV
+
+
+def test_architecture_lists_every_module_as_the_generator_writes_it():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    assert reference_docs.architecture_with_modules(page) == page, (
+        "docs/architecture.md's module list is out of date with the package: run scripts/gen-reference and commit it")
+    listed = set(re.findall(r"^\| `([\w/]+\.py)` \|", page, re.M))
+    files = {p.relative_to(reference_docs.PACKAGE).as_posix() for p in reference_docs.PACKAGE.rglob("*.py")}
+    assert listed == files, f"not listed: {sorted(files - listed)}; listed but gone: {sorted(listed - files)}"
+    assert "## Module paths" not in page and "| Before | After |" not in page  # (moves are git's history)
