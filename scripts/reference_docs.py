@@ -282,7 +282,8 @@ def spec_page() -> str:
              "dots, as in `key=value` overrides (`trainer.lr=0.01`); `[]` marks an item of a list, `<key>` a key "
              "you choose. A key that takes one of several kinds of mapping lists each kind's keys under its "
              "`type:`. Unknown keys anywhere are errors: `hpolab study validate SPEC` lists every problem at once.\n"]
-    lines += [f"- [{title}](#{_anchor(title)}): " + ", ".join(f"`{k}`" for k in keys) for title, keys in SECTIONS.items()]
+    lines += [f"- [{title}](#{_anchor(title)})" + ("" if keys == [title] else ": " + ", ".join(f"`{k}`" for k in keys))
+              for title, keys in SECTIONS.items()]
     for title, keys in SECTIONS.items():
         inside = [r for r in rows if re.split(r"[.\[]", r[0], maxsplit=1)[0] in keys]
         inside.sort(key=lambda r: keys.index(re.split(r"[.\[]", r[0], maxsplit=1)[0]))  # stable: nesting order kept

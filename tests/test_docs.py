@@ -192,3 +192,39 @@ def test_every_benchmark_script_is_on_the_page_and_every_cited_result_is_committ
     tracked = {Path(p).name for p in tracked}
     assert cited <= tracked, f"cited but not committed: {sorted(cited - tracked)}"
     assert tracked <= cited, f"committed but cited nowhere: {sorted(tracked - cited)}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Debian's chromium at /usr/bin/chromium (scripts/system-deps)")
+def test_search_finds_a_spec_key_by_its_last_part(site):
+    """In Chromium, the built site's search box (lunr in a web worker, as a reader uses it, served over
+    HTTP) finds the spec reference for `grad_clip_norm` and `early_stopping_patience`, which the page
+    writes as `trainer.grad_clip_norm`: the separator splits words on dots and underscores."""
+    import functools
+    import http.server
+    import threading
+
+    from playwright.sync_api import expect, sync_playwright
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path="/usr/bin/chromium",
+                                         args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+            try:
+                page = browser.new_page()
+                page.set_default_timeout(60_000)
+                for query in ("grad_clip_norm", "early_stopping_patience"):
+                    page.goto(f"http://127.0.0.1:{server.server_port}/")
+                    page.locator("input.md-search__input").click()
+                    page.locator("input.md-search__input").press_sequentially(query, delay=20)
+                    results = page.locator(".md-search-result__item")
+                    expect(results.first).to_be_visible(timeout=60_000)
+                    titles = [results.nth(i).locator("h1, h2").first.inner_text() for i in range(min(results.count(), 3))]
+                    assert "Study spec" in titles, f"{query}: the first results are {titles}"
+            finally:
+                browser.close()
+    finally:
+        server.shutdown()

@@ -62,13 +62,17 @@ def test_readme_is_short_its_tour_parses_and_its_links_exist():
 
 def page_commands(page: Path) -> list[tuple[str, int]]:
     """Every command line of the page's ```bash blocks, in order, with the exit code its comment says
-    (`exit N`; else 0)."""
+    (`exit N`, on its line or on the comment lines right above it; else 0)."""
     out = []
     for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+        above = ""
         for line in block.replace("\\\n", " ").splitlines():
-            if line.strip():
-                said = re.search(r"#.*\bexit (\d+)", line)
-                out.append((line.strip(), int(said.group(1)) if said else 0))
+            if line.strip().startswith("#"):
+                above += line
+            elif line.strip():
+                said = re.search(r"#.*\bexit (\d+)", above + line)
+                out.append((" ".join(line.split()), int(said.group(1)) if said else 0))
+                above = ""
     return out
 
 
