@@ -173,7 +173,7 @@ def test_benchmarks_give_a_method_one_command_and_a_dated_result_with_its_load()
             assert "**Method.**" in part and "**Command" in part and "**Latest result**" in part, f"{title}: {part[:80]}"
             blocks = re.findall(r"```bash\n(.*?)```", part, re.S)
             assert blocks, f"{title}: no command block"
-            for line in (ln for b in blocks for ln in b.splitlines() if ln.strip()):
+            for line in (ln for b in blocks for ln in b.replace("\\\n", " ").splitlines() if ln.strip()):
                 script = re.search(r"(bench/[\w.]+)", line)
                 assert script and (ROOT / script.group(1)).is_file(), f"{title}: {line} runs no script in bench/"
             latest = part.split("**Latest result**", 1)[1].split("\n\n", 1)[0]
