@@ -32,14 +32,9 @@ def check_ui_url(url: str) -> str:
 def ui_url_of(tracking_uri: str, given: str | None) -> str | None:
     """The MLflow UI's address: `given` (--ui-url), else the tracking server's when the tracking URI is
     one, without its login (user:password in a URI must never reach a page); None when unknown."""
-    if given:
-        return check_ui_url(given)
-    parts = urlsplit(tracking_uri)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return None
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"
+    from hpolab.stores.paths import server_ui_url
+
+    return check_ui_url(given) if given else server_ui_url(tracking_uri)
 
 
 def _link(href: str, text: str, title: str | None = None) -> str:
