@@ -36,9 +36,8 @@ BUDGET_ATTR = "hpolab.budget_epochs"  # the study user attr `study status` shows
 class StudyControl:
     """The control as this driver applied it. Acts on the driver: its spec, its draining flag, its signals."""
 
-    def __init__(self, driver, on_change=None):
+    def __init__(self, driver):
         self.driver = driver
-        self.on_change = on_change  # called with (Control, what it did here) after each version applied
         self.version = 0
         self.state = "running"  # as last applied
         self.paused = False
@@ -82,23 +81,27 @@ class StudyControl:
             pass  # (a `set`: the state stays as it was)
         elif c.state == "stopped" and self.halted is None:
             self.halted = f"stopped by {c.by} ({c.change}, control v{c.version})"
-            if c.stop == "now":
+            if not self.version:  # it was stopped before this driver started
+                d.draining = True
+                done.append(f"the study is stopped: starting no trial (`hpolab study resume {d.spec.name}` lets it run again)")
+            elif c.stop == "now":
                 d.signals.stopping = True  # (what the first Ctrl-C sets: events.py stops each trial after its epoch)
                 done.append(f"stopping now: running trials ({len(d.running)}) stop after their current epoch, resumable")
             else:
                 d.draining = True
                 done.append(f"stopping: no new trials; running trials ({len(d.running)}) finish, then this worker exits")
+        elif self.paused and not self.version:
+            done.append(f"the study is paused: starting no trial until `hpolab study resume {d.spec.name}`")
         elif self.paused:
             done.append(f"paused: no new trials or resumes; running trials ({len(d.running)}) go on")
         elif c.state == "running":
             done.append("running: trials start again")
         what = "; ".join(x for x in done if x) or "nothing to change here"
+        if self.version or what != "nothing to change here":  # (a driver starting says only what is in effect)
+            d.progress.note(f"study control v{c.version} ({c.change}, by {c.by}) applied: {what}")
         self.version = c.version
-        d.progress.note(f"study control v{c.version} ({c.change}, by {c.by}) applied: {what}")
         d.outage.call(d.storage.set_study_system_attr, d.study._study_id, self._key,
                       {"version": c.version, "at": now_iso(), "worker": self.worker, "did": what})
-        if self.on_change is not None:
-            self.on_change(c, what)
 
     def _set(self, values: dict[str, Any]) -> str:
         """Apply the run controls to this driver's spec; what changed ('n_trials 20 -> 60'), or why not."""
