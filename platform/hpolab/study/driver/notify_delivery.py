@@ -111,6 +111,7 @@ class Delivery:
         self.busy = False  # an event is being tried now
         self._closing = threading.Event()
         self._deadline: float | None = None  # after close(): retries stop at this time.monotonic()
+        self._abandoned = False  # close() gave up waiting: what is left was counted there
         self._thread = threading.Thread(target=self._loop, name=f"notify-{index}", daemon=True)
         self._thread.start()
 
@@ -144,7 +145,8 @@ class Delivery:
                 return
             except NotDelivered as e:
                 why = str(e)
-        self.on_drop(self.name, f"{payload['event']} not delivered: {why}")
+        if not self._abandoned:  # (once close() has counted it as left undelivered, it is not counted again)
+            self.on_drop(self.name, f"{payload['event']} not delivered: {why}")
 
     def _pause(self, seconds: float) -> bool:
         """Wait before a retry; False when the driver is ending and its wait for deliveries is over."""
@@ -172,4 +174,5 @@ class Delivery:
         self._thread.join(max(0.0, deadline - time.monotonic()))
         if not self._thread.is_alive():
             return 0
+        self._abandoned = True
         return sum(1 for p in list(self.queue.queue) if p is not None) + int(self.busy)
