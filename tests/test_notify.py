@@ -96,8 +96,10 @@ def test_targets_are_checked_and_named_without_their_secrets():
         NotifyTarget(url="https://x.example", secret_env="s3cr3t-value!")
     with pytest.raises(ValueError, match="not an http"):
         NotifyTarget(url="ftp://x.example/hook")
-    t = NotifyTarget(url="https://user:pw@hooks.example.com/services/${TOKEN}", secret_env="HOOK", events=["new_best", "new_best"])
-    assert t.events == ["new_best"] and t.variables() == ["TOKEN", "HOOK"]
+    with pytest.raises(ValueError, match="a login in the url would be recorded"):
+        NotifyTarget(url="https://user:pw@hooks.example.com/hook")
+    t = NotifyTarget(url="https://${USER_}:${PW}@hooks.example.com/services/${TOKEN}", secret_env="HOOK", events=["new_best", "new_best"])
+    assert t.events == ["new_best"] and t.variables() == ["USER_", "PW", "TOKEN", "HOOK"]
     assert t.describe(2) == "notify[2] (https://hooks.example.com/...)"
     assert NotifyTarget(url="${SLACK_URL}", format="slack").describe(0) == "notify[0] (a url from the environment)"
 

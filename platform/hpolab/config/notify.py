@@ -61,6 +61,10 @@ class NotifyTarget(BaseModel):
             raise ValueError("give either url: (a web hook) or command: (a program), not both")
         if self.url is not None and not ENV_VAR.fullmatch(self.url.strip()) and not re.match(r"^https?://[^/\s]+", self.url):
             raise ValueError(f"url: {self.url!r} is not an http(s) address (or a ${{VAR}} holding one)")
+        login = re.match(r"^https?://([^/]*)@", self.url or "")
+        if login and ENV_VAR.sub("", login[1]).replace(":", ""):  # (the spec is recorded with the study: no secret in it)
+            raise ValueError("url: a login in the url would be recorded with the spec; read it from the environment, "
+                             "e.g. https://${HOOK_USER}:${HOOK_PASSWORD}@host/path")
         if self.command is not None and self.format == "slack":
             raise ValueError("format: slack needs a url: (a Slack-compatible incoming webhook)")
         if self.command is not None and self.secret_env is not None:

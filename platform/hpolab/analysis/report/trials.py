@@ -73,7 +73,7 @@ def trial_row(data: ReportData, number: int):
 
 
 def top_trials(data: ReportData) -> str:
-    from hpolab.analysis.compare.render import short_names
+    from hpolab.analysis.compare.render import resource_columns, short_names
     from hpolab.analysis.compare.study import select
 
     t = data.table
@@ -81,9 +81,10 @@ def top_trials(data: ReportData) -> str:
         return H.note("No complete trial yet.")
     df = select(t, state="complete", top=TOP_ROWS)
     shorts = short_names(t.params)
+    used = resource_columns(df)  # peak memory and throughput (when the trials recorded them)
     headers = ["trial", *[shorts[p] for p in t.params], f"best {t.metric}", f"final {t.metric}", "epochs", "seconds",
-               "MLflow run", "logged model"]
-    numeric = [True, *[True] * len(t.params), True, True, True, True, False, False]
+               *[h for _, h in used], "MLflow run", "logged model"]
+    numeric = [True, *[True] * len(t.params), True, True, True, True, *[True] * len(used), False, False]
     rows = []
     for _, r in df.iterrows():
         rows.append([
@@ -91,6 +92,7 @@ def top_trials(data: ReportData) -> str:
             *[_text(_py(r[f"params.{p}"])) for p in t.params],
             _py(r[t.best_col]), _py(r[t.final_col]), _py(r["epochs"]),
             None if _py(r["duration_s"]) is None else round(float(r["duration_s"]), 1),
+            *[_py(r[c]) for c, _ in used],
             run_cell(data, r["run_id"]), model_cell(data, r),
         ])
     n_complete = int((t.frame["state"] == "COMPLETE").sum())
