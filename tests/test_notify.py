@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from mlflow import MlflowClient
 
-from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, open_study, run_cli, start_cli
+from conftest import FAULT_PROJECT, FAULT_SPEC, hpolab_env, open_study, run_cli, start_cli, wait_for_checkpoints
 from hpolab.config.notify import NotifyTarget
 from hpolab.study.driver.notify_delivery import Delivery, signature
 from services import free_port
@@ -123,6 +123,26 @@ def test_events_arrive_in_order_signed(receiver, monkeypatch):
     assert [json.loads(r["body"])["id"] for r in receiver.requests] == [f"id-trial_failed-{i}" for i in range(20)]
     assert all(valid_signature(r, SECRET) for r in receiver.requests)
     assert not valid_signature(receiver.requests[0], "another secret")
+
+
+def test_the_receiver_check_in_the_docs_accepts_a_real_signature_only(receiver, monkeypatch):
+    """docs/how-to/notify.md's verify() on a request the delivery really sent."""
+    import re
+
+    page = (FAULT_PROJECT.parents[1] / "docs" / "how-to" / "notify.md").read_text()
+    code = re.search(r"```python\n(import hashlib.*?)```", page, re.S)[1]
+    space: dict = {}
+    exec(code, space)
+    monkeypatch.setenv("HOOK_SECRET", SECRET)
+    d = Delivery(NotifyTarget(url=receiver.url + "/hook", secret_env="HOOK_SECRET"), 0, lambda n, why: None)
+    d.submit(_payload("study_finished"))
+    assert d.close(time.monotonic() + 60) == 0
+    r = receiver.requests[0]
+    stamp, sent = r["headers"]["X-Hpolab-Timestamp"], r["headers"]["X-Hpolab-Signature"]
+    assert space["verify"](SECRET.encode(), stamp, sent, r["body"])
+    assert not space["verify"](b"another secret", stamp, sent, r["body"])
+    assert not space["verify"](SECRET.encode(), stamp, sent, r["body"] + b" ")  # a changed body
+    assert not space["verify"](SECRET.encode(), str(int(stamp) - 3600), sent, r["body"])  # another (old) timestamp
 
 
 def test_a_failing_receiver_gets_retries_of_the_same_delivery_then_it_is_dropped():
@@ -241,6 +261,23 @@ def test_two_workers_send_each_study_event_once(store, receiver, tmp_path):
     bests = [p["trial"] for p in receiver.payloads() if p["event"] == "new_best"]
     assert len(bests) == len(set(bests)) >= 1  # each trial's own event, from the worker that ran it
     assert all(valid_signature(r, SECRET) for r in receiver.requests)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_trial_is_reported_lost_by_the_one_that_reaps_it(store, receiver):
+    args = [FAULT_SPEC, "name=lost", "n_trials=2", "trainer.max_epochs=30", "model.sleep=0.02", "log_models=none",
+            _notify(f"{{url: '{receiver.url}/hook', events: [worker_lost, trial_failed]}}")]
+    driver = start_cli("--store", str(store), "study", "run", *args, cwd=FAULT_PROJECT, env=_env(), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    wait_for_checkpoints(store, 1, study="lost")
+    driver.kill()  # SIGKILL: its trial stays RUNNING with a dead owner
+    driver.wait()
+    run_cli("--store", str(store), "study", "run", *args, cwd=FAULT_PROJECT, env=_env())  # the same command again: it reaps
+    lost = [p for p in receiver.payloads() if p["event"] == "worker_lost"]
+    _, study = open_study(store, "lost")
+    assert len(lost) == 1 and lost[0]["trial"] == 0 and lost[0]["run_id"] == study.trials[0].user_attrs["mlflow_run_id"]
+    assert "its driver" in lost[0]["reason"] and "retried as trial" in lost[0]["reason"], lost[0]
+    assert [p["trial"] for p in receiver.payloads() if p["event"] == "trial_failed"] == []  # (reaped, not failed here)
 
 
 @pytest.mark.slow

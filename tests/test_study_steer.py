@@ -78,8 +78,8 @@ def test_control_versions_accumulate_values_and_drivers_say_they_applied():
     assert read_control(storage, study._study_id) == third
     resumed = change_control(storage, "c", "resume", "me@here pid 1", state="running")
     assert resumed.stop is None and resumed.values == {"n_trials": 9}
-    storage.set_study_system_attr(study._study_id, "hpolab.control_applied:a:1", {"version": 4, "at": "2", "worker": "a pid 1"})
-    storage.set_study_system_attr(study._study_id, "hpolab.control_applied:b:2", {"version": 3, "at": "1", "worker": "b pid 2"})
+    storage.set_study_system_attr(study._study_id, "hpolab.control_applied.a:1", {"version": 4, "at": "2", "worker": "a pid 1"})
+    storage.set_study_system_attr(study._study_id, "hpolab.control_applied.b:2", {"version": 3, "at": "1", "worker": "b pid 2"})
     attrs = storage.get_study_system_attrs(study._study_id)
     assert [a["worker"] for a in applied_by(attrs, 4)] == ["a pid 1"] and CONTROL_ATTR in attrs
 

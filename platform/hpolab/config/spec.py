@@ -137,7 +137,7 @@ class StudySpec(_Frozen):
     constraints: list[Constraint] = Field(default_factory=list, description="bounds on metrics; only feasible trials can be best")
     n_trials: int = Field(default=20, ge=1)  # total budget of finished trials, not "n more"
     timeout: float | None = Field(default=None, gt=0)  # seconds for this driver's session (or 30m, 2h, ...)
-    trial_timeout: float | None = Field(default=None, gt=0)  # seconds per trial, then FAIL
+    trial_timeout: float | None = Field(default=None, gt=0)  # seconds per trial, then FAIL (or 30m, 2h, ...)
     parallel: int = Field(default=1, ge=1, description="trials this driver runs at once, each in its own process")
     max_retries: int = Field(default=1, ge=0)  # retries after a trial's own failure (OOM, trial_timeout)
     max_interrupts: int = Field(default=10, ge=0)  # retries after interrupts, dead drivers, reaps (per configuration)
@@ -168,7 +168,7 @@ class StudySpec(_Frozen):
     # Seconds the driver keeps retrying while a database store is unreachable (a PostgreSQL restart),
     # counted from the outage's start; running trials keep training. Then it stops, trials resumable.
     storage_outage_grace: float = Field(default=120.0, ge=0)
-    notify: list[NotifyTarget] = Field(default_factory=list, description="where study events go: web hooks (json, slack) or commands (config/notify.py)")
+    notify: list[NotifyTarget] = Field(default_factory=list, description="where study events go: web hooks (json, slack) or programs (how-to: notifications)")
     system_metrics: bool = Field(default=True, description="sample each trial's processes (CPU, memory, threads, GPU memory) into its run's system/ metrics")
     # Set by load_spec: the folder holding the experiments/ the experiment came from (the spec's
     # project). Not a field: it is where this spec was found, not part of the study's definition.

@@ -8,7 +8,7 @@ The record is the study system attr `hpolab.control`:
 Every change writes the whole record with the next version, under the study's budget lock where the
 storage has one (stores/budget_lock.py), so two commands at once never reuse a version. `values`
 accumulate: a driver applies all of them (idempotent). Each driver that applied a version says so
-in its own attr `hpolab.control_applied:<host>:<pid>` = {"version", "at", "worker"}: no two drivers
+in its own attr `hpolab.control_applied.<host>:<pid>` = {"version", "at", "worker"}: no two drivers
 write the same key. Any storage a study can live in holds it (SQLite, PostgreSQL, the gRPC proxy),
 so the control reaches every worker the stores reach; nothing needs a server of its own.
 """
@@ -22,7 +22,7 @@ from typing import Any
 from hpolab.stores.budget_lock import budget_lock
 
 CONTROL_ATTR = "hpolab.control"
-APPLIED_PREFIX = "hpolab.control_applied:"
+APPLIED_PREFIX = "hpolab.control_applied."
 STATES = ("running", "paused", "stopped")
 
 

@@ -10,11 +10,11 @@ recorded (study user attr `hpolab.notify`: the spec's entries, ${VAR}s unexpande
 Nothing here waits on the driver's loop: `emit` puts the event on a bounded queue; a thread of its own
 claims it, reads what it needs from the stores and hands it to each target's Delivery
 (notify_delivery.py: its own queue, thread, retries). A study event is sent once per study however
-many workers run it: each claims it in the stores first (study system attr `hpolab.notified:<event>:<n>`,
+many workers run it: each claims it in the stores first (study system attr `hpolab.notified.<event>:<n>`,
 written under the study's budget lock; through the gRPC proxy, which has no lock, the claim is read back
 after CLAIM_SETTLE_S and the last writer sends). `n` counts the study's ends (`hpolab.notify_session`),
 so a study run again after it finished is started and finished anew. Trial events happen in one
-driver only. A dropped notification is counted in `hpolab.notify_dropped:<host>:<pid>` (`study status`
+driver only. A dropped notification is counted in `hpolab.notify_dropped.<host>:<pid>` (`study status`
 shows the sum). At its end the driver waits at most EXIT_WAIT_S for the deliveries still queued.
 """
 
@@ -38,8 +38,8 @@ from hpolab.study.state.owners import this_host
 
 NOTIFY_ATTR = "hpolab.notify"
 SESSION_ATTR = "hpolab.notify_session"
-CLAIM_PREFIX = "hpolab.notified:"
-DROPPED_PREFIX = "hpolab.notify_dropped:"
+CLAIM_PREFIX = "hpolab.notified."
+DROPPED_PREFIX = "hpolab.notify_dropped."
 CLAIM_SETTLE_S = 2.0  # a claim without a lock (the gRPC proxy): read back after the others wrote theirs
 EXIT_WAIT_S = float(os.environ.get("HPOLAB_NOTIFY_EXIT_WAIT", "10"))  # seconds a driver's end waits for deliveries
 
@@ -112,7 +112,7 @@ class Notifier:
         elif outcome.signal is None:
             why = outcome.failure_limit or f"the study stopped with {c.get('finished', 0)}/{outcome.n_trials} trials finished"
             self.error(why)
-        self.close()
+        self.close(wait=None if outcome.signal is None else min(EXIT_WAIT_S, 2.0))  # (after Ctrl-C: hardly a wait)
 
     def error(self, why: str) -> None:
         digest = hashlib.sha256(why.encode()).hexdigest()[:8]  # the same error on every worker: once
