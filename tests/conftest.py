@@ -364,7 +364,8 @@ LONGEST_FIRST = ["test_pyfunc_serving.py", "test_asha_study.py", "test_launch_sl
                  "test_code_travels.py", "test_compose.py", "test_lr_step_faults.py", "test_trial_state.py",
                  "test_retention.py", "test_promote.py", "test_chaos.py", "test_store_errors.py",
                  "test_pareto_study.py", "test_proxy_heartbeat.py", "test_study_controls.py",
-                 "test_trial_forkserver.py", "test_budget.py", "test_tasks.py", "test_study_commands.py"]
+                 "test_trial_forkserver.py", "test_budget.py", "test_tasks.py", "test_study_commands.py",
+                 "test_notify.py", "test_study_steer.py", "test_system_metrics.py"]
 
 
 def pytest_collection_modifyitems(session, config, items):
