@@ -222,6 +222,17 @@ def test_a_study_sends_its_events_in_order_signed_to_json_slack_and_command_targ
     assert valid_signature(receiver.requests[-1], SECRET)
 
 
+def test_a_study_stopped_by_its_failure_limit_sends_study_error_not_finished(store, receiver):
+    args = [FAULT_SPEC, "name=broken", "n_trials=4", "trainer.max_epochs=2", "log_models=none", "model.fault=raise",
+            "max_failures=2", _notify(f"{{url: '{receiver.url}/hook', events: [study_started, study_finished, study_error]}}")]
+    out = run_cli("--store", str(store), "study", "run", *args, cwd=FAULT_PROJECT, env=_env(), check=False)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert receiver.events("/hook") == ["study_started", "study_error"]
+    error = receiver.payloads()[-1]
+    assert "2 trials failed in a row (max_failures=2)" in error["error"] and error["trials"]["fail"] == 2
+    assert error["text"].startswith("hpolab: study broken stopped on an error on ")
+
+
 @pytest.mark.parametrize("mode", ["down", "fail", "block"])
 def test_a_receiver_that_is_down_failing_or_slow_does_not_hold_the_study(store, tmp_path, mode):
     """The study ends (its parent run FINISHED, every trial told) while the receiver is still down, still

@@ -157,7 +157,7 @@ def _fit_plans(state: str, final_col: str) -> list[tuple[bool, tuple[str, ...], 
     if state == "fail":  # the reason is the point of this view: give up timing columns for it
         plans.append((True, optional, True))
     ids = (*optional, "model_id", "run_id")
-    plans += [(True, (), False), (True, optional[:1], False), (True, optional, False), (True, ids[:3], False),
+    plans += [(True, (), False), (True, optional[:1], False), (True, optional, False), (True, (*optional, "model_id"), False),
               (True, ids, False), (True, (*ids, final_col), False)]
     return plans
 

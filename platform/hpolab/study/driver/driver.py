@@ -18,6 +18,8 @@ is the only writer to the Optuna storage and to MLflow. It composes small parts:
     signals.py       Ctrl-C / SIGTERM: graceful first, immediate second
     repair.py        MLflow runs a killed driver left open
     outage.py        a database store briefly unreachable: the loop's store calls retried (storage_outage_grace)
+    control.py       study pause|resume|stop|set, read each loop turn; notify.py: the spec's notifications
+    system_metrics.py  each trial's processes sampled into its run's system/ metrics
 
 Budget: `n_trials` is the study's total of finished trials (COMPLETE + PRUNED + FAIL, not counting
 failures that were retried). Re-running the same command continues the study up to that total.
@@ -323,9 +325,7 @@ class Driver:
             except Exception:
                 pass
         if hasattr(self, "notify"):
-            if isinstance(e, Exception):
-                self.notify.error(f"{type(e).__name__}: {e}")
-            self.notify.close()
+            self.notify.driver_failed(e)  # study_error (not for Ctrl-C), then a short wait for the deliveries
 
     def _loop(self) -> Outcome:
         outcome = Outcome(n_trials=self.spec.n_trials)

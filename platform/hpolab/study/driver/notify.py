@@ -114,6 +114,12 @@ class Notifier:
             self.error(why)
         self.close(wait=None if outcome.signal is None else min(EXIT_WAIT_S, 2.0))  # (after Ctrl-C: hardly a wait)
 
+    def driver_failed(self, e: BaseException) -> None:
+        """The driver stopped on an error: study_error (a KeyboardInterrupt is none), then close."""
+        if isinstance(e, Exception):
+            self.error(f"{type(e).__name__}: {e}")
+        self.close()
+
     def error(self, why: str) -> None:
         digest = hashlib.sha256(why.encode()).hexdigest()[:8]  # the same error on every worker: once
         self.emit("study_error", lambda: {"error": why, "trials": self._counts()}, claim=f"study_error:{digest}")
