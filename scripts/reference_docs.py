@@ -238,6 +238,7 @@ SECTIONS = {
     "search_space": ["search_space"],
     "lr_range_test": ["lr_range_test"],
     "Retention: log_models, keep_checkpoints": ["log_models", "keep_checkpoints"],
+    "While it runs: notify, system_metrics": ["notify", "system_metrics"],
 }
 
 

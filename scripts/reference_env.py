@@ -60,6 +60,10 @@ ENV = {
                                      "would leave behind)", "fork"),
     "HPOLAB_HOST_SLOTS_DIR": (PROCESSES, "the folder where drivers on one machine note their CPUs and trial slots "
                                          "to share the CPUs between their trials", "`/dev/shm/hpolab-slots-UID`"),
+    "HPOLAB_SYSTEM_METRICS_INTERVAL": (PROCESSES, "seconds between two samples of a trial's processes for its "
+                                                  "`system/` metrics (`system_metrics: false` turns them off)", "2"),
+    "HPOLAB_NOTIFY_EXIT_WAIT": (PROCESSES, "seconds a driver's end waits for notifications still being delivered "
+                                           "(what is left is counted as dropped)", "10"),
     "HPOLAB_CACHE": (PROCESSES, "where migrated empty databases are kept, copied into each new embedded store",
                      "`$XDG_CACHE_HOME/hpolab` or `~/.cache/hpolab`"),
     "XDG_CACHE_HOME": (PROCESSES, "the cache folder `HPOLAB_CACHE` defaults to (under `hpolab/`)", "`~/.cache`"),

@@ -36,6 +36,8 @@ NAMES = {
     "hpolab.closed_by": ("hpolab.closed_by", PR, "who closed the parent run when its driver could not"),
     "hpolab.code_file": ("hpolab.code_file", f"{SA}, {TR}", "the experiment module's file name"),
     "hpolab.code_hash": ("hpolab.code_hash", f"{SA}, {TR}", "sha256 (16 hex digits) of the experiment module the study ran"),
+    "hpolab.control": ("hpolab.control", SA, "the study's control (study pause|resume|stop|set): version, state, the run controls set, who and when"),
+    "hpolab.control_applied.": ("hpolab.control_applied.<host>:<pid>", SA, "a driver that applied a control version: which, when, what it did"),
     "hpolab.config_changes": ("hpolab.config_changes", TA, "a trial scheduler's config changes so far (dotted key -> value), applied over its params"),
     "hpolab.data": ("hpolab.data", VER, "the trial's data config (JSON)"),
     "hpolab.device": ("hpolab.device", TR, "the device the trial trained on"),
@@ -67,6 +69,10 @@ NAMES = {
     "hpolab.model_uri": ("hpolab.model_uri", f"{TR}, {VER}", "the trial's logged model URI (models:/m-...)"),
     "hpolab.multilabel_threshold": ("hpolab.multilabel_threshold", f"{PROM}, {VER}", "multilabel: the probability threshold"),
     "hpolab.n_trials": ("hpolab.n_trials", PR, "the study's budget of finished trials"),
+    "hpolab.notify": ("hpolab.notify", SA, "the spec's notify targets (${VAR}s unexpanded), for the commands that send too (study set, promote)"),
+    "hpolab.notify_session": ("hpolab.notify_session", SA, "how often the study finished: the n of each study event's claim"),
+    "hpolab.notified.": ("hpolab.notified.<event>:<n>", SA, "the claim of a study event: the one driver that sends it"),
+    "hpolab.notify_dropped.": ("hpolab.notify_dropped.<host>:<pid>", SA, "notifications a driver could not deliver (study status sums them)"),
     "hpolab.num_classes": ("hpolab.num_classes", f"{PROM}, {VER}", "the number of classes"),
     "hpolab.objective.": ("hpolab.objective.<name>", VER, "several objectives: the gate's value of each"),
     "hpolab.objectives": ("hpolab.objectives", TA, "several objectives: the trial's values"),
@@ -169,6 +175,12 @@ METRICS = [
     "study metric among them; classification: `val_acc`) after `val_loss`.",
     "- Once, after training, when objectives or constraints name them: the cost metrics of the table below "
     "and the experiment's own (`COSTS`).",
+    "- While each trial runs (unless `system_metrics: false`), its processes' system metrics under MLflow's "
+    "`system/` keys (the run page's System metrics tab), step = seconds since the run started: "
+    "`system/cpu_utilization_percentage`, `system/system_memory_usage_megabytes`, `system/system_memory_usage_percentage`, "
+    "`system/thread_count`, `system/peak_memory_megabytes`, `system/samples_per_second`, `system/data_wait_percentage`; "
+    "on CUDA `system/gpu_0_memory_usage_megabytes`, `system/gpu_0_memory_usage_percentage`, "
+    "`system/peak_gpu_0_memory_megabytes` (and `system/gpu_0_utilization_percentage` with nvidia-ml-py).",
     "- On the parent run: `best_<metric>`; several objectives: `hypervolume` per finished trial.",
     "- On a logged model: the run's metrics of the epoch its weights come from; on a serving model and the "
     "trial's model after promotion: the gate's `test_*` metrics.",

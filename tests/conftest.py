@@ -218,12 +218,13 @@ def _build_mixed_study(store: Path, migrated_store: Path) -> Path:
         shutil.copy(migrated_store / name, store / name)
     (store / "artifacts").mkdir()
     s = ["--store", str(store), "study", "run", *SPEC]
-    run_cli(*s, "n_trials=2", "pruner={type: none}")
+    env = {**hpolab_env(), "HPOLAB_SYSTEM_METRICS_INTERVAL": "0.5"}  # (tiny trials: a few system metrics samples each)
+    run_cli(*s, "n_trials=2", "pruner={type: none}", env=env)
     # NaN loss at micro-step 2 -> the trial fails with a reason, before any epoch ends.
     # (Changing trainer/pruner values of a study needs --allow-spec-change: they change what a trial means.)
-    run_cli(*s, "n_trials=3", "trainer.inject_nan_at_step=2", "pruner={type: none}", "--allow-spec-change")
+    run_cli(*s, "n_trials=3", "trainer.inject_nan_at_step=2", "pruner={type: none}", "--allow-spec-change", env=env)
     # ThresholdPruner: val_acc below 0.99 after epoch 1 (a 3-epoch digits CNN never reaches it) -> pruned.
-    run_cli(*s, "n_trials=4", "pruner={type: threshold, kwargs: {lower: 0.99}}", "--allow-spec-change")
+    run_cli(*s, "n_trials=4", "pruner={type: threshold, kwargs: {lower: 0.99}}", "--allow-spec-change", env=env)
     return store
 
 
@@ -364,7 +365,8 @@ LONGEST_FIRST = ["test_pyfunc_serving.py", "test_asha_study.py", "test_launch_sl
                  "test_code_travels.py", "test_compose.py", "test_lr_step_faults.py", "test_trial_state.py",
                  "test_retention.py", "test_promote.py", "test_chaos.py", "test_store_errors.py",
                  "test_pareto_study.py", "test_proxy_heartbeat.py", "test_study_controls.py",
-                 "test_trial_forkserver.py", "test_budget.py", "test_tasks.py", "test_study_commands.py"]
+                 "test_trial_forkserver.py", "test_budget.py", "test_tasks.py", "test_study_commands.py",
+                 "test_notify.py", "test_study_steer.py", "test_system_metrics.py"]
 
 
 def pytest_collection_modifyitems(session, config, items):

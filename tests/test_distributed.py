@@ -119,3 +119,22 @@ def _study_check_is_clean(name: str, storage: str, tracking_uri: str) -> None:
     env = {**hpolab_env(), "OPTUNA_STORAGE": storage, "MLFLOW_TRACKING_URI": tracking_uri}
     check = run_cli("study", "check", name, cwd=ROOT, env=env, timeout=300, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.slow
+def test_two_workers_are_steered_through_postgres_an_mlflow_server_and_the_grpc_proxy(postgres, mlflow_server, tmp_path):
+    """One worker on PostgreSQL itself, the other through `hpolab storage-proxy`; `study pause`, `set`
+    (through the proxy), `resume`, `stop` and `stop --now` reach both (test_study_steer.py says what each checks)."""
+    from test_study_steer import WORKER, pause_set_resume, start_workers, stop_and_stop_now, wait_for
+
+    database = f"postgresql+psycopg2://{postgres}/optuna"
+    with storage_proxy(database, tmp_path) as grpc:
+        envs = [{**hpolab_env(), "OPTUNA_STORAGE": url, "MLFLOW_TRACKING_URI": mlflow_server} for url in (database, grpc)]
+        outs = [tmp_path / "direct.txt", tmp_path / "proxied.txt"]
+        workers = start_workers(tmp_path / "local", outs, WORKER, envs)
+        wait_for(outs[0], "started")
+        study = optuna.load_study(study_name="steer", storage=database)
+        direct = ["--storage", database, "--tracking-uri", mlflow_server]
+        pause_set_resume(direct, outs, workers, study, cwd=tmp_path, set_via=["--storage", grpc, "--tracking-uri", mlflow_server])
+        stop_and_stop_now(direct, tmp_path / "local", outs, study, cwd=tmp_path, envs=envs)
+    _study_check_is_clean("steer", database, mlflow_server)

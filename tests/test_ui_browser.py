@@ -198,6 +198,14 @@ def test_ui_shows_study_runs_metrics_and_report(study_store, ui_server, tmp_path
                 expect(page.get_by_text(metric, exact=True).first).to_be_visible()
             page.wait_for_timeout(1500)  # let the charts finish drawing for the screenshot
             page.screenshot(path=str(SHOTS / "3-trial-run-charts.png"))
+            # its System metrics tab: the trial's own processes, sampled under MLflow's system/ keys
+            page.get_by_text("System metrics", exact=True).first.click()
+            system = sorted(k for k in best_run.data.metrics if k.startswith("system/"))
+            assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes", "system/thread_count"} <= set(system)
+            for key in system:
+                expect(page.get_by_text(key.removeprefix("system/"), exact=True).first).to_be_visible()
+            page.wait_for_timeout(1500)
+            page.screenshot(path=str(SHOTS / "3b-trial-run-system-metrics.png"))
 
             # 3. The report, an artifact of the parent run, shown by MLflow's artifact viewer.
             artifact = f"report/{STUDY}.html"
@@ -252,7 +260,8 @@ def test_ui_shows_study_runs_metrics_and_report(study_store, ui_server, tmp_path
     # are off in MLflow 3.17's open-source UI): the order and the filter match the Optuna study's values.
     _check_search_logged_models(study_store, exp_id, complete)
 
-    for name in ("1-experiment-runs", "2-trial-run-metrics", "3-trial-run-charts", "4-report-in-artifacts", "5-report-offline",
+    for name in ("1-experiment-runs", "2-trial-run-metrics", "3-trial-run-charts", "3b-trial-run-system-metrics", "4-report-in-artifacts",
+                 "5-report-offline",
                  "6-experiment-models", "7-logged-model"):
         assert (SHOTS / f"{name}.png").stat().st_size > 10_000, name
 

@@ -20,6 +20,7 @@ from hpolab.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 # `study status` shows every trial of a study up to this many; above, the best, the running and the
 # latest (a 1,000-row table took seconds to render and is no one's overview); --all shows them all.
 STATUS_ROWS = 50
+CONTROL_COMMANDS = ("pause", "resume", "stop", "set")
 
 
 def _add_store_options(p: argparse.ArgumentParser, suppress: bool) -> None:
@@ -49,7 +50,7 @@ def _command(subparsers, name: str, help_: str) -> argparse.ArgumentParser:
 
 
 def _add_study_commands(sub) -> None:
-    study = sub.add_parser("study", help="run, inspect or validate a study")
+    study = sub.add_parser("study", help="run, inspect, steer or validate a study")
     ssub = study.add_subparsers(dest="study_command", metavar="SUBCOMMAND")
     ssub.required = True
     p = _command(ssub, "run", "run (or continue) a study up to its n_trials budget")
@@ -73,6 +74,23 @@ def _add_study_commands(sub) -> None:
     p.add_argument("--yes", "-y", action="store_true", help="delete without asking (needed without a terminal)")
     p = _command(ssub, "validate", "check a spec and print the resolved version")
     _add_spec_arguments(p, "key=value overrides to check with it, e.g. trainer.lr=0.01")
+    _add_control_commands(ssub)
+
+
+def _add_control_commands(ssub) -> None:
+    """study pause | resume | stop | set: steer a running study on every worker (tools/study_control.py)."""
+    for name, help_ in (("pause", "pause a study on every worker: no new trials or resumes; running trials go on"),
+                        ("resume", "resume a paused or stopped study: its workers start trials again"),
+                        ("stop", "stop a study on every worker: no new trials, running trials finish, then each worker exits 0"),
+                        ("set", "change a running study's run controls on every worker: n_trials, parallel, timeout, trial_timeout, "
+                                "budget.epochs, max_failures")):
+        p = _command(ssub, name, help_)
+        p.add_argument("name", metavar="NAME|SPEC", help="study name, or its spec file (its name: is used)")
+        if name == "stop":
+            p.add_argument("--now", action="store_true", help="stop running trials after their current epoch (as Ctrl-C does: "
+                           "resumable after `study resume`) instead of letting them finish")
+        if name == "set":
+            p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. n_trials=60 parallel=1 timeout=2h budget.epochs=400")
 
 
 def _add_run_commands(sub) -> None:
@@ -224,6 +242,13 @@ def cmd_study_prune_files(args) -> int:
     return prune_files_cmd(args, stores)
 
 
+def cmd_study_control(args) -> int:
+    stores = _stores(args, tracking=False)  # the control lives in the Optuna storage
+    from hpolab.tools.study_control import control_cmd
+
+    return control_cmd(args, stores)
+
+
 def cmd_study_list(args) -> int:
     stores = _stores(args)
     from hpolab.analysis.status import print_study_list
@@ -293,7 +318,8 @@ def _resolve_study_names(args) -> None:
         return study_name_from(arg, full=full)
 
     command = (args.command, getattr(args, "study_command", None))
-    if command in (("study", "status"), ("study", "check"), ("study", "delete"), ("study", "prune-files"), ("report", None)):
+    if command in (("study", "status"), ("study", "check"), ("study", "delete"), ("study", "prune-files"), ("report", None),
+                   *(("study", c) for c in CONTROL_COMMANDS)):
         args.name = name_of(args.name)
     elif command == ("promote", None):
         args.name = name_of(args.name, full=True)
@@ -311,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         ("study", "delete"): cmd_study_delete,
         ("study", "prune-files"): cmd_study_prune_files,
         ("study", "validate"): cmd_study_validate,
+        **{("study", c): cmd_study_control for c in CONTROL_COMMANDS},
         ("worker", None): cmd_study_run,
         ("ui", None): cmd_ui,
         ("env", None): cmd_env,

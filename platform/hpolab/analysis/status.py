@@ -16,6 +16,13 @@ def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
     """One row per trial (more than `limit`: the best, running/waiting and latest ones) and a summary
     line. A one-objective study on an embedded store or PostgreSQL is read with plain SQL
     (stores/optuna_sql.py: no Optuna import); anything else through Optuna."""
+    code = _print_table(name, stores, limit)
+    for line in steering_lines(name, stores):
+        Console(highlight=False, width=200 if not Console().is_terminal else None).print(Text(line))
+    return code
+
+
+def _print_table(name: str, stores: Stores, limit: int | None) -> int:
     read = _read_sql(name, stores)
     if read is not None and len(read[0]) == 1:
         directions, rows = read
@@ -51,6 +58,35 @@ def _read_sql(name: str, stores: Stores):
 
     src = source(stores.optuna_url)  # an embedded store's file, or a PostgreSQL storage's URL
     return read_trials(src, name) if src is not None else None
+
+
+def steering_lines(name: str, stores: Stores) -> list[str]:
+    """The study's control (`study pause|resume|stop|set`) and who applied it; notifications dropped."""
+    from hpolab.stores.control import CONTROL_ATTR, Control, applied_by
+    from hpolab.stores.optuna_sql import read_study_system_attrs, source
+    from hpolab.study.driver.notify import DROPPED_PREFIX
+
+    src = source(stores.optuna_url)
+    attrs = read_study_system_attrs(src, name) if src is not None else None
+    if attrs is None:
+        from hpolab.stores.optuna_storage import open_storage
+
+        storage = open_storage(stores.optuna_url)
+        attrs = storage.get_study_system_attrs(storage.get_study_id_from_name(name))
+    lines = []
+    control = Control.from_attr(attrs.get(CONTROL_ATTR))
+    if control.version:
+        lines.append(f"control: {control.describe()}")
+        if control.values:
+            lines.append("run controls set: " + ", ".join(f"{k}={v}" for k, v in control.values.items()))
+        applied = applied_by(attrs, control.version)
+        lines.append(f"applied (v{control.version}) by: " + (", ".join(f"{a.get('worker')} at {a.get('at')}" for a in applied)
+                                                             or "no driver yet (a driver started later applies it too)"))
+    dropped = [v for k, v in attrs.items() if k.startswith(DROPPED_PREFIX) and isinstance(v, dict)]
+    if dropped:
+        last = max(dropped, key=lambda v: str(v.get("at", "")))
+        lines.append(f"notifications dropped: {sum(int(v.get('count', 0)) for v in dropped)} (the last: {last.get('last')}, at {last.get('at')})")
+    return lines
 
 
 BUDGET_ATTR = "hpolab.budget_epochs"  # study user attr: the spec's budget.epochs (the driver writes it)

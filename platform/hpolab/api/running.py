@@ -95,6 +95,8 @@ def study_exit(outcome) -> tuple[int, str | None]:
         return (EXIT_TERMINATED if outcome.signal == signal.SIGTERM else EXIT_INTERRUPTED,
                 f"interrupted by {name} with {c.get('finished', 0)}/{outcome.n_trials} trials finished; "
                 "re-run the same command to resume")
+    if outcome.halted:
+        return EXIT_OK, None  # `hpolab study stop`: every worker ends on purpose (the driver said so)
     if outcome.failure_limit:
         return EXIT_FAILED, f"stopped after the failure limit: {outcome.failure_limit}"
     if outcome.budget_spent:

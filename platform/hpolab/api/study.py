@@ -109,6 +109,31 @@ class Study:
         with keep_tracking_uri():
             return report_and_log(self.name, self.stores, Path(path) if path is not None else None, ui_url)
 
+    def pause(self):
+        """`hpolab study pause NAME`: every live worker starts no new trial and resumes no paused one
+        (running trials go on), within seconds. Returns the control record written (.version, .state, ...)."""
+        return self._steer("pause")
+
+    def resume(self):
+        """`hpolab study resume NAME`: a paused study's workers start trials again; a stopped study may run again."""
+        return self._steer("resume")
+
+    def stop(self, now: bool = False):
+        """`hpolab study stop NAME [--now]`: every live worker starts nothing new; its running trials finish
+        (`now`: stop after their current epoch, resumable), then it ends (`study run` exits 0)."""
+        return self._steer("stop", now=now)
+
+    def set(self, values: dict[str, Any] | None = None, **controls: Any):
+        """`hpolab study set NAME key=value ...`: change run controls on every live worker, e.g.
+        `study.set(n_trials=60, parallel=1, timeout="2h")` or `study.set({"budget.epochs": 400})`.
+        Checked as overrides are (SpecError names the field)."""
+        return self._steer("set", specs.override_strings({**(values or {}), **controls}))
+
+    def _steer(self, kind: str, items: list[str] | None = None, now: bool = False):
+        from hpolab.tools.study_control import change_study
+
+        return change_study(self.name, self.stores, kind, items, now)
+
     def promote(self, *, metric: str | None = None, pick: str | None = None, model_name: str | None = None,
                 alias: str = "champion", force: bool = False, dry_run: bool = False) -> "Promotion":
         """`hpolab promote`: the best trial's model through the held-out test gate into the registry

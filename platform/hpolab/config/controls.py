@@ -1,5 +1,6 @@
-"""Study-level controls in the spec: `enqueue:` (known-good configurations evaluated first) and
-`stop_after_no_improvement:` (stop the study when it has stopped getting better).
+"""Study-level controls in the spec: `enqueue:` (known-good configurations evaluated first),
+`stop_after_no_improvement:` (stop the study when it has stopped getting better), and durations
+(`timeout: 2h`).
 
 Kept apart from spec.py so the spec stays the list of fields; this module checks the values.
 It reads the search-space entries by their `type` (float | int | categorical) and imports nothing
@@ -9,6 +10,7 @@ of spec.py (which imports it).
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -79,3 +81,21 @@ def outside(dist: Any, value: Any) -> str | None:
         if abs(k - round(k)) > 1e-8:
             return f"{value!r} is not on the grid low + k * step ({dist.low!r} + k * {step!r})"
     return None
+
+
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d*)?)\s*d)?\s*(?:(\d+(?:\.\d*)?)\s*h)?\s*(?:(\d+(?:\.\d*)?)\s*m)?\s*(?:(\d+(?:\.\d*)?)\s*s)?\s*$")
+
+
+def seconds_of(value: Any) -> Any:
+    """`timeout:` / `trial_timeout:` as seconds: a number stays as given; a duration string such as
+    "90s", "30m", "2h", "1h30m" or "1d" becomes its seconds. Any other string: ValueError."""
+    if not isinstance(value, str):
+        return value
+    m = _DURATION.match(value)
+    if not value.strip() or m is None or not any(m.groups()):
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{value!r}: give seconds (7200) or a duration such as 90s, 30m, 2h, 1h30m") from None
+    days, hours, minutes, seconds = (float(g) if g else 0.0 for g in m.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds

@@ -14,7 +14,9 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from hpolab.config.controls import NoImprovementStop, check_enqueue
+from hpolab.config.controls import NoImprovementStop, check_enqueue, seconds_of
+from hpolab.config.messages import validation_messages
+from hpolab.config.notify import NotifyTarget
 from hpolab.config.experiment import is_own_loop, load_experiment, project_root_of
 from hpolab.config.own_loop_checks import own_loop_problems
 from hpolab.config.overrides import apply_overrides, parse_overrides  # noqa: F401  (tests import it from here)
@@ -134,8 +136,8 @@ class StudySpec(_Frozen):
     pruning: Pruning | None = Field(default=None, description="several objectives: the one reported each epoch and pruned on")
     constraints: list[Constraint] = Field(default_factory=list, description="bounds on metrics; only feasible trials can be best")
     n_trials: int = Field(default=20, ge=1)  # total budget of finished trials, not "n more"
-    timeout: float | None = Field(default=None, gt=0)  # seconds for this driver's session
-    trial_timeout: float | None = Field(default=None, gt=0)  # seconds per trial, then FAIL
+    timeout: float | None = Field(default=None, gt=0)  # seconds for this driver's session (or 30m, 2h, ...)
+    trial_timeout: float | None = Field(default=None, gt=0)  # seconds per trial, then FAIL (or 30m, 2h, ...)
     parallel: int = Field(default=1, ge=1, description="trials this driver runs at once, each in its own process")
     max_retries: int = Field(default=1, ge=0)  # retries after a trial's own failure (OOM, trial_timeout)
     max_interrupts: int = Field(default=10, ge=0)  # retries after interrupts, dead drivers, reaps (per configuration)
@@ -166,6 +168,8 @@ class StudySpec(_Frozen):
     # Seconds the driver keeps retrying while a database store is unreachable (a PostgreSQL restart),
     # counted from the outage's start; running trials keep training. Then it stops, trials resumable.
     storage_outage_grace: float = Field(default=120.0, ge=0)
+    notify: list[NotifyTarget] = Field(default_factory=list, description="where study events go: web hooks (json, slack) or programs (how-to: notifications)")
+    system_metrics: bool = Field(default=True, description="sample each trial's processes (CPU, memory, threads, GPU memory) into its run's system/ metrics")
     # Set by load_spec: the folder holding the experiments/ the experiment came from (the spec's
     # project). Not a field: it is where this spec was found, not part of the study's definition.
     _project_dir: Path | None = PrivateAttr(default=None)
@@ -195,6 +199,11 @@ class StudySpec(_Frozen):
     def project_dir(self) -> Path | None:
         """The project the experiment was found in (trial processes import it from there); None if unknown."""
         return self._project_dir
+
+    @field_validator("timeout", "trial_timeout", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        return seconds_of(v)  # seconds, or "90s", "30m", "2h", "1h30m"
 
     @field_validator("name")
     @classmethod
@@ -241,34 +250,6 @@ class StudySpec(_Frozen):
 
 # --------------------------------------------------------------------------------------------
 # Loading
-
-
-def _pretty_loc(loc: tuple) -> str:
-    parts = []
-    for p in loc:
-        # pydantic puts union tags and function names in the location; keep only user-facing keys.
-        if isinstance(p, str) and (p in ("float", "int", "categorical", "asha", "pbt") or p.startswith("function-")):
-            continue
-        parts.append(str(p))
-    return ".".join(parts) or "(top level)"
-
-
-def _messages(err: ValidationError) -> list[str]:
-    out = []
-    for e in err.errors():
-        msg = e["msg"]
-        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-            msg = "unknown key (check the spelling; see docs/reference/spec.md)"
-        elif msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-        loc = _pretty_loc(e["loc"])
-        # TrainConfig's own checks say "batch_size must be ..."; put the field into the path.
-        first = msg.split(" ", 1)[0]
-        if loc == "trainer" and first in TrainConfig.__dataclass_fields__:
-            loc, msg = f"trainer.{first}", msg
-        # a whole-spec check (objectives) names its own field: "pruning.metric: ..."
-        out.append(msg if loc == "(top level)" and re.match(r"^[a-z_]+[\w.]*: ", msg) else f"{loc}: {msg}")
-    return out
 
 
 def _check_experiment(spec: StudySpec, search_from: Path | None = None) -> tuple[ModuleType | None, list[str]]:
@@ -355,7 +336,7 @@ def spec_from_mapping(raw: Any, source: str, overrides: dict[str, Any] | None = 
     try:
         spec = StudySpec.model_validate(raw)
     except ValidationError as e:
-        raise SpecError(source, _messages(e)) from None
+        raise SpecError(source, validation_messages(e)) from None
     exp, problems = _check_experiment(spec, search_from=search_from)
     problems += check_named(spec)
     problems += check_enqueue(spec.search_space, spec.enqueue)

@@ -64,7 +64,44 @@ def promote_study(name: str, stores: Stores, *, metric: str | None = None, pick:
     if not ALIAS_RE.match(alias) or alias == "latest" or re.fullmatch(r"v\d+", alias):
         raise UserError(f"--alias {alias!r}: use letters, digits, '_' or '-' (not 'latest' or v<number>, which MLflow reserves)")
     args = argparse.Namespace(name=name, metric=metric, pick=pick, model_name=model_name, alias=alias, force=force, dry_run=dry_run)
-    return promote(args, stores)
+    watch = None if dry_run else ChampionWatch(name, stores, model_name or name, alias)
+    code = promote(args, stores)
+    if watch is not None and code == EXIT_OK:
+        watch.notify()
+    return code
+
+
+class ChampionWatch:
+    """champion_changed for the study's notification targets (study/driver/notify.py), when the alias moved."""
+
+    def __init__(self, name: str, stores: Stores, model_name: str, alias: str):
+        from hpolab.registry.champion import alias_holder
+        from hpolab.stores.mlflow_runs import client_for
+        from hpolab.stores.optuna_storage import open_storage
+
+        self.name, self.stores, self.model_name, self.alias = name, stores, model_name, alias
+        self.storage, self.study_id, self.attrs = open_storage(stores.optuna_url), None, {}
+        try:
+            self.study_id = self.storage.get_study_id_from_name(name)
+            self.attrs = self.storage.get_study_user_attrs(self.study_id)
+        except KeyError:  # (promote says so itself)
+            pass
+        self.client = client_for(stores) if self.attrs.get("hpolab.notify") else None
+        self.before = alias_holder(self.client, model_name, alias) if self.client is not None else None
+
+    def notify(self) -> None:
+        from hpolab.registry.champion import alias_holder
+        from hpolab.registry.writer import TAG_TRIAL
+        from hpolab.study.driver.notify import send_once
+
+        after = alias_holder(self.client, self.model_name, self.alias) if self.client is not None else None
+        if after is None or (self.before is not None and self.before.version == after.version):
+            return
+        send_once(self.name, self.stores, self.attrs, "champion_changed", {
+            "model": self.model_name, "alias": self.alias, "version": int(after.version), "run_id": after.run_id,
+            "trial": int(after.tags[TAG_TRIAL]) if after.tags.get(TAG_TRIAL, "").isdigit() else None,
+            "previous_version": int(self.before.version) if self.before is not None else None,
+            "model_uri": f"models:/{self.model_name}@{self.alias}"}, self.storage, self.study_id)
 
 
 def promote(args, stores: Stores) -> int:

@@ -275,3 +275,16 @@ def _study(con: sqlite3.Connection, sid: int, name: str) -> StudySnapshot:
                                   datetime_complete=_local(end), params=p["params"], distributions=p["dists"], user_attrs=p["user"],
                                   system_attrs=p["system"], intermediate_values=p["steps"], trial_id=tid))
     return StudySnapshot(name, directions, user_attrs, json.loads(names[0]) if names else None, trials)
+
+
+def read_study_system_attrs(path: Source, name: str) -> dict[str, Any] | None:
+    """Study `name`'s system attrs (its control and notification marks: stores/control.py), or None
+    when they cannot be read here (the caller asks the storage)."""
+    try:
+        with _snapshot(path) as con:
+            sid = con.execute("SELECT study_id FROM studies WHERE study_name = ?", (name,)).fetchone() if con is not None else None
+            if sid is None:
+                return None
+            return {k: json.loads(v) for k, v in con.execute("SELECT key, value_json FROM study_system_attributes WHERE study_id = ?", sid)}
+    except (sqlite3.Error, ReadError, ValueError, KeyError, IndexError, TypeError):
+        return None

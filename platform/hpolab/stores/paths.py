@@ -130,3 +130,16 @@ def ensure_local(stores: Stores) -> None:
         from urllib.parse import unquote, urlparse
 
         Path(unquote(urlparse(stores.artifact_location).path)).mkdir(parents=True, exist_ok=True)
+
+
+def server_ui_url(tracking_uri: str) -> str | None:
+    """The MLflow UI of a tracking server (its address without the login: user:password in a URI must
+    never reach a page or a message); None for any other store (an embedded one: `hpolab ui` serves it)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(tracking_uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"

@@ -67,13 +67,23 @@ def display_columns(table: StudyTable, df: pd.DataFrame) -> list[tuple[str, str]
     cols += [(table.best_col, f"best {table.metric}"), (table.final_col, f"final {table.metric}"), ("epochs", "epochs")]
     if df["pruned_at_epoch"].notna().any():
         cols.append(("pruned_at_epoch", "pruned at"))
-    cols += [("duration_s", "seconds")]
+    cols += [("duration_s", "seconds")] + resource_columns(df)
     if df["fail_reason"].notna().any():
         cols.append(("fail_reason", "fail reason"))
     cols.append(("run_id", "run id"))
     if df["model_id"].notna().any():  # the trial's logged model (csv/json: its name and models:/ URI too)
         cols.append(("model_id", "model"))
     return cols
+
+
+# What a trial used (its run's system metrics, trials/system_metrics.py; the routine's throughput), when recorded
+RESOURCES = (("metrics.system/peak_memory_megabytes", "peak MB"), ("metrics.system/peak_gpu_0_memory_megabytes", "peak GPU MB"),
+             ("metrics.samples_per_second", "samples/s"))
+
+
+def resource_columns(df: pd.DataFrame) -> list[tuple[str, str]]:
+    """(column, header) of the RESOURCES some trial has a value of."""
+    return [(c, h) for c, h in RESOURCES if c in df.columns and df[c].notna().any()]
 
 
 def _cell(col: str, v: Any, width: int | None = None) -> str:
@@ -142,12 +152,12 @@ def _rich_table(title: str, states, cols: list[tuple[str, str]], cells: dict[str
 
 def _fit_plans(state: str, final_col: str) -> list[tuple[bool, tuple[str, ...], bool]]:
     """(short run ids, columns left out, with the fail reason), in order of preference."""
-    optional = ("pruned_at_epoch", "duration_s")
+    optional = ("pruned_at_epoch", *(c for c, _ in RESOURCES), "duration_s")
     plans = [(False, (), True), (True, (), True)]
     if state == "fail":  # the reason is the point of this view: give up timing columns for it
         plans.append((True, optional, True))
     ids = (*optional, "model_id", "run_id")
-    plans += [(True, (), False), (True, optional[:1], False), (True, optional, False), (True, ids[:3], False),
+    plans += [(True, (), False), (True, optional[:1], False), (True, optional, False), (True, (*optional, "model_id"), False),
               (True, ids, False), (True, (*ids, final_col), False)]
     return plans
 

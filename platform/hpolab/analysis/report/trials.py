@@ -32,14 +32,9 @@ def check_ui_url(url: str) -> str:
 def ui_url_of(tracking_uri: str, given: str | None) -> str | None:
     """The MLflow UI's address: `given` (--ui-url), else the tracking server's when the tracking URI is
     one, without its login (user:password in a URI must never reach a page); None when unknown."""
-    if given:
-        return check_ui_url(given)
-    parts = urlsplit(tracking_uri)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return None
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"
+    from hpolab.stores.paths import server_ui_url
+
+    return check_ui_url(given) if given else server_ui_url(tracking_uri)
 
 
 def _link(href: str, text: str, title: str | None = None) -> str:
@@ -78,7 +73,7 @@ def trial_row(data: ReportData, number: int):
 
 
 def top_trials(data: ReportData) -> str:
-    from hpolab.analysis.compare.render import short_names
+    from hpolab.analysis.compare.render import resource_columns, short_names
     from hpolab.analysis.compare.study import select
 
     t = data.table
@@ -86,9 +81,10 @@ def top_trials(data: ReportData) -> str:
         return H.note("No complete trial yet.")
     df = select(t, state="complete", top=TOP_ROWS)
     shorts = short_names(t.params)
+    used = resource_columns(df)  # peak memory and throughput (when the trials recorded them)
     headers = ["trial", *[shorts[p] for p in t.params], f"best {t.metric}", f"final {t.metric}", "epochs", "seconds",
-               "MLflow run", "logged model"]
-    numeric = [True, *[True] * len(t.params), True, True, True, True, False, False]
+               *[h for _, h in used], "MLflow run", "logged model"]
+    numeric = [True, *[True] * len(t.params), True, True, True, True, *[True] * len(used), False, False]
     rows = []
     for _, r in df.iterrows():
         rows.append([
@@ -96,6 +92,7 @@ def top_trials(data: ReportData) -> str:
             *[_text(_py(r[f"params.{p}"])) for p in t.params],
             _py(r[t.best_col]), _py(r[t.final_col]), _py(r["epochs"]),
             None if _py(r["duration_s"]) is None else round(float(r["duration_s"]), 1),
+            *[_py(r[c]) for c, _ in used],
             run_cell(data, r["run_id"]), model_cell(data, r),
         ])
     n_complete = int((t.frame["state"] == "COMPLETE").sum())

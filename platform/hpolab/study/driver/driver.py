@@ -18,6 +18,8 @@ is the only writer to the Optuna storage and to MLflow. It composes small parts:
     signals.py       Ctrl-C / SIGTERM: graceful first, immediate second
     repair.py        MLflow runs a killed driver left open
     outage.py        a database store briefly unreachable: the loop's store calls retried (storage_outage_grace)
+    control.py       study pause|resume|stop|set, read each loop turn; notify.py: the spec's notifications
+    system_metrics.py  each trial's processes sampled into its run's system/ metrics
 
 Budget: `n_trials` is the study's total of finished trials (COMPLETE + PRUNED + FAIL, not counting
 failures that were retried). Re-running the same command continues the study up to that total.
@@ -36,7 +38,6 @@ different points. The salt and the sampler seed are tags of every trial run (`hp
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
 
@@ -65,6 +66,9 @@ from hpolab.study.state.outage import StorageOutage
 from hpolab.study.state.owners import owner_gone, owner_of, owner_record
 from hpolab.study.driver.parent_run import close_parent_run, fail_parent_run, open_parent_run
 from hpolab.study.driver.events import TrialEvents
+from hpolab.study.driver.control import StudyControl
+from hpolab.study.driver.notify import Notifier
+from hpolab.study.driver.outcome import Outcome
 from hpolab.study.driver.pauses import Claimed, Pauses
 from hpolab.study.objectives.schedulers import scheduler_for
 from hpolab.study.objectives.trial_scheduler import paused_at
@@ -81,23 +85,9 @@ from hpolab.study.driver.spec_guard import check_spec, record_spec
 from hpolab.study.driver.code_guard import check_code, record_code
 from hpolab.study.objectives.stopping import NoImprovementStop
 from hpolab.study.trials.tracker import TrialTracker, retry_source
+from hpolab.study.trials.system_metrics import SystemMetrics
 
 __all__ = ["Driver", "FINISHED", "Outcome", "Running", "optuna_distributions", "trial_counts"]
-
-
-@dataclass
-class Outcome:
-    signal: int | None = None  # the first SIGINT/SIGTERM received
-    timed_out: bool = False
-    failure_limit: str | None = None  # why the driver stopped after max_failures consecutive failures
-    stopped: str | None = None  # why stop_after_no_improvement ended the study (a deliberate stop)
-    budget_spent: bool = False  # budget.epochs used up: a planned end, even before any trial completed
-    counts: dict[str, int] = field(default_factory=dict)
-    n_trials: int = 0
-
-    @property
-    def interrupted(self) -> bool:
-        return self.signal is not None
 
 
 class Driver:
@@ -188,6 +178,7 @@ class Driver:
                                     self.experiment, self.env_tags, self.progress.note, retention,
                                     self.spec.checkpoint_upload_every, guard=self.outage.call,
                                     mlflow_guard=self.mlflow_outage.call, code=self.code)
+        self.system_metrics = SystemMetrics(self.spec.system_metrics, self.tracker)  # each trial's processes, in its run
         scheduler = scheduler_for(self.spec, self.stores)  # ASHA / PBT: pause and resume trials (pauses.py)
         self.pauses = scheduler and Pauses(scheduler, self.spec, self.stores, self.study, self.storage, self.running, self.tracker,
                                            self.progress, self.outage.call)
@@ -198,6 +189,9 @@ class Driver:
         self.heartbeats = Heartbeats(self.storage, self.running)
         close_orphan_runs(self.client, self.experiment_id, self.study, self.tracker.close_run, self.progress.note,
                           stores=self.stores)
+        self.control = StudyControl(self)  # study pause/resume/stop/set (control.py): applied as found, then each loop turn
+        self.notify = Notifier(self.spec, self.stores, self.storage, self.study._study_id, self.progress.note, self.experiment_id, self.client)
+        self.progress.listeners.append(self.notify.trial_finished)  # (the spec's notify: trial_failed, new_best)
 
     # ---------------------------------------------------------------- trials
 
@@ -229,14 +223,15 @@ class Driver:
         self.progress.trial_started(trial.number, trial.params, src.retry_of)
 
     def _reap(self) -> None:
-        close = closing_with_backfill(self.tracker.close_run_if_open, self.client, self.study, self.stores, self.progress.note)
+        close = self.notify.watch_reaps(closing_with_backfill(self.tracker.close_run_if_open, self.client, self.study, self.stores,
+                                                              self.progress.note))  # (worker_lost)
         reap_dead_trials(self.study, self.storage, self.running, self.retry, close, self.progress.note,
                          self.outage.call, self.beat_watch, self.pauses.put_back if self.pauses else None)
         self.pruning.close_orphans(self.study)  # several objectives: a dead driver's companion trials
 
     def _start_trials(self) -> None:
         """Start trials while there are free slots and the budget allows."""
-        while not (self.signals.stopping or self.draining) and len(self.running) < self.spec.parallel:
+        while not (self.signals.stopping or self.draining or self.control.paused) and len(self.running) < self.spec.parallel:
             self.outage.call(self._reap)
             trial = self.outage.call(self._claim_trial)  # before ask(): all again; after it, its own writes are retried
             if trial is None:
@@ -329,16 +324,18 @@ class Driver:
                 fail_parent_run(self.client, self.parent_run_id, f"{type(e).__name__}: {e}")
             except Exception:
                 pass
+        if hasattr(self, "notify"):
+            self.notify.driver_failed(e)  # study_error (not for Ctrl-C), then a short wait for the deliveries
 
     def _loop(self) -> Outcome:
         outcome = Outcome(n_trials=self.spec.n_trials)
         self.heartbeats.start()
         self.runner.host_slots.hold()  # other drivers on these CPUs count the trials this one runs
-        deadline = time.monotonic() + self.spec.timeout if self.spec.timeout else None
+        started = time.monotonic()
         try:
             self.progress.begin(self.outage.call(trial_counts, self.study), self.stores)
             while True:
-                if deadline and time.monotonic() > deadline and not self.draining:
+                if self.spec.timeout and time.monotonic() - started > self.spec.timeout and not self.draining:  # (`study set` may change it)
                     outcome.timed_out = self.draining = True
                     self.progress.note(f"timeout ({self.spec.timeout:g} s) reached: no new trials; running ones finish")
                 if self.streak.hit and not self.draining:
@@ -349,6 +346,8 @@ class Driver:
                 if not self.draining and self.outage.call(self.no_improvement.should_stop):
                     self.draining = True  # stop_after_no_improvement: no new trials; running ones finish
                     outcome.stopped = self.no_improvement.reason
+                if self.control.hold():  # paused with nothing running here: wait for resume, a stop or a signal
+                    continue
                 self._start_trials()
                 self.runner.host_slots.running(len(self.running))  # (what other drivers here count)
                 if not self.running:
@@ -359,6 +358,7 @@ class Driver:
                     break
                 handles = [r.conn for r in self.running.values()] + [r.process.sentinel for r in self.running.values()]
                 wait(handles, timeout=1.0)
+                self.system_metrics.sample(self.running.values())  # (when due; before a finished one leaves)
                 for r in list(self.running.values()):
                     self.events.handle(r)
                 self.runner.host_slots.running(len(self.running))
@@ -388,8 +388,10 @@ class Driver:
                                 self.progress.note, stores=self.stores)
         g = self.outage.call
         outcome.counts = g(trial_counts, self.study)
+        outcome.n_trials, outcome.halted = self.spec.n_trials, self.control.halted  # (as `study set` / `study stop` left them)
         if outcome.signal is None and g(epoch_budget_spent, self.study.get_trials(deepcopy=False), self.spec):
             outcome.budget_spent = True  # the study ended as planned
             outcome.stopped = outcome.stopped or f"budget.epochs ({self.spec.budget.epochs}) used"
         g(close_parent_run, self.client, self.parent_run_id, self.study, self.spec, outcome.counts, self.no_improvement.reason)
         g(self.progress.end, self.study, outcome.counts, self.spec)
+        self.notify.ended(outcome)  # study_finished or study_error; waits a little for the deliveries

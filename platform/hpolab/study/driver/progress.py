@@ -24,6 +24,7 @@ class Progress:
         self.epochs: dict[int, int] = {}
         self.t0 = time.monotonic()
         self.bar = None  # in Jupyter: a bar of finished trials, updated in place (notebook_bar.py)
+        self.listeners: list = []  # called with (number, state, reason, trial) at each trial's end (the notifications: notify.py)
 
     def _print(self, text: str) -> None:
         if not self.quiet:
@@ -78,6 +79,8 @@ class Progress:
         """`value`: the trial's value (COMPLETE) or last reported one; `history`: its reported values by epoch;
         `trial`: the trial as Optuna has it (its constraints: an infeasible trial is never the best)."""
         self.epochs.pop(number, None)
+        for listener in self.listeners:
+            listener(number, state, reason, trial)
         values = ""
         if isinstance(value, list):  # several objectives: all shown; best/last are the pruning metric's
             names = [o.metric for o in self.spec.objective_list]

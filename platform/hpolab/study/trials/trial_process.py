@@ -32,6 +32,7 @@ import torch  # imported here so the forkserver that preloads this module has to
 import torch._dynamo  # noqa: F401  -- torch.optim's constructors import it lazily (~3 s); pay it once, in the forkserver
 
 from hpolab.study.trials.child_export import offer_export
+from hpolab.study.trials.gpu_memory import watch_gpu_memory
 from hpolab.study.trials.lifeline import ORPHAN_EXIT_CODE, watch_lifeline
 from hpolab.study.trials.own_loop import TrialFailure, run_own_loop
 from hpolab.train import NonFiniteLossError, fit, seed_everything
@@ -54,6 +55,7 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
     watch_lifeline(lifeline)
     if job.get("cuda_device") is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(job["cuda_device"])  # before CUDA initializes
+        watch_gpu_memory(job["checkpoint_dir"])  # its run's system/gpu_0_* metrics (system_metrics.py)
     project_dir = job["project_dir"]
     if project_dir not in sys.path:
         sys.path.insert(0, project_dir)
