@@ -44,6 +44,8 @@ IMAGES = {
     "experiment-models.png": "the study's models in the MLflow UI's Models tab: the kept trial models with the val_loss "
                              "and val_acc of the epoch their weights come from, and the promoted model (test metrics hidden)",
     "report-offline.png": "the top of the study's offline HTML report, opened from disk",
+    "trial-system-metrics.png": "the System metrics tab of the best trial's run in the MLflow UI: the trial's own "
+                                "processes sampled under MLflow's system/ keys",
 }
 
 
@@ -184,6 +186,23 @@ def shoot_models(page, url: str, exp_id: str, models: dict[str, float], path: Pa
     page.screenshot(path=str(path))
 
 
+def shoot_system_metrics(page, url: str, exp_id: str, run, path: Path) -> None:
+    """The best trial run's System metrics tab; checks a chart of each of its system/ metrics is there."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{url}/#/experiments/{exp_id}/runs/{run.info.run_id}?workflowType=machine_learning")
+    expect(page.get_by_role("heading", name=run.info.run_name)).to_be_visible()
+    _close_assistant(page)
+    page.get_by_text("System metrics", exact=True).first.click()
+    keys = sorted(k.removeprefix("system/") for k in run.data.metrics if k.startswith("system/"))
+    if not keys:
+        raise SystemExit(f"run {run.info.run_name} has no system/ metrics (system_metrics: false in the spec?)")
+    for key in keys:
+        expect(page.get_by_text(key, exact=True).first).to_be_visible()
+    page.wait_for_timeout(1500)  # let the charts finish drawing
+    page.screenshot(path=str(path))
+
+
 def shoot_report(browser, report: Path, path: Path) -> None:
     from playwright.sync_api import expect
 
@@ -215,6 +234,7 @@ def screenshots(store: Path, out: Path, port: int) -> list[Path]:
     # the kept trial models (their val_acc) and the promoted model (digits-cnn-v1: test metrics only)
     kept = {m.name: {x.key: x.value for x in m.metrics} for m in client.search_logged_models(experiment_ids=[exp_id])}
     models = {name: metrics.get("val_acc") for name, metrics in kept.items()}
+    best_run = client.get_run(study.best_trial.user_attrs["mlflow_run_id"])
     out.mkdir(parents=True, exist_ok=True)
     with Ui(store, port) as ui, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
@@ -226,6 +246,7 @@ def screenshots(store: Path, out: Path, port: int) -> list[Path]:
                 shoot_runs(page, ui.url, exp_id, ranked, params, out / "experiment-runs.png")
                 shoot_models(page, ui.url, exp_id, models, out / "experiment-models.png")
                 shoot_report(browser, store / "reports" / f"{STUDY}.html", out / "report-offline.png")
+                shoot_system_metrics(page, ui.url, exp_id, best_run, out / "trial-system-metrics.png")
             except Exception:
                 page.screenshot(path=str(out / "failed.png"))  # what the page showed instead
                 print(f"the page when it failed: {out / 'failed.png'}", file=sys.stderr)
