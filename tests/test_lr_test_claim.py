@@ -177,3 +177,32 @@ def test_a_silent_claim_of_another_host_is_taken_over_after_the_grace_period(pro
     t0 = time.monotonic()
     assert claim.wait_for_turn(lambda: _recorded(study), timeout=30, aborting=lambda: False)
     assert 1.0 <= time.monotonic() - t0 < 10
+
+
+def test_the_holder_stays_live_while_it_records_its_result_however_long_that_takes(proxy_url, monkeypatch):
+    """The holder beats through its whole turn: the test's process and then its MLflow run and plot,
+    which on a busy machine can outlast the grace period; a waiting worker must not take over then."""
+    from hpolab.study.lr_test import lr_claim, lr_step
+
+    monkeypatch.setattr(lr_claim, "HEARTBEAT_INTERVAL", 0.2)
+    monkeypatch.setattr(lr_claim, "GRACE_PERIOD", 1.0)
+    holder_study = optuna.load_study(study_name="claims", storage=_client(proxy_url))
+
+    def slow_run_and_record(*args, **kwargs):  # a record phase 3 grace periods long, beating nowhere itself
+        time.sleep(3.0)
+        holder_study.set_user_attr("lr_range_test", {"low": 1e-3, "high": 1e-1})
+
+    monkeypatch.setattr(lr_step, "_run_and_record", slow_run_and_record)
+    holder = threading.Thread(target=lr_step._run_by_claim, args=(holder_study, lambda m: None, lambda: False, ()))
+    holder.start()
+    study = optuna.load_study(study_name="claims", storage=_client(proxy_url))
+    deadline = time.monotonic() + 10
+    while not [t for t in study.get_trials(deepcopy=False) if t.system_attrs.get(lr_claim.CLAIM)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    waiter = lr_claim.LRTestClaim(study)
+    waiter.take()
+    try:
+        assert not waiter.wait_for_turn(lambda: _recorded(study), timeout=30, aborting=lambda: False)  # it used the holder's result
+    finally:
+        waiter.end("test")
+        holder.join()

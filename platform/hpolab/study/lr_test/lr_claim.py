@@ -22,8 +22,10 @@ write; both results are valid tests of the same spec).
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import optuna
 from optuna.trial import TrialState
@@ -69,6 +71,21 @@ class LRTestClaim:
         except Exception:
             return  # a transient store error: the next beat retries (a grace period is several beats)
         self._last_beat = time.monotonic()
+
+    @contextlib.contextmanager
+    def beating(self) -> Iterator[None]:
+        """Beat from a thread of its own while the body runs: the whole of the holder's turn (the test's
+        process, and then its MLflow run, plot and study attr, which on a busy machine or a slow server
+        can take longer than the grace period), not only while something calls beat()."""
+        stop = threading.Event()
+        thread = threading.Thread(target=lambda: [self.beat() for _ in iter(lambda: stop.wait(0.5), True)],
+                                  name="hpolab-lr-claim-beat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def end(self, why: str) -> None:
         """This worker leaves the queue (result recorded, test failed, interrupted): the next ticket goes on."""

@@ -41,10 +41,9 @@ LR_TEST_LOCK_TIMEOUT = float(os.environ.get("HPOLAB_LR_TEST_LOCK_TIMEOUT", "3600
 
 
 def _run_child(spec: StudySpec, out_dir: Path, runner: TrialRunner, project_dir: Path,
-               note: Callable[[str], None], aborting: Callable[[], bool],
-               tick: Callable[[], None] = lambda: None) -> tuple[str, dict[str, Any]] | None:
+               note: Callable[[str], None], aborting: Callable[[], bool]) -> tuple[str, dict[str, Any]] | None:
     """Run the test in a child process; its one message, ("done" | "fail", info), or None when a
-    second Ctrl-C/SIGTERM stopped it. `tick` is called about every second while it runs (a claim's beat)."""
+    second Ctrl-C/SIGTERM stopped it."""
     from hpolab.study.lr_test import lr_range as lr_find  # lazily: it pulls in torch; only a study with the test needs it
 
     job = lr_find.make_job(spec, out_dir, project_dir=project_dir, threads=runner.cpus(),
@@ -59,7 +58,6 @@ def _run_child(spec: StudySpec, out_dir: Path, runner: TrialRunner, project_dir:
         raise StudyError(f"could not start the LR range test process: {type(e).__name__}: {e}") from None
     msg = None
     while msg is None:
-        tick()
         try:
             if conn.poll(1.0):
                 msg = conn.recv()
@@ -113,7 +111,8 @@ def _run_by_claim(study: optuna.Study, note: Callable[[str], None], aborting: Ca
             return
         note(f"this worker runs the study's LR range test (claim trial {number})")
         ended = "failed"
-        _run_and_record(*args, tick=claim.beat)
+        with claim.beating():
+            _run_and_record(*args)
         ended = "recorded" if recorded() else "stopped without a result"
     finally:
         claim.end(ended)
@@ -121,11 +120,11 @@ def _run_by_claim(study: optuna.Study, note: Callable[[str], None], aborting: Ca
 
 def _run_and_record(spec: StudySpec, study: optuna.Study, stores: Stores, runner: TrialRunner, project_dir: Path,
                     client, experiment_id: str, parent_run_id: str,
-                    note: Callable[[str], None], aborting: Callable[[], bool], tick: Callable[[], None] = lambda: None) -> None:
+                    note: Callable[[str], None], aborting: Callable[[], bool]) -> None:
     from hpolab.study.lr_test import lr_range as lr_find  # lazily: it pulls in torch; only a study with the test needs it
 
     out_dir = lr_find.default_out_dir(stores, spec)
-    msg = _run_child(spec, out_dir, runner, project_dir, note, aborting, tick)
+    msg = _run_child(spec, out_dir, runner, project_dir, note, aborting)
     if msg is None:
         note("LR range test stopped; it runs again on the next run")
         return
