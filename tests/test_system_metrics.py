@@ -57,11 +57,41 @@ def test_the_probe_counts_a_trials_processes_and_its_children_only():
         probe.read()  # (the driver then drops the trial's probe: its last sample was its last)
 
 
+def test_a_trial_that_reports_before_the_first_sample_is_due_is_sampled_then(tmp_path):
+    """A trial shorter than the first sample's delay still gets its system metrics: the driver samples
+    it when its first report waits in the pipe (the process is alive then; after it ends there is
+    nothing left to read)."""
+    import multiprocessing as mp
+    from types import SimpleNamespace
+
+    from hpolab.study.trials.metric_batches import MetricBatches
+    from hpolab.study.trials.system_metrics import SystemMetrics
+
+    parent, child = mp.Pipe()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        tracker = SimpleNamespace(metrics=MetricBatches(flush_s=1e9), resumed_runs=set(), flush_metrics=lambda run_id: None)
+        sampler = SystemMetrics(True, tracker, interval=600)
+        r = SimpleNamespace(run_id="r1", process=proc, conn=parent, trial_dir=str(tmp_path), metric_points=[])
+        sampler.sample([r])  # started: nothing to say yet, the first sample is not due
+        assert tracker.metrics.take("r1") == []
+        child.send(("epoch", 0, {"val_acc": 0.5}))  # its first report, long before the first sample is due
+        sampler.sample([r])
+        points = {m.key: m.value for m in tracker.metrics.take("r1")}
+        assert points["system/thread_count"] >= 1 and points["system/system_memory_usage_megabytes"] > 1, points
+        assert parent.recv() == ("epoch", 0, {"val_acc": 0.5})  # (left for the driver to read)
+        sampler.sample([r])  # sampled once: the next one comes after the interval
+        assert tracker.metrics.take("r1") == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 ARGS = [FAULT_SPEC, "n_trials=2", "trainer.max_epochs=4", "model.sleep=0.03", "log_models=none", "pruner={type: none}"]
 
 
 def _env() -> dict:
-    return {**hpolab_env(), "HPOLAB_SYSTEM_METRICS_INTERVAL": "0.5"}
+    return {**hpolab_env(), "HPOLAB_SYSTEM_METRICS_INTERVAL": "0.2"}
 
 
 def test_every_trial_run_gets_its_system_metrics_and_compare_and_the_report_show_them(store, tmp_path):

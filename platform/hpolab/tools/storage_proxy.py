@@ -41,10 +41,19 @@ def storage_proxy_cmd(args, stores) -> int:
         print(f"hpolab: --port {args.port}: use a port number 1..65535")
         return EXIT_BAD_INPUT
     check_bind(args.host, args.allow_unauthenticated_remote)
+    stopped = threading.Event()
+
+    def on_signal(signum, frame):
+        stopped.set()
+
+    # Before the server answers anything: a SIGTERM sent once a client was served must stop it cleanly.
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         server = make_proxy_server(stores.optuna_url, args.host, args.port)
         server.start()
     except RuntimeError as e:  # grpc: the address is not this machine's, or the port is taken
+        for s, h in previous.items():
+            signal.signal(s, h)
         raise UserError(f"--host {args.host} --port {args.port}: cannot listen there ({e}); "
                         "give an address of this machine and a free port") from None
     from sqlalchemy.engine import make_url
@@ -54,16 +63,13 @@ def storage_proxy_cmd(args, stores) -> int:
     if not is_loopback(args.host):
         print("  no authentication, no TLS: anyone who reaches this port can read and change every study", flush=True)
     print(f"  workers: hpolab --storage grpc://<this host>:{args.port} worker studies/<spec>.yaml   (Ctrl-C to stop)", flush=True)
-    stopped = threading.Event()
-
-    def on_signal(signum, frame):
-        stopped.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        stopped.wait()
+        # Waits in short steps: the kernel may deliver the signal to one of gRPC's threads, which does not
+        # wake a main thread blocked on a lock; Python runs the handler when the main thread next wakes.
+        while not stopped.wait(0.5):
+            pass
     finally:
-        server.stop(GRACE_SECONDS).wait()
+        server.stop(GRACE_SECONDS).wait(GRACE_SECONDS + 5)
         for s, h in previous.items():
             signal.signal(s, h)
     print("storage proxy stopped", flush=True)

@@ -21,8 +21,8 @@ and, with no MLflow counterpart, under the same prefix so that the tab shows the
     system/peak_gpu_0_memory_megabytes     torch.cuda.max_memory_allocated (its last value: the peak)
 
 The step of a point is the seconds since the trial's run started (so a paused trial's later segment
-goes on from there); the first sample is taken FIRST_S after the trial starts, then every INTERVAL_S
-(HPOLAB_SYSTEM_METRICS_INTERVAL). Sampling runs on the driver's loop, reading /proc for the trial's
+goes on from there); the first sample is taken FIRST_S after the trial starts (or when it first reports,
+if that is sooner), then every INTERVAL_S (HPOLAB_SYSTEM_METRICS_INTERVAL). Sampling runs on the driver's loop, reading /proc for the trial's
 processes (no thread in the trial, nothing it waits for); the points join the run's batched epoch
 metrics (metric_batches.py). bench/system_metrics.py measures its cost (docs/benchmarks.md).
 `system_metrics: false` in the spec turns it off.
@@ -117,8 +117,8 @@ class SystemMetrics:
             probe = self.probes.get(r.run_id)
             try:
                 if probe is None or probe.root.pid != r.process.pid:
-                    self.probes[r.run_id] = Probe(r.process.pid, self._run_start(r), self.interval)
-                elif now >= probe.next:
+                    probe = self.probes[r.run_id] = Probe(r.process.pid, self._run_start(r), self.interval)
+                if now >= probe.next or (probe.samples == 0 and _has_news(r)):
                     probe.next = now + self.interval
                     self._record(r, probe)
             except psutil.Error:  # it ended between the check and the read: its last sample was the last
@@ -143,6 +143,16 @@ class SystemMetrics:
         self.tracker.metrics.add(r.run_id, step, {PREFIX + k: v for k, v in values.items()})
         if self.tracker.metrics.due(r.run_id):
             self.tracker.flush_metrics(r.run_id)
+
+
+def _has_news(r) -> bool:
+    """The trial has sent something (an epoch's metrics, its result) that the driver has not read yet: a
+    trial shorter than the first sample's delay is sampled then, while it is still alive, so every
+    trial's run has its system metrics."""
+    try:
+        return r.conn is not None and r.conn.poll()
+    except (OSError, EOFError):
+        return False
 
 
 def gpu_values(path: Path) -> dict[str, float]:
