@@ -14,7 +14,8 @@ from optuna.trial import TrialState
 from hpolab.study.driver.heartbeat import PUT_BACK, put_back_reason
 from hpolab.study.driver.pauses import Pauses
 from hpolab.study.objectives.asha import Asha
-from hpolab.study.objectives.trial_scheduler import INTERRUPTS_ATTR, PAUSED_ATTR
+from hpolab.stores.trial_states import PAUSED as PAUSED_ATTR
+from hpolab.study.state.lifecycle import INTERRUPTS as INTERRUPTS_ATTR
 from hpolab.study.state.owners import OWNER_ATTR, owner_record
 
 

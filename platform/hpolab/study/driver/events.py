@@ -35,6 +35,7 @@ from hpolab.study.state.budget import FINISHED, FailureStreak, trial_counts
 from hpolab.errors import StudyError
 from hpolab.study.objectives import objective_values
 from hpolab.study.driver.heartbeat import PUT_BACK, REAPED, beat, lost_reason
+from hpolab.study.state import lifecycle
 from hpolab.study.state.outage import passthrough
 from hpolab.study.driver.progress import Progress
 from hpolab.study.objectives.pruning import Pruning
@@ -150,6 +151,8 @@ class TrialEvents:
         self.pruning.finish(r, state, value[self._primary] if isinstance(value, list) else value)
         if self.pauses is not None and state == TrialState.COMPLETE:
             tags.update(self.pauses.completed(r))  # hpolab.rung: the top rung it reached
+        if retry is not None:  # owed before the FAIL is told: a driver killed in between leaves it to the next one
+            self.guard(lifecycle.owe_retry, self.storage, r.trial._trial_id, retry, overrides)
         frozen = self._tell(r, state, value, tags)
         if not r.awaits_export:  # (one that does is answered, and its pipes closed, by the tracker)
             for c in (r.conn, r.lifeline):
@@ -161,7 +164,7 @@ class TrialEvents:
             state, value, model_info, retry = disagreement(frozen, state, value, model_info, retry, tags)
         copy = None
         if retry is not None:
-            copy = self.guard(self.retry, self.study, frozen, kind=retry, overrides=overrides)
+            copy = self.guard(lifecycle.queue_retry, self.retry, self.study, frozen, retry, overrides)
             tags["hpolab.fail_reason"] += (f"; retried as trial {copy}, resuming from its last checkpoint" if copy is not None
                                            else f"; {self.retry.refusal(retry)}")
             if copy is not None:
@@ -179,8 +182,7 @@ class TrialEvents:
         def tell() -> None:
             nonlocal attempts
             attempts += 1  # a retry after an outage: the first tell may have gone through, its reply lost
-            self.study.tell(r.trial, value if state == TrialState.COMPLETE else None,
-                            state=None if state == TrialState.COMPLETE else state, skip_if_finished=attempts > 1)
+            lifecycle.tell(self.study, r.trial, state, value, skip_if_finished=attempts > 1)
 
         try:
             self.guard(tell)

@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from hpolab.stores.trial_counts import PAUSED, epochs_used, over_budget_note, paused_counts
+from hpolab.stores.trial_counts import epochs_used, over_budget_note, paused_counts
+from hpolab.stores.trial_states import last_pause, shown
 from hpolab.study.objectives import ranking
-from hpolab.study.state.paused_mark import shown_state
 
 
 class Progress:
@@ -139,7 +139,7 @@ class Progress:
             best, last = best_and_last(t.state.name, t.value, t.intermediate_values, reverse)
             table.add_row(
                 str(t.number),
-                shown_state(t.state, t.system_attrs),
+                shown(t),
                 fmt_value(best),
                 fmt_value(last),
                 *[fmt_value(t.params.get(p)) for p in spec.search_space],
@@ -175,7 +175,7 @@ class Progress:
             return "; no trial reached a rung"
         t, epoch = found
         top = spec.trial_scheduler.max_epochs or spec.trainer.max_epochs
-        return (f"; no trial reached the top rung (epoch {top}); the best at rung {t.system_attrs[PAUSED]['rung']} "
+        return (f"; no trial reached the top rung (epoch {top}); the best at rung {last_pause(t)['rung']} "
                 f"(epoch {epoch}): trial {t.number} {spec.metric} {fmt_value(t.intermediate_values[epoch])}")
 
     def _print_elapsed(self, spec) -> None:

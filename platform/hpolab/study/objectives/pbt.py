@@ -35,6 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.stores.trial_counts import last_reported
 from hpolab.study.objectives.pbt_explore import explore
+from hpolab.study.state import lifecycle
 from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR, Resume, chain_root, interrupted_resume, paused_at, score
 
 SCHEDULE_ATTR = "hpolab.pbt_schedule"
@@ -206,14 +207,22 @@ class Pbt:
     def snapshot(self, members: dict[int, Member], epoch: int) -> None:
         """Each member paused at `epoch`: its last.pt kept as pbt_epoch_<epoch>.pt and its best.pt as
         pbt_epoch_<epoch>_best.pt (once; before any of them resumes and overwrites them)."""
+        todo = []
         for m in members.values():
             info = paused_at(m.latest)
             target = self.snapshot_path(m.root, epoch)
             folder = self.trial_dir(m.latest.number)
             if info and info.get("epoch") == epoch and not target.exists() and (folder / "last.pt").is_file():
+                todo.append((folder, target))
+
+        def copy() -> None:
+            for folder, target in todo:
                 if (folder / "best.pt").is_file():
                     copy_whole(folder / "best.pt", best_beside(target))
                 copy_whole(folder / "last.pt", target)  # last: its presence says the pair is complete
+
+        if todo:
+            lifecycle.boundary_decided(copy)
 
     def tidy(self, members: dict[int, Member]) -> None:
         """Delete the boundary copies no member can take any more: those below the lowest epoch a member
@@ -229,6 +238,17 @@ class Pbt:
                 if epoch.isdigit() and int(epoch) < lowest:
                     path.unlink(missing_ok=True)
 
+    def exploit(self, d: Decision, own: Path) -> None:
+        """Its own last.pt becomes the donor's too: a retry of the coming segment (its driver killed before
+        the next epoch's checkpoint) resumes the exploit, not the member's old weights. Its best so far is
+        the donor's lineage's: the checkpoint's best value and epoch say so."""
+        copy_whole(self.snapshot_path(d.donor, d.epoch), own)
+        donor_best, best = best_beside(self.snapshot_path(d.donor, d.epoch)), own.with_name("best.pt")
+        if donor_best.is_file():
+            copy_whole(donor_best, best)
+        else:
+            best.unlink(missing_ok=True)
+
     def resume_for(self, member: Member, trial: FrozenTrial, d: Decision) -> Resume:
         schedule = {str(k): dict(v) for k, v in member.user_attr(SCHEDULE_ATTR, {}).items()}
         if not schedule:  # its first boundary: the values it started with
@@ -241,15 +261,7 @@ class Pbt:
         tags = {PARENTS_TAG: ",".join(parents), EXPLOITED_TAG: parents[-1]} if parents else {}
         own = self.trial_dir(trial.number) / "last.pt"
         if d.donor is not None:
-            # Its own last.pt becomes the donor's too: a retry of the coming segment (its driver killed before
-            # the next epoch's checkpoint) resumes the exploit, not the member's old weights.
-            copy_whole(self.snapshot_path(d.donor, d.epoch), own)
-            # Its best so far is the donor's lineage's: the checkpoint's best value and epoch say so.
-            donor_best, best = best_beside(self.snapshot_path(d.donor, d.epoch)), own.with_name("best.pt")
-            if donor_best.is_file():
-                copy_whole(donor_best, best)
-            else:
-                best.unlink(missing_ok=True)
+            lifecycle.exploit_copied(lambda: self.exploit(d, own))
         checkpoint = self.snapshot_path(d.donor, d.epoch) if d.donor is not None else own
         # An exploit takes the donor's whole configuration (a searched model width must fit its checkpoint).
         changes = d.config if d.donor is not None else {}
