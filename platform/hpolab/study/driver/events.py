@@ -120,7 +120,10 @@ class TrialEvents:
             r.conn.send(reply)
         except OSError:  # BrokenPipe/ConnectionReset: the child died after its epoch; handle() sees its exit
             pass
-        if finite and self.never_prunes and not self._report(r, value, epoch):
+        # A trial scheduler ranks a NaN epoch worst: Optuna gets it too (a PBT boundary waits for every
+        # member's value there; the epoch budget counts it). Under a pruner a NaN report would prune.
+        told = finite or self.pauses is not None
+        if told and self.never_prunes and not self._report(r, value if finite else float("nan"), epoch):
             return
         # The child trains its next epoch while we record this one (the pruner needed Optuna's report only):
         # its metrics are batched for the upload thread, and a heartbeat is written only when one is due
@@ -221,6 +224,12 @@ class TrialEvents:
     def on_done(self, r: Running, info: dict[str, Any]) -> None:
         r.awaits_export = bool(info.get("export_in_child"))  # it saves its model if the tracker says so
         if self.pauses is not None and self.pauses.pausing(r, info):  # stopped at its rung: paused, not finished
+            if self.pauses.never_finite(r):  # (ASHA: nothing to rank it by; it fails as a plain trial would)
+                self.finish(r, TrialState.FAIL, {
+                    "hpolab.fail_reason": f"the study metric {self.metric} was never finite (NaN or inf after each of "
+                                          f"{info['epochs_run']} epochs): check {_metrics_source(info)}",
+                    "hpolab.fail_kind": "metric", "hpolab.epochs_run": str(info["epochs_run"])})
+                return
             self.pauses.pause(r, info)
             return
         tags = {

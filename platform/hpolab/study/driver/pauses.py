@@ -31,6 +31,7 @@ A Ctrl-C or SIGTERM stop is not a pause (events.py: FAIL and a retry copy, as al
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -134,6 +135,18 @@ class Pauses:
         """The trial's "done" is the pause it was asked for (not a Ctrl-C, not its own early stop)."""
         at = self.pause_at.get(r.number)
         return at is not None and info.get("stop_reason") == "stopped_by_caller" and int(info["epochs_run"]) >= at
+
+    def never_finite(self, r: Running) -> bool:
+        """At its pause point with no finite value of the study metric yet, under a scheduler that fails
+        such a trial there (ASHA: it has nothing to rank it by; PBT ranks it worst and it exploits)."""
+        if not getattr(self.scheduler, "fails_never_finite", False):
+            return False
+        values = self.guard(self.storage.get_trial, r.trial._trial_id).intermediate_values.values()
+        if any(math.isfinite(v) for v in values):
+            return False
+        self.pause_at.pop(r.number, None)
+        self.until_of.pop(r.number, None)
+        return True
 
     # ------------------------------------------------------------ pause
 

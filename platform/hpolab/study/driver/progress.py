@@ -172,7 +172,7 @@ class Progress:
             return ""
         found = best_at_highest_rung(trials, spec.direction)
         if found is None:
-            return "; no trial reached a rung"
+            return f"; no trial reached a rung with a finite {spec.metric}" if any(last_pause(t) for t in trials) else "; no trial reached a rung"
         t, epoch = found
         top = spec.trial_scheduler.max_epochs or spec.trainer.max_epochs
         return (f"; no trial reached the top rung (epoch {top}); the best at rung {last_pause(t)['rung']} "

@@ -99,6 +99,8 @@ class Decision:
 class Pbt:
     """The PBT trial scheduler (trial_scheduler.py's interface)."""
 
+    fails_never_finite = False  # a member whose value is NaN at a boundary ranks worst there and exploits a better one
+
     def __init__(self, spec, stores=None):
         ts = spec.trial_scheduler
         self.spec, self.stores = spec, stores

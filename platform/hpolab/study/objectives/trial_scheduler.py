@@ -48,6 +48,8 @@ class Resume:
 
 
 class TrialScheduler(Protocol):
+    fails_never_finite: bool  # a trial with no finite value of the study metric at its pause point fails there (else: ranked worst)
+
     def pause_epoch(self, trial: FrozenTrial, start_epoch: int) -> int | None:
         """The epoch after which the segment starting at `start_epoch` pauses (None: it runs to the end)."""
 
@@ -93,7 +95,8 @@ def interrupted_resume(trials: list[FrozenTrial], checkpoint_of) -> Resume | Non
 def best_at_highest_rung(trials, direction: str) -> tuple[FrozenTrial, int] | None:
     """(trial, epoch): of the trials that paused at a rung (paused now or ended there), the best at
     the highest rung epoch any of them reached; None when none paused. What a study that ended
-    before any trial reached the top rung (its epoch budget spent) has to show for its epochs."""
+    before any trial reached the top rung (its epoch budget spent) has to show for its epochs (None too
+    when no value there is finite)."""
     from hpolab.study.objectives.ranking import best_value
 
     at = {t.number: last_pause(t) for t in trials}
@@ -101,6 +104,6 @@ def best_at_highest_rung(trials, direction: str) -> tuple[FrozenTrial, int] | No
     if not epochs:
         return None
     top = max(epochs.values())
-    there = [t for t in trials if epochs.get(t.number) == top and top in t.intermediate_values]
+    there = [t for t in trials if epochs.get(t.number) == top and math.isfinite(t.intermediate_values.get(top, math.nan))]
     value = best_value([t.intermediate_values[top] for t in there], direction)
     return next(((t, top) for t in there if t.intermediate_values[top] == value), None)
