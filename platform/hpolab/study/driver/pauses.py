@@ -212,7 +212,7 @@ class Pauses:
         tags = {"hpolab.state": "RUNNING", "hpolab.resumed_after_epoch": str(c.epoch), **res.tags}
         lifecycle.resumed(lambda: self.tracker.resume(r, tags, res.params, logged=c.logged),
                           lambda: self.spawn(r, runner, str(checkpoint) if checkpoint else None))
-        self.progress.trial_resumed(t.number, c.epoch, checkpoint or "scratch")
+        self.progress.trial_resumed(t.number, c.epoch, (res.source if checkpoint else None) or checkpoint or "scratch")
 
     def _checkpoint(self, path: Path, run_id: str, trial_dir: Path) -> Path | None:
         """The checkpoint to resume from: local, else the one uploaded to its run (another worker paused it)."""

@@ -45,6 +45,7 @@ class Resume:
     attrs: dict[str, Any] = field(default_factory=dict)  # user attrs to set on its Optuna trial (PBT: its schedule, parents)
     tags: dict[str, str] = field(default_factory=dict)  # set on its MLflow run when it resumes (e.g. hpolab.rung)
     params: dict[str, float] = field(default_factory=dict)  # metrics logged at the resume epoch (PBT: the schedule)
+    source: Path | None = None  # where its weights come from, when not its checkpoint's own (PBT: the donor's boundary copy)
 
 
 class TrialScheduler(Protocol):
