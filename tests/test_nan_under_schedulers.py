@@ -39,3 +39,14 @@ def test_an_asha_trial_whose_metric_is_never_finite_fails_at_its_rung_and_counts
         assert reason.startswith("the study metric val_score was never finite (NaN or inf after each of 1 epochs)"), reason
     assert "epochs used: 3 / 3 (budget.epochs)" in out.stdout and "PRUNED" not in out.stdout, out.stdout
     assert_study_check_clean(store, "nanmetric", cwd=FAULT_PROJECT)
+
+
+@pytest.mark.slow
+def test_pbt_members_left_paused_by_a_spent_budget_say_so_not_asha_words(store, tmp_path):
+    from kill_harness import run_driver
+
+    run = run_driver(store, "pbt", "pbt-budget", None, tmp_path, extra=("budget.epochs=2",))  # both pause at epoch 1: spent
+    assert run.returncode == 0, run.output
+    assert "never promoted" not in run.output and "rung" not in run.output.split("study pbt-budget: 2/2 finished")[0], run.output
+    assert "PRUNED at boundary 0 (epoch 1): not resumed" in run.output and "2 pruned at a boundary (not resumed)" in run.output, run.output
+    assert "no trial reached the end (epoch 2); the best at boundary 0 (epoch 1): trial 0" in run.output, run.output

@@ -265,10 +265,10 @@ class Pauses:
                 t = trials[number]
                 if lifecycle.end_paused(self.study, t, TrialState[state], tags, self.runs, self.guard):
                     info = paused_at(t) or {}
-                    why = END_REASONS.get(tags.get("hpolab.stop_reason"), "nothing could resume it")
-                    self.note(f"trial {t.number} {state} at rung {info.get('rung')} (epoch {info.get('epoch')}): {why}")
+                    why, where = END_REASONS.get(tags.get("hpolab.stop_reason"), ("nothing could resume it", "rung"))
+                    self.note(f"trial {t.number} {state} at {where} {info.get('rung')} (epoch {info.get('epoch')}): {why}")
         return True
 
 
-END_REASONS = {"asha_not_promoted": "never promoted",
-               "pbt_not_resumed": "not resumed (the epoch budget was spent, or a member never reached the boundary)"}
+END_REASONS = {"asha_not_promoted": ("never promoted", "rung"),  # (why, what the scheduler's pause points are called)
+               "pbt_not_resumed": ("not resumed (the epoch budget was spent, or a member never reached the boundary)", "boundary")}
