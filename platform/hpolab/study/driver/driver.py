@@ -288,6 +288,7 @@ class Driver:
 
     def run(self) -> Outcome:
         self.signals.install()  # first, so a Ctrl-C/SIGTERM during set-up or the LR range test is graceful
+        self.runner.host_slots.hold()  # from the start: drivers started together count each other's first trials
         try:
             self._open()
             ensure_lr_range_test(self.spec, self.study, self.stores, self.runner, self.project_dir, self.client,
@@ -301,6 +302,7 @@ class Driver:
             self._on_error(e)
             raise
         finally:
+            self.runner.host_slots.release()
             self.signals.restore()
 
     def _on_error(self, e: BaseException) -> None:
@@ -318,7 +320,6 @@ class Driver:
     def _loop(self) -> Outcome:
         outcome = Outcome(n_trials=self.spec.n_trials)
         self.heartbeats.start()
-        self.runner.host_slots.hold()  # other drivers on these CPUs count the trials this one runs
         deadline = time.monotonic() + self.spec.timeout if self.spec.timeout else None
         try:
             self.progress.begin(self.outage.call(trial_counts, self.study), self.stores)
@@ -350,7 +351,6 @@ class Driver:
                 self._check_timeouts()
         finally:
             self.heartbeats.stop()
-            self.runner.host_slots.release()
         outcome.signal = self.signals.signum
         return outcome
 
