@@ -139,6 +139,38 @@ def enumerate_kills(store: Path, kind: str, tmp: Path) -> Report:
     return report
 
 
+def kills_beside_a_worker(store: Path, kind: str, tmp: Path) -> Report:
+    """The kind's kill points again, each in a driver that runs beside a second worker of the same
+    study (`hpolab worker`, never killed): that worker must live through every kill and end with exit 0
+    and no traceback, and the stores agree when each study ends. A point the killed driver does not
+    reach (the worker did that transition) is passed over: `Report.killed` says which were reached."""
+    report, t0 = Report(kind), time.monotonic()
+    number = 0
+    name = f"{kind}-w{number}"
+    worker = start_driver(store, kind, name, None, tmp, worker=True)
+    for point in kill_points(kind):
+        run = report.add(name, run_driver(store, kind, name, point, tmp))
+        assert_no_crash(run)
+        if run.killed_at is not None:
+            report.killed.append(run.killed_at)
+            continue
+        _end_beside(report, store, name, worker)  # the study ended: its worker too, then checked
+        number += 1
+        name = f"{kind}-w{number}"
+        worker = start_driver(store, kind, name, None, tmp, worker=True)
+    report.add(name, run_driver(store, kind, name, None, tmp))
+    _end_beside(report, store, name, worker)
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def _end_beside(report: Report, store: Path, name: str, worker) -> None:
+    run = finish_driver(*worker)
+    report.log.append(f"{name}: the worker beside it -> exit {run.returncode}")
+    assert "Traceback" not in run.output and run.returncode == 0, f"the worker beside the killed drivers: {run.output}"
+    report.check(store, name)
+
+
 def assert_invariants(store: Path, kind: str, name: str) -> None:
     """What every recovery keeps, checked on a study that ended (the driver exited 0)."""
     from hpolab.stores.run_roles import is_trial_run

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from hpolab.stores.trial_states import TRANSITIONS
-from kill_harness import KINDS, assert_invariants, enumerate_kills, kill_points, run_driver
+from kill_harness import KINDS, enumerate_kills, kill_points, kills_beside_a_worker
 
 
 def test_the_kill_points_are_read_from_the_transition_table():
@@ -28,6 +28,15 @@ def test_a_driver_killed_at_every_transition_and_rerun_at_once_keeps_the_stores_
     assert sorted(report.killed) == sorted(":".join(p) for p in kill_points(kind))
     print(f"\nKILL POINTS {kind}: {len(report.killed)} kills in {report.runs} driver runs over {len(report.studies)} "
           f"studies, {report.seconds:.0f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["asha", "pbt"])
+def test_a_second_worker_lives_through_every_kill_of_the_driver_beside_it(store, tmp_path, kind):
+    report = kills_beside_a_worker(store, kind, tmp_path)
+    assert report.killed, report.log  # (the points the worker took instead are passed over)
+    print(f"\nKILL POINTS {kind} beside a worker: {len(report.killed)} of {len(kill_points(kind))} reached by the killed "
+          f"driver, {report.runs} runs, {len(report.studies)} studies, {report.seconds:.0f} s")
 
 
 def test_the_architecture_page_shows_the_transition_table():

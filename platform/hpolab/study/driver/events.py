@@ -155,7 +155,10 @@ class TrialEvents:
         if self.pauses is not None and state == TrialState.COMPLETE:
             tags.update(self.pauses.completed(r))  # hpolab.rung: the top rung it reached
         if retry is not None:  # owed before the FAIL is told: a driver killed in between leaves it to the next one
-            self.guard(lifecycle.owe_retry, self.storage, r.trial._trial_id, retry, overrides)
+            try:
+                self.guard(lifecycle.owe_retry, self.storage, r.trial._trial_id, retry, overrides)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                pass  # another worker reaped it (and queued its copy): the tell below says so
         frozen = self._tell(r, state, value, tags)
         if not r.awaits_export:  # (one that does is answered, and its pipes closed, by the tracker)
             for c in (r.conn, r.lifeline):
