@@ -97,6 +97,9 @@ ENV = {
     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": (SET, "`false` for the servers hpolab starts (MLflow's job runner is not used)", None),
     "HPOLAB_FORKSERVER_EXPERIMENT": (INTERNAL, "the experiment module the forkserver preloads (removed once read)", None),
     "HPOLAB_TEST_HOSTNAME": (INTERNAL, "the host name owner records use: the test suite's way to play another host", None),
+    "HPOLAB_KILL_AT": (INTERNAL, "`<transition>:<before|after>[:<n>]`: the driver SIGKILLs itself at that point of a trial's "
+                                 "lifecycle (the suite's kill-point tests)", None),
+    "HPOLAB_KILL_MARK": (INTERNAL, "a file a driver writes the kill point to just before HPOLAB_KILL_AT kills it (the suite's)", None),
 }
 
 

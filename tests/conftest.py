@@ -353,6 +353,8 @@ END_TO_END_ONLY = {
     "test_study_e2e.py": "the default study through the CLI",
     "test_ui_browser.py": "the MLflow UI in Chromium",
     "test_uploads.py": "a worker SIGKILLed and another resuming from the artifact store",
+    "test_scheduled_recovery.py": "study check and its repair after an ASHA driver was SIGKILLed mid-segment",
+    "test_nan_under_schedulers.py": "ASHA and PBT studies whose metric is NaN, through the CLI",
 }
 
 
@@ -360,13 +362,14 @@ END_TO_END_ONLY = {
 # xdist workers then end on short modules, not one waiting for the other's long one (longest first is
 # how a fixed set of jobs is best shared). scripts/test passes --no-loadscope-reorder so that xdist
 # keeps this order instead of sending the modules with the most tests first. A stale entry costs time only.
-LONGEST_FIRST = ["test_pyfunc_serving.py", "test_asha_study.py", "test_launch_slurm.py", "test_pbt_study.py", "test_killed_driver_metric_backfill.py", "test_distributed.py", "test_failures.py",
+LONGEST_FIRST = ["test_kill_points.py", "test_pyfunc_serving.py", "test_asha_study.py", "test_launch_slurm.py", "test_pbt_study.py", "test_killed_driver_metric_backfill.py", "test_distributed.py", "test_failures.py",
                  "test_ui_browser.py", "test_storage_outage.py", "test_faults.py", "test_child_export.py",
                  "test_code_travels.py", "test_compose.py", "test_lr_step_faults.py", "test_trial_state.py",
                  "test_retention.py", "test_promote.py", "test_chaos.py", "test_store_errors.py",
                  "test_pareto_study.py", "test_proxy_heartbeat.py", "test_study_controls.py",
                  "test_trial_forkserver.py", "test_budget.py", "test_tasks.py", "test_study_commands.py",
-                 "test_notify.py", "test_study_steer.py", "test_system_metrics.py"]
+                 "test_notify.py", "test_study_steer.py", "test_system_metrics.py",
+                 "test_claimed_trials.py", "test_nan_under_schedulers.py", "test_scheduler_spec_changes.py"]
 
 
 def pytest_collection_modifyitems(session, config, items):

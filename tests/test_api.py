@@ -306,3 +306,22 @@ def test_dict_overrides_take_numpy_values_and_name_a_key_they_cannot_write():
         "n_trials=4", "trainer.lr=0.25", "model.sizes=[8, 16]"]
     with pytest.raises(UserError, match="override 'model.fn'"):
         override_strings({"model.fn": print})
+
+
+def test_run_study_with_an_int_for_its_overrides_says_what_overrides_are(store):
+    import hpolab
+    from hpolab.errors import UserError
+
+    with pytest.raises(UserError, match=r"overrides: 5 \(int\) is neither a dict .* run_study\(spec, \{'n_trials': 5\}\)"):
+        hpolab.run_study("studies/digits_cnn.yaml", 5, store=store, progress=False)
+
+
+def test_a_store_that_is_a_file_is_one_user_error_from_the_api(tmp_path):
+    import hpolab
+    from hpolab.errors import UserError
+
+    file = tmp_path / "notes.txt"
+    file.write_text("not a store")
+    with pytest.raises(UserError, match="is a file, not a folder"):
+        hpolab.run_study("studies/digits_cnn.yaml", {"n_trials": 1}, store=file, progress=False)
+    assert file.read_text() == "not a store"

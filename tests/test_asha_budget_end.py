@@ -12,7 +12,8 @@ from conftest import assert_study_check_clean, open_study, run_cli
 from hpolab.api.running import study_exit
 from hpolab.errors import EXIT_OK
 from hpolab.study.driver.driver import Outcome
-from hpolab.study.objectives.trial_scheduler import PAUSED_ATTR, best_at_highest_rung
+from hpolab.study.objectives.trial_scheduler import best_at_highest_rung
+from hpolab.stores.trial_states import PAUSED as PAUSED_ATTR
 
 
 def _paused(number: int, values: dict[int, float], rung: int, state=TrialState.PRUNED):

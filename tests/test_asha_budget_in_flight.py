@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from conftest import open_study, run_cli
 from hpolab.study.driver.pauses import epochs_in_flight
 from hpolab.study.objectives.asha import Asha
-from hpolab.study.objectives.trial_scheduler import PAUSED_ATTR
+from hpolab.stores.trial_states import PAUSED as PAUSED_ATTR
 
 
 def _trial(number: int, curve: dict[int, float], paused_epoch: int | None = None, state=TrialState.RUNNING):

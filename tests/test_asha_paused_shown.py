@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import optuna
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from conftest import run_cli
-from hpolab.study.state.paused_mark import shown_state
+from hpolab.stores.trial_states import shown
 
 
 def _study_with_a_paused_trial(store, name: str, resumed: bool = True) -> None:
@@ -34,9 +36,12 @@ def test_a_paused_trial_is_shown_paused_by_status_and_compare(store):
 
 
 def test_shown_state():
-    assert shown_state("RUNNING", {"hpolab.paused": {"rung": 1, "epoch": 3}}) == "PAUSED"
-    assert shown_state(TrialState.RUNNING, {"hpolab.paused": None}) == "RUNNING"
-    assert shown_state(TrialState.PRUNED, {"hpolab.paused": {"rung": 1, "epoch": 3}}) == "PRUNED"  # ended at its rung
+    def t(state, attrs):
+        return SimpleNamespace(number=0, state=state, system_attrs=attrs)
+
+    assert shown(t("RUNNING", {"hpolab.paused": {"rung": 1, "epoch": 3}})) == "PAUSED"
+    assert shown(t(TrialState.RUNNING, {"hpolab.paused": None})) == "RUNNING"
+    assert shown(t(TrialState.PRUNED, {"hpolab.paused": {"rung": 1, "epoch": 3}})) == "PRUNED"  # ended at its rung
 
 
 def test_the_report_of_a_study_with_only_paused_trials_says_it_is_stopped(store):

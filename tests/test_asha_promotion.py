@@ -8,7 +8,8 @@ import pytest
 from optuna.trial import TrialState
 
 from hpolab.study.objectives.asha import Asha, rungs
-from hpolab.study.objectives.trial_scheduler import PAUSED_ATTR, RUNG_ATTR
+from hpolab.study.objectives.trial_scheduler import RUNG_ATTR
+from hpolab.stores.trial_states import PAUSED as PAUSED_ATTR
 
 
 def paused(number: int, curve: dict[int, float], epoch: int, rung: int = 0) -> optuna.trial.FrozenTrial:

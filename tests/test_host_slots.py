@@ -39,7 +39,7 @@ def test_the_trials_live_drivers_run_on_overlapping_cpus_are_counted_the_dead_ar
         me = HostSlots({0, 1}, parallel=1, folder=folder)
         assert me.sharing() == 1  # not held, nothing else: its own parallel
         me.hold()
-        assert json.loads(me.path.read_text())["slots"] == 0  # running nothing yet
+        assert json.loads(me.path.read_text())["slots"] == 1  # its loop starts its trials at once: its parallel
         me.running(1)
         assert json.loads(me.path.read_text())["slots"] == 1
         assert me.sharing() == 1  # its own entry is not counted twice
@@ -162,3 +162,24 @@ def test_a_driver_between_two_trials_still_counts_them(tmp_path, monkeypatch):
     me.running(1)
     assert _slots(me.path) == 1  # fewer for SETTLE_S: written
     me.release()
+
+
+@pytest.mark.slow
+def test_two_workers_started_together_count_each_others_first_trials(store, tmp_path):
+    """Two `hpolab worker`s of one study started at the same moment on unbound CPUs: every trial, the
+    first ones too, gets the CPUs divided by both workers' trials (each used to see the other's entry
+    at 0 and take all of them; under ASHA a trial keeps its first segment's count)."""
+    cpus = available_cpus()
+    if cpus < 2:
+        pytest.skip("needs 2 CPUs: with one, every trial gets 1 thread either way")
+    env = {**hpolab_env(), DIR_ENV: str(tmp_path / "slots")}
+    hpolab = str(Path(sys.executable).with_name("hpolab"))
+    args = [hpolab, "--store", str(store), "worker", FAULT_SPEC, "n_trials=4", "parallel=1", "trainer.max_epochs=2", "log_models=none",
+            "trial_scheduler={type: asha, min_epochs: 1, max_epochs: 2, reduction_factor: 2}"]
+    workers = [subprocess.Popen(args, cwd=FAULT_PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+               for _ in range(2)]
+    for w in workers:
+        assert w.wait(timeout=600) == 0, w.stderr.read()
+    client, study = open_study(store)
+    threads = [trial_run(t, client).data.tags["hpolab.torch_threads"] for t in study.trials]
+    assert threads[:2] == [str(cpus // 2)] * 2, threads  # the first trial of each

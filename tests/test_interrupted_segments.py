@@ -14,7 +14,8 @@ from optuna.trial import TrialState
 from hpolab.study.driver.heartbeat import PUT_BACK, put_back_reason
 from hpolab.study.driver.pauses import Pauses
 from hpolab.study.objectives.asha import Asha
-from hpolab.study.objectives.trial_scheduler import INTERRUPTS_ATTR, PAUSED_ATTR
+from hpolab.stores.trial_states import PAUSED as PAUSED_ATTR
+from hpolab.study.state.lifecycle import INTERRUPTS as INTERRUPTS_ATTR
 from hpolab.study.state.owners import OWNER_ATTR, owner_record
 
 
@@ -76,3 +77,46 @@ def test_the_put_back_backfill_says_the_last_epoch_the_run_has(store, tmp_path):
     assert (tags, last) == ({TAG: "epochs 2-3 from last.pt"}, 4)
     assert sorted(m.step for m in client.get_metric_history(run_id, "val_acc")) == [1, 2, 3, 4]
     assert backfill_and_last_step(client, run_id, trial, "val_acc", tmp_path, None, up_to=3) == ({}, 4)
+
+
+def test_a_put_back_reads_its_checkpoint_without_holding_the_budget_lock(store, monkeypatch):
+    """Reading a dead segment's checkpoint may download it from a remote artifact store (minutes for a
+    large model): meanwhile other workers' claims must not wait on the study's budget lock (their wait
+    ends at HPOLAB_LOCK_TIMEOUT with exit 1)."""
+    from mlflow import MlflowClient
+
+    from hpolab.config.spec import load_spec
+    from hpolab.stores import mlflow_runs as tr
+    from hpolab.stores.budget_lock import budget_lock
+    from hpolab.stores.paths import Stores
+    from hpolab.study.objectives.schedulers import scheduler_for
+    from hpolab.study.state import metric_backfill
+    from conftest import FAULT_PROJECT
+
+    spec = load_spec(FAULT_PROJECT / "studies" / "faulty.yaml",
+                     ["n_trials=4", "trainer.max_epochs=2", "trial_scheduler={type: asha, min_epochs: 1, max_epochs: 2, reduction_factor: 2}"])
+    stores = Stores(store, f"sqlite:///{store / 'optuna.db'}", f"sqlite:///{store / 'mlflow.db'}", None)
+    client = MlflowClient(tracking_uri=stores.tracking_uri)
+    run_id = client.create_run(client.create_experiment("faulty", artifact_location=str(store / "artifacts"))).info.run_id
+    storage = optuna.storages.RDBStorage(stores.optuna_url)  # (as a driver's: the lock lives beside its database)
+    study = optuna.create_study(study_name="faulty", storage=storage, direction="maximize")
+    study.add_trial(optuna.create_trial(state=TrialState.RUNNING, params={"lr": 0.1}, distributions={"lr": FloatDistribution(0.01, 1)},
+                                        user_attrs={"mlflow_run_id": run_id, OWNER_ATTR: {**owner_record(0), "pid": -1}}))
+    waited = []
+
+    def download(trial_dir, tracking_uri, run):  # another worker claims while the checkpoint downloads
+        try:
+            with budget_lock(storage, "faulty", timeout=1) as locked:
+                assert locked
+        except Exception as e:
+            waited.append(f"{type(e).__name__}: {e}")
+        return [{"epoch": 1, "val_acc": 0.5}]
+
+    monkeypatch.setattr(metric_backfill, "checkpoint_history", download)
+    tracker = SimpleNamespace(client=client, mlflow_guard=lambda f, *a, **k: f(*a, **k), close_run=lambda *a: None,
+                              set_tags=lambda r, tags: tr.set_tags(client, r, tags))
+    pauses = Pauses(scheduler_for(spec, stores), spec, stores, study, storage, {}, tracker, SimpleNamespace(note=print),
+                    lambda f, *a, **k: f(*a, **k))
+    assert pauses.put_back(study.get_trials()[0], "its driver is gone") is True
+    assert waited == []
+    assert study.get_trials()[0].system_attrs[PAUSED_ATTR]["epoch"] == 1  # put back at its checkpoint's epoch

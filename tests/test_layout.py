@@ -305,3 +305,57 @@ def test_the_sub_package_check_names_offenders():
         "hpolab.analysis.compare.command -> hpolab.analysis.report.data",
         "hpolab.analysis.status -> hpolab.analysis.compare.study",
         "hpolab.study.objectives.ranking -> hpolab.study.driver.driver"]
+
+
+# The trial lifecycle: a trial's hpolab state is read in one place (stores/trial_states.py) and moved in
+# one place (study/state/lifecycle.py). Every other module asks them: none reads the paused mark or
+# tells "RUNNING but paused / claimed / released" itself.
+LIFECYCLE_MODULES = {"hpolab/stores/trial_states.py", "hpolab/study/state/lifecycle.py"}
+LIFECYCLE_MARKS = [
+    (r"[\"']hpolab\.(paused|released|imported_from|retry_due)[\"']", "names a state mark"),
+    (r"(?<![.\w\"'])PAUSED(_ATTR)?\b(?![\"'])", "uses the paused mark"),
+    (r"system_attrs(\.get\(|\[)\s*(RELEASED|IMPORTED|RETRY_DUE)\b", "reads a state mark"),
+    (r"(TrialState\.RUNNING|[\"']RUNNING[\"'])\W.*\b(paused|owner|mlflow_run_id|RUN_ID)\b", "tells a RUNNING trial's state itself"),
+]
+ALLOWED_MARK_LINES = {
+    # the SQL readers fetch the marks the lifecycle reads (they import them from it)
+    ("hpolab/stores/optuna_sql.py", "_MARKS = "),
+    ("hpolab/stores/optuna_sql.py", "from hpolab.stores.trial_states import"),
+}
+
+
+def lifecycle_offenders(root: Path = PKG) -> list[str]:
+    import re
+
+    offenders = []
+    for f in sorted(root.rglob("*.py")):
+        where = str(f.relative_to(root.parent))
+        if where in LIFECYCLE_MODULES:
+            continue
+        code = [line.split("#", 1)[0] for line in f.read_text().splitlines()]  # (comments may talk about them)
+        in_doc = False
+        for n, line in enumerate(code, 1):
+            if line.count('"""') % 2:
+                in_doc = not in_doc
+                continue
+            if in_doc or any(where == w and line.lstrip().startswith(start) for w, start in ALLOWED_MARK_LINES):
+                continue
+            offenders += [f"{where}:{n}: {why}: {line.strip()}" for pattern, why in LIFECYCLE_MARKS if re.search(pattern, line)]
+    return offenders
+
+
+def test_only_the_lifecycle_reads_and_writes_a_trials_state_marks():
+    offenders = lifecycle_offenders()
+    assert offenders == [], "ask stores/trial_states.py or study/state/lifecycle.py instead:\n" + "\n".join(offenders)
+
+
+def test_the_lifecycle_check_names_offenders(tmp_path):
+    # The check above must be able to fail: a made-up package with each kind of offence.
+    pkg = tmp_path / "hpolab"
+    (pkg / "stores").mkdir(parents=True)
+    (pkg / "stores" / "trial_states.py").write_text('PAUSED = "hpolab.paused"\n')
+    (pkg / "bad.py").write_text('"""Docs may say hpolab.paused."""\n'
+                                'x = t.system_attrs.get("hpolab.paused")\n'
+                                'y = t.state == TrialState.RUNNING and t.user_attrs.get("mlflow_run_id")\n'
+                                'z = t.system_attrs.get(RELEASED)  # released\n')
+    assert [o.split(": ", 1)[0] for o in lifecycle_offenders(pkg)] == ["hpolab/bad.py:2", "hpolab/bad.py:3", "hpolab/bad.py:4"]

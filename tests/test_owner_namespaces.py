@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from optuna.trial import TrialState
 
-from hpolab.study.driver.heartbeat import why_dead
+from hpolab.study.state.owners import why_dead
 from hpolab.study.state.owners import OWNER_ATTR, owner_gone, owner_record
 
 
@@ -63,9 +63,10 @@ def test_the_reaper_waits_for_the_heartbeat_of_an_owner_in_another_pid_namespace
     trials = [study.ask() for _ in range(2)]
     for t, ns in zip(trials, (os.readlink("/proc/self/ns/pid"), "pid:[1]")):
         storage.set_trial_user_attr(t._trial_id, OWNER_ATTR, {**owner_record(t.number), "pid": _dead_pid(), "pid_ns": ns})
+        storage.set_trial_user_attr(t._trial_id, "mlflow_run_id", f"run-{t.number}")  # (running: its run was made)
         storage.record_heartbeat(t._trial_id)
     notes: list[str] = []
-    reap_dead_trials(study, storage, {}, RetryCopy(1), close_run=lambda *a: None, note=notes.append)
+    assert reap_dead_trials(study, storage, {}, RetryCopy(1), close_run=lambda *a: None, note=notes.append) == []
     states = [t.state.name for t in study.get_trials()]
     assert states[:2] == ["FAIL", "RUNNING"] and len(notes) == 1 and "trial 0" in notes[0], (states, notes)
 

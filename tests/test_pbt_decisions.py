@@ -16,7 +16,8 @@ from hpolab.config.trial_scheduler import Choices, Factor, Range
 from hpolab.study.driver.pauses import epochs_in_flight
 from hpolab.study.objectives.pbt import EXPLOITED_TAG, PARENTS_ATTR, PARENTS_TAG, SCHEDULE_ATTR, Pbt, members_of, schedule_of
 from hpolab.study.objectives.pbt_explore import explore, perturb
-from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR, PAUSED_ATTR
+from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR
+from hpolab.stores.trial_states import PAUSED as PAUSED_ATTR
 from hpolab.stores.paths import Stores
 
 LR = FloatDistribution(1e-4, 1e-1, log=True)

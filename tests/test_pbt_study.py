@@ -113,3 +113,19 @@ def test_a_driver_sigkilled_mid_population_is_continued_by_a_rerun(store):
     assert len(exploited) == 1, out.stdout  # the boundary was decided once, before the kill
     interrupted = [t for t in members if "hpolab.interrupted_at_epoch" in trial_run(t, client).data.tags]
     assert exploited[0].number in [t.number for t in interrupted], out.stdout  # killed in its segment after its exploit
+
+
+@pytest.mark.slow
+def test_the_shipped_pbt_study_is_clean_after_its_exploits_and_each_value_is_its_own_runs(store):
+    """studies/digits_pbt.yaml as shipped, never killed: `study check` is clean, and an exploited member's
+    value and best epoch are what its own run logged (not its donor's best before the exploit)."""
+    run_cli("--store", str(store), "study", "run", "studies/digits_pbt.yaml", "name=pbt-shipped")
+    assert_study_check_clean(store, "pbt-shipped")
+    client, study = open_study(store, "pbt-shipped")
+    exploited = 0
+    for t in study.get_trials():
+        run = trial_run(t, client)
+        logged = {p.step: p.value for p in client.get_metric_history(run.info.run_id, "val_acc")}
+        assert t.value == max(logged.values()) and logged[int(run.data.tags["hpolab.best_epoch"])] == t.value, (t.number, logged)
+        exploited += "hpolab.pbt_exploited_from" in run.data.tags
+    assert exploited  # (the bottom quarter exploits at each boundary)

@@ -82,6 +82,7 @@ def test_a_repair_that_reaps_the_copy_is_named_as_its_reaper(store):
     t = study.ask()
     assert t.number == copy.number
     study._storage.set_trial_user_attr(t._trial_id, OWNER_ATTR, _dead_owner(t.number))
+    study._storage.set_trial_user_attr(t._trial_id, "mlflow_run_id", "1" * 32)  # (running: its run was made)
     out = run_cli("--store", str(store), "study", "check", "rc", "--repair", check=False)
     assert f"repaired: trial {t.number}: marked FAIL" in out.stdout, out.stdout + out.stderr
     reason = lost_reason(study._storage, SimpleNamespace(trial=SimpleNamespace(_trial_id=t._trial_id)))

@@ -264,3 +264,14 @@ def test_an_http_status_is_not_read_out_of_a_port_number():
     assert not _http_status("http://127.0.0.1:40122/api/2.0/mlflow/experiments/search", "401")
     assert _http_status("API request to endpoint /api/2.0/mlflow/experiments/search failed with error code 403 != 200", "403")
     assert _http_status("401 Client Error: UNAUTHORIZED", "401")
+
+
+def test_a_store_that_is_a_file_is_one_line_and_exit_2(tmp_path):
+    file = tmp_path / "notes.txt"
+    file.write_text("not a store")
+    for args in (["study", "run", "studies/digits_cnn.yaml", "n_trials=1"], ["study", "status", "x"], ["study", "list"]):
+        out = run_cli("--store", str(file), *args, check=False)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (args, out.stderr)
+        assert out.stderr.strip() == f"hpolab: --store {file}: is a file, not a folder; pass a folder (it holds optuna.db, mlflow.db " \
+                                     "and artifacts/; it is created if it does not exist)", out.stderr
+    assert file.read_text() == "not a store"

@@ -118,7 +118,7 @@ def test_interrupted_attempt_not_queued_to_resume(store, capsys):
     client, study = _open(store)
     t = _by_state(study, TrialState.FAIL)
     client.set_tag(t.user_attrs["mlflow_run_id"], "hpolab.fail_kind", "interrupted")
-    assert_found_then_repaired(store, capsys, "not queued to resume")
+    assert_found_then_repaired(store, capsys, "owes a retry copy, which was never queued")
     _, study = _open(store)
     assert study.get_trials()[-1].system_attrs["retry_history"] == [t.number]
 

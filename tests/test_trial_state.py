@@ -381,10 +381,11 @@ def test_a_configuration_interrupted_twice_resumes_and_completes(store):
 
 
 @pytest.mark.slow
-def test_a_run_its_killed_driver_never_linked_is_removed_by_the_driver_that_reaps_its_trial(store):
+def test_a_run_its_killed_driver_never_linked_is_removed_by_the_driver_that_takes_its_trial_over(store):
     """A driver SIGKILLed between making a trial's MLflow run and putting its id on the trial leaves
-    a RUNNING run that no trial points at. The next driver finds the trial still RUNNING when it
-    opens (it reaps it later, in its loop); when it ends, the run is gone and both stores agree."""
+    a claimed trial (no run id on it) and a RUNNING run that no trial points at. The next driver takes
+    the trial over in the same Optuna trial (nothing of it was trained) and deletes that run: when it
+    ends, the trial has one run and both stores agree."""
     from hpolab.stores import mlflow_runs as tr
     from hpolab.study.state.owners import OWNER_ATTR, owner_record
 
@@ -397,8 +398,9 @@ def test_a_run_its_killed_driver_never_linked_is_removed_by_the_driver_that_reap
     unlinked = tr.start_child_run(client, exp.experiment_id, study.user_attrs["mlflow_parent_run_id"], "faulty", trial.number, {})
 
     out = run_cli("--store", str(store), "study", "run", FAULT_SPEC, "n_trials=2", "log_models=none", cwd=FAULT_PROJECT)
-    assert "trial 1 was left RUNNING" in out.stdout + out.stderr, out.stdout + out.stderr
+    assert "trial 1: its driver died before starting it; started here, in the same trial" in out.stdout, out.stdout + out.stderr
     assert client.get_run(unlinked).info.lifecycle_stage == "deleted"
     client, study = open_study(store)
-    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.COMPLETE]
+    assert study.get_trials()[1].user_attrs["mlflow_run_id"] != unlinked
     run_cli("--store", str(store), "study", "check", "faulty", cwd=FAULT_PROJECT)

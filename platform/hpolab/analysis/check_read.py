@@ -35,6 +35,7 @@ class Study:
     live: set[int] = field(default_factory=set)  # RUNNING trials whose owner may be alive
     links: dict[str, Any] = field(default_factory=dict)  # live model id -> model_links_read.ModelLinks
     metric_names: list[str] | None = None  # the study's objective metrics (Optuna's metric names)
+    user_attrs: dict[str, Any] = field(default_factory=dict)  # the Optuna study's (its recorded spec, metric, ...)
     opened: dict[str, Any] = field(default_factory=dict, repr=False)  # "study", "client": once opened
 
     @property
@@ -56,6 +57,11 @@ class Study:
     @property
     def storage(self):
         return self.study._storage
+
+    @property
+    def scheduled(self) -> bool:
+        """The study's recorded spec has a trial scheduler (its dead segments are put back, not retried)."""
+        return bool((self.user_attrs.get("hpolab.spec") or {}).get("trial_scheduler"))
 
 
 def set_tags(s: Study, run_id: str, tags: dict[str, str]) -> None:
@@ -84,7 +90,7 @@ def _read_sql(name: str, stores: Stores) -> Study | None:
     if models is None or links is None:
         return None
     return Study(name, stores, experiment_id, runs, models, study.trials, study.user_attrs.get("mlflow_parent_run_id"),
-                 links=links, metric_names=study.metric_names)
+                 links=links, metric_names=study.metric_names, user_attrs=study.user_attrs)
 
 
 def _read_through_clients(name: str, stores: Stores) -> Study:
@@ -112,4 +118,4 @@ def _read_through_clients(name: str, stores: Stores) -> Study:
         models = {m.model_id: m for m in study_models(client, exp.experiment_id)}
     return Study(name, stores, exp.experiment_id if exp else None, runs, models, study.get_trials(deepcopy=False),
                  study.user_attrs.get("mlflow_parent_run_id"), opened={**opened, "client": client},
-                 links=model_links_read.from_models(models.values()), metric_names=study.metric_names)
+                 links=model_links_read.from_models(models.values()), metric_names=study.metric_names, user_attrs=dict(study.user_attrs))

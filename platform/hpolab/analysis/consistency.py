@@ -2,8 +2,10 @@
 `Problem`s found in a study's two stores, read once (check_read.py).
 
 A repair never deletes: it sets tags, closes a run with Optuna's state, restores a deleted run,
-marks a RUNNING trial of a dead driver FAIL with a retry copy (what the next `study run` does),
-queues an interrupted attempt to resume, or records that an artifact is missing.
+recovers a running trial of a dead driver as the next `study run` would (the trial lifecycle's
+functions, study/state/lifecycle.py: under a trial scheduler put back to paused in the same trial
+and run; otherwise FAIL with a retry copy), queues an interrupted attempt to resume, or records that
+an artifact is missing.
 """
 
 from __future__ import annotations
@@ -12,18 +14,18 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.analysis.check_read import Study, set_tags
 from hpolab.stores.artifacts import local_artifact_dir
-from hpolab.study.state.budget import IMPORTED, RELEASED, trial_counts
+from hpolab.stores.trial_states import OWNED, RETRY_HISTORY, RUN_ID, State, retried_numbers, state_of, states
+from hpolab.study.state import lifecycle
+from hpolab.study.state.budget import trial_counts
 from hpolab.study.state.metric_backfill import backfill_run
-from hpolab.study.driver.heartbeat import REAPED, why_dead
 from hpolab.stores.optuna_storage import GRACE_PERIOD
 from hpolab.stores.run_roles import is_trial_run
-from hpolab.study.state.owners import describe, heartbeat_age, owner_gone, owner_of, owner_record, this_host
-from hpolab.study.state.retry import MAX_INTERRUPTS, RetryCopy, chain_kinds, interrupts_used
+from hpolab.study.state.owners import describe, heartbeat_age, owner_gone, owner_of, owner_record, this_host, why_dead
+from hpolab.study.state.retry import MAX_INTERRUPTS, RetryCopy
 
 MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
 # Attempts that did not fail by their own doing: they are queued to resume (a retry copy).
@@ -45,12 +47,14 @@ class Problem:
 UNLIMITED = 10**9  # a repair's retry copy: interrupts never use up max_retries (max_interrupts bounds them)
 
 
-def _retry(s: Study) -> RetryCopy:
+def _retry(s: Study, strict: bool = False) -> RetryCopy:
     """The retry copies a repair queues: bounded by the study's max_interrupts (its parent run's param;
-    the default for a study recorded before there was one)."""
+    the default for a study recorded before there was one); `strict`: by its max_retries too (an owed
+    copy: the driver's own limits)."""
     parent = s.runs.get(s.parent_id) if s.parent_id else None
-    value = parent.data.params.get("max_interrupts", "") if parent is not None else ""
-    return RetryCopy(UNLIMITED, int(value) if value.isdigit() else MAX_INTERRUPTS)
+    params = parent.data.params if parent is not None else {}
+    interrupts, retries = params.get("max_interrupts", ""), params.get("max_retries", "")
+    return RetryCopy(int(retries) if strict and retries.isdigit() else UNLIMITED, int(interrupts) if interrupts.isdigit() else MAX_INTERRUPTS)
 
 
 def _tags_fix(s: Study, run_id: str, tags: dict[str, str], what: str) -> Callable[[], str]:
@@ -61,7 +65,7 @@ def _tags_fix(s: Study, run_id: str, tags: dict[str, str], what: str) -> Callabl
 
 
 def _retried(s: Study) -> set[int]:
-    return {n for t in s.trials for n in t.system_attrs.get("retry_history", [])}
+    return retried_numbers(s.trials)
 
 
 def _owner_alive(t: FrozenTrial) -> bool:
@@ -74,48 +78,65 @@ def _owner_alive(t: FrozenTrial) -> bool:
 
 
 def running_problems(s: Study) -> list[Problem]:
-    """RUNNING trials without a live owner; fills `s.live` with those whose owner may be alive."""
-    running = [t for t in s.trials if t.state == TrialState.RUNNING]
+    """Running (and claimed) trials without a live owner; fills `s.live` with those whose owner may be
+    alive. A paused one has no process: nothing to check here."""
+    owned = [t for t, state in states(s.trials) if state in OWNED]
     # Stale: no heartbeat for GRACE_PERIOD seconds (None: no heartbeat, or a storage without them)
-    stale = {t._trial_id for t in running if (heartbeat_age(s.storage, t._trial_id) or 0) > GRACE_PERIOD}
+    stale = {t._trial_id for t in owned if (heartbeat_age(s.storage, t._trial_id) or 0) > GRACE_PERIOD}
     out = []
-    for t in running:
+    for t in owned:
         why = why_dead(t, stale, s.storage)
         if why is None:
             s.live.add(t.number)
             continue
         kind, reason = why
-        out.append(Problem(t.number, f"RUNNING in Optuna, but {reason}",
-                           "mark it FAIL, queue a retry copy that resumes it and close its run FAILED (what the next `study run` does)",
-                           lambda t=t, kind=kind, reason=reason: _reap(s, t, kind, reason)))
+        if state_of(t) == State.CLAIMED:
+            out.append(Problem(t.number, f"claimed by a driver that is gone ({reason}) before its MLflow run was made",
+                               "none needed: the next `study run` starts it in the same trial (nothing of it was trained or logged)"))
+        elif s.scheduled:
+            out.append(Problem(t.number, f"RUNNING in Optuna, but {reason}",
+                               "put it back to paused in the same trial and run, at its newest checkpoint (what the next `study run` does)",
+                               lambda t=t, kind=kind, reason=reason: _put_back(s, t, kind, reason)))
+        else:
+            out.append(Problem(t.number, f"RUNNING in Optuna, but {reason}",
+                               "mark it FAIL, queue a retry copy that resumes it and close its run FAILED (what the next `study run` does)",
+                               lambda t=t, kind=kind, reason=reason: _reap(s, t, kind, reason)))
     return out
 
 
 def _reap(s: Study, t: FrozenTrial, kind: str, reason: str) -> str:
     me = owner_record(t.number)
-    try:  # the reaped mark first, as a driver's reaper sets it: an owner still alive learns who failed its trial
-        s.storage.set_trial_system_attr(t._trial_id, REAPED, f"hpolab study check --repair on {me['host']} pid {me['pid']}: {reason}")
-        if not s.storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
-            return "it had already finished"
-    except UpdateFinishedTrialError:
-        return "it had already finished"
-    retry = _retry(s)
-    copy = retry(s.study, s.storage.get_trial(t._trial_id), kind=kind)
-    retried = f"retried as trial {copy}" if copy is not None else retry.refusal(kind)
-    run_id = t.user_attrs.get("mlflow_run_id")
-    if run_id in s.runs:
-        set_tags(s, run_id, {"hpolab.state": "FAIL", "hpolab.fail_kind": kind, "hpolab.fail_reason": f"{reason}; {retried} {BY_CHECK}",
-                             **({"hpolab.retried_as_trial": str(copy)} if copy is not None else {})})
-        s.client.set_terminated(run_id, status="FAILED")
-    done = f"queued to resume as trial {copy}" if copy is not None else retry.refusal(kind)
-    return f"marked FAIL, {done}" + (f", closed run {run_id} FAILED" if run_id in s.runs else "")
+
+    def close(run_id: str, state: TrialState, tags: dict[str, str]) -> None:
+        if run_id in s.runs:
+            set_tags(s, run_id, {**tags, "hpolab.state": "FAIL", "hpolab.fail_reason": f"{tags['hpolab.fail_reason']} {BY_CHECK}"})
+            s.client.set_terminated(run_id, status="FAILED")
+
+    done = lifecycle.reap(s.study, s.storage, t, (kind, reason), _retry(s), close, print,
+                          by=f"hpolab study check --repair on {me['host']} pid {me['pid']}")
+    run_id = t.user_attrs.get(RUN_ID)
+    return done + (f", closed run {run_id} FAILED" if run_id in s.runs and done.startswith("marked") else "")
+
+
+def _put_back(s: Study, t: FrozenTrial, kind: str, reason: str) -> str:
+    """A trial scheduler's segment of a dead driver: paused again in the same trial and run (the
+    reaper's put-back); past max_interrupts, failed as any trial."""
+    runs = lifecycle.RunSide(s.client, s.stores.tracking_uri, lambda n: s.stores.trial_dir(s.name, n), s.user_attrs.get("metric"),
+                             lambda run_id, tags: set_tags(s, run_id, {**tags, "hpolab.put_back_by": BY_CHECK}),
+                             lambda *a: None, lambda _: None)
+    info = lifecycle.put_back(s.storage, s.name, t, f"{reason} {BY_CHECK}", _retry(s).max_interrupts, runs)
+    if info is None:
+        return _reap(s, t, kind, reason)
+    if not info:
+        return "another worker recovered it meanwhile"
+    return f"put back to paused after epoch {info['epoch']} in the same trial and run"
 
 
 # ---------------------------------------------------------------- one trial and its run
 
 
 def trial_problems(s: Study, t: FrozenTrial) -> list[Problem]:
-    if t.system_attrs.get(RELEASED) or t.system_attrs.get(IMPORTED) or t.state == TrialState.WAITING:
+    if state_of(t) in (State.RELEASED, State.IMPORTED, State.WAITING):
         return []  # given back unrun, imported by a warm start (its run is in its own study), or not started yet
     run_id = t.user_attrs.get("mlflow_run_id")
     if not run_id:
@@ -171,17 +192,19 @@ def _state_problems(s: Study, t: FrozenTrial, run) -> list[Problem]:
     elif t.state == TrialState.FAIL and not tags.get("hpolab.fail_reason"):
         out.append(Problem(t.number, f"FAIL, but its run {run_id} has no hpolab.fail_reason", "set hpolab.fail_reason (unknown)",
                            _tags_fix(s, run_id, {"hpolab.fail_reason": f"unknown {BY_CHECK}"}, "set hpolab.fail_reason")))
-    kind = tags.get("hpolab.fail_kind") or t.system_attrs.get("hpolab.fail_kind")
-    if (t.state == TrialState.FAIL and kind in INTERRUPT_KINDS and t.number not in _retried(s)
-            and interrupts_used(chain_kinds(t, kind)) <= _retry(s).max_interrupts):  # (past it: not retried on purpose)
-        out.append(Problem(t.number, f"interrupted ({kind}) but not queued to resume",
-                           "queue a retry copy that resumes it from its last checkpoint (the next `study run` runs it)",
-                           lambda: _requeue(s, t, kind, run_id)))
+    due = t.system_attrs.get(lifecycle.RETRY_DUE)  # (its driver died between the FAIL and the copy)
+    kind = (due or {}).get("kind") or tags.get("hpolab.fail_kind") or t.system_attrs.get("hpolab.fail_kind")
+    owed = due is not None or kind in INTERRUPT_KINDS
+    if (t.state == TrialState.FAIL and owed and t.number not in _retried(s)
+            and _retry(s, strict=True)(None, t, kind=kind, dry=True)):  # (past the limits: not retried on purpose)
+        out.append(Problem(t.number, f"failed ({kind}) and owes a retry copy, which was never queued",
+                           "queue the retry copy that resumes it from its last checkpoint (what the next `study run` does)",
+                           lambda: _requeue(s, t, kind, run_id, (due or {}).get("overrides"))))
     return out
 
 
-def _requeue(s: Study, t: FrozenTrial, kind: str, run_id: str) -> str:
-    copy = _retry(s)(s.study, t, kind=kind)
+def _requeue(s: Study, t: FrozenTrial, kind: str, run_id: str, overrides: dict | None = None) -> str:
+    copy = lifecycle.queue_retry(_retry(s, strict=True), s.study, t, kind, overrides or None)
     if copy is None:
         return _retry(s).refusal(kind)
     set_tags(s, run_id, {"hpolab.retried_as_trial": str(copy)})
@@ -189,7 +212,7 @@ def _requeue(s: Study, t: FrozenTrial, kind: str, run_id: str) -> str:
 
 
 def _retry_problems(s: Study, t: FrozenTrial, run) -> list[Problem]:
-    history = t.system_attrs.get("retry_history") or []
+    history = t.system_attrs.get(RETRY_HISTORY) or []
     if not history or history[-1] >= len(s.trials):
         return []
     prev = s.trials[history[-1]]

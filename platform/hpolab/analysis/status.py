@@ -7,9 +7,9 @@ from rich.table import Table
 from rich.text import Text
 
 from hpolab.study.driver.progress import fmt_value
-from hpolab.study.state.paused_mark import shown_state
 from hpolab.stores.paths import Stores, redact
 from hpolab.stores.trial_counts import count_trials, describe, epochs_used, last_reported, over_budget_note, paused_counts
+from hpolab.stores.trial_states import shown
 
 
 def print_status(name: str, stores: Stores, limit: int | None = None) -> int:
@@ -153,7 +153,7 @@ def _print_trials(name: str, direction: str, all_rows: list, best: tuple[int, fl
     for r in rows:
         table.add_row(
             Text(str(r.number)),
-            Text(shown_state(r.state, r.system_attrs)),
+            Text(shown(r)),
             Text(f"{r.value:.4g}" if r.value is not None else "-"),
             *[_cell(r.params.get(p)) for p in params],
             Text(str(r.steps)),

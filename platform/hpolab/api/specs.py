@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Iterable, Mapping, Sequence, Union
 
 SpecSource = Union[str, Path, Mapping[str, Any]]
 Overrides = Union[Sequence[str], Mapping[str, Any], None]
@@ -25,8 +25,13 @@ def override_strings(overrides: Overrides, new_study: str | None = None) -> list
         items = [f"{k}={_json_value(k, v)}" for k, v in overrides.items()]
     elif isinstance(overrides, str):
         items = [overrides]  # one "key=value" (a str is a Sequence: never split it into letters)
-    else:
+    elif isinstance(overrides, Iterable):
         items = [str(o) for o in overrides]
+    else:
+        from hpolab.errors import UserError
+
+        raise UserError(f"overrides: {overrides!r} ({type(overrides).__name__}) is neither a dict of dotted keys to values nor a "
+                        "list of 'key=value' strings; e.g. run_study(spec, {'n_trials': 5}) or run_study(spec, ['n_trials=5'])")
     # JSON-quoted: a YAML scalar like `1` or `yes` stays a string
     return items + ([f"name={json.dumps(new_study)}"] if new_study else [])
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hpolab.config.pbt_checks import pbt_problems
 
 
 class _Frozen(BaseModel):
@@ -45,6 +47,21 @@ class Range(_Frozen):
 
 
 Mutation = Union[Factor, Choices, Range]
+MUTATION_KINDS = {"factor": (Factor, "two numbers [a, b], e.g. {factor: [0.8, 1.25]}"),
+                  "choices": (Choices, "a non-empty list of values, e.g. {choices: [32, 64, 128]}"),
+                  "range": (Range, "two numbers [lo, hi] with lo <= hi, e.g. {range: [1.0e-5, 0.1]}")}
+
+
+def mutation_of(key: str, m: Any) -> Mutation:
+    """One mutation, by its one key; ValueError in one line naming the key and the fix."""
+    kinds = [k for k in MUTATION_KINDS if isinstance(m, dict) and k in m]
+    if len(kinds) != 1 or len(m) != 1:
+        raise ValueError(f"{key}: give one of {{factor: [a, b]}}, {{choices: [...]}}, {{range: [lo, hi]}} (got {m!r})")
+    model, fix = MUTATION_KINDS[kinds[0]]
+    try:
+        return model.model_validate(m)
+    except ValidationError:
+        raise ValueError(f"{key}.{kinds[0]}: give {fix} (got {m[kinds[0]]!r})") from None
 
 
 class PbtSpec(_Frozen):
@@ -56,6 +73,12 @@ class PbtSpec(_Frozen):
     quantile: float = Field(default=0.25, gt=0, le=0.5, description="the bottom quantile copies the top quantile")
     mutations: dict[str, Mutation] = Field(default_factory=dict, description="dotted config key -> {factor: [a, b]} | {choices: [...]} | {range: [lo, hi]}")
     resample_probability: float = Field(default=0.25, ge=0, le=1, description="chance a mutation resamples instead of perturbing")
+
+    @field_validator("mutations", mode="before")
+    @classmethod
+    def _one_kind_each(cls, value: Any) -> Any:
+        """Each mutation by its one key (not pydantic's try-every-kind union: one line, not five)."""
+        return {k: mutation_of(k, m) for k, m in value.items()} if isinstance(value, dict) else value
 
 
 TrialSchedulerSpec = Annotated[Union[AshaSpec, PbtSpec], Field(discriminator="type")]
@@ -87,6 +110,10 @@ def n_trials_from_population(data: dict) -> dict:
     if ts.get("type") != "pbt":
         return data
     population = ts.get("population", PbtSpec.model_fields["population"].default)
+    if isinstance(population, str) and population.strip().isdigit():
+        population = int(population)
+    if not isinstance(population, int) or isinstance(population, bool):
+        return data  # (trial_scheduler.population's own check says what is wrong with it; n_trials is not to blame)
     if "n_trials" in data and data["n_trials"] != population:
         raise ValueError(f"n_trials: {data['n_trials']} differs from trial_scheduler.population ({population}): PBT runs one trial "
                          f"per member; remove n_trials or set it to {population}")
@@ -120,6 +147,7 @@ def trial_scheduler_problems(spec, experiment=None) -> list[str]:
             problems.append(f"n_trials: {spec.n_trials} is fewer than trial_scheduler.reduction_factor x brackets "
                             f"({ts.reduction_factor * ts.brackets}): no trial would ever be promoted; use n_trials >= {ts.reduction_factor * ts.brackets}")
     if isinstance(ts, PbtSpec):
+        problems += pbt_problems(spec, experiment)
         known = set(spec.search_space) | {f"trainer.{k}" for k in spec.trainer_dict()}
         for section in ("model", "data"):
             defaults = getattr(experiment, f"{section.upper()}_DEFAULTS", None) or {}

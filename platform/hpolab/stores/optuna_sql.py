@@ -34,16 +34,16 @@ from typing import Any
 from hpolab.stores import pg_read
 from hpolab.stores.pg_read import ReadError
 from hpolab.stores.sqlite_read import snapshot
+from hpolab.stores.trial_states import IMPORTED, PAUSED, RELEASED, RETRY_HISTORY  # the marks the lifecycle reads (IMPORTED: re-exported)
 
 Source = Path | str  # a SQLite file, or a PostgreSQL URL (pg_read.py)
 
 KNOWN_SCHEMAS = {"v3.2.0.a"}
-IMPORTED = "hpolab.imported_from"  # system attr of a trial a warm start imported (study/state/budget.py uses this one)
 _INF = {"INF_POS": math.inf, "INF_NEG": -math.inf}
 _INTERMEDIATE = {"NAN": math.nan, **_INF}  # an intermediate value may also be NaN
 # The trial system attrs ranking and counting (trial_counts.py) read: Optuna's constraints (its old
 # list, its named ones), IMPORTED, a retry copy's history and a released trial's mark
-_MARKS = ("constraints", IMPORTED, "retry_history", "hpolab.released", "hpolab.paused")  # (paused: a trial scheduler's)
+_MARKS = ("constraints", IMPORTED, RETRY_HISTORY, RELEASED, PAUSED)  # (stores/trial_states.py reads them)
 _RANKING_KEYS = f"(key IN ({', '.join(repr(k) for k in _MARKS)}) OR key LIKE 'constraints:%')"
 
 

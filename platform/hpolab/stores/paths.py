@@ -91,6 +91,11 @@ def default_urls(root: Path) -> tuple[str, str]:
 
 def resolve_stores(store: str | None = None, storage: str | None = None, tracking_uri: str | None = None) -> Stores:
     root = Path(store or os.environ.get("HPOLAB_STORE") or DEFAULT_STORE).resolve()
+    if root.exists() and not root.is_dir():
+        from hpolab.errors import UserError
+
+        raise UserError(f"--store {store or root}: is a file, not a folder; pass a folder (it holds optuna.db, mlflow.db and "
+                        "artifacts/; it is created if it does not exist)")
     default_optuna, default_tracking = default_urls(root)
     optuna_url = storage or os.environ.get("OPTUNA_STORAGE") or default_optuna
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking

@@ -2,8 +2,8 @@
 `budget.epochs` mean), the progress line, `study list`, `study status` and the report -- so they all
 say the same numbers.
 
-A trial counts under its state (complete, pruned, fail, running, waiting; `paused`: RUNNING in Optuna
-but paused by a trial scheduler, with no process: is_paused below), except:
+A trial counts under its hpolab state (stores/trial_states.py: complete, pruned, fail, running and
+claimed as running, waiting, paused and put back as paused), except:
 - `retried`: a FAIL attempt that a later trial retries (its number is in that trial's
   `retry_history`: an attempt interrupted by Ctrl-C/SIGTERM, a dead driver, an OOM or timeout, resumed
   by its copy). The copy is what counts, so an interrupted and resumed study has no failures.
@@ -14,8 +14,7 @@ but paused by a trial scheduler, with no process: is_paused below), except:
 Epochs (`budget.epochs`): per configuration (a retry chain, one trial across a trial scheduler's
 pauses), the last epoch it reported; imported and released trials count none.
 
-Plain data in, no Optuna: the SQL readers (optuna_sql.py) and Optuna's FrozenTrial both fit. Also
-the one home of the paused mark and its tests (is it paused now, was it pruned at a rung), since
+Plain data in, no Optuna: the SQL readers (optuna_sql.py) and Optuna's FrozenTrial both fit, so
 `study status` and `study list` import this module without Optuna.
 """
 
@@ -23,46 +22,25 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from hpolab.stores.optuna_sql import IMPORTED
+from hpolab.stores.trial_states import PAUSED_STATES, State, chain_root, ended_at_rung, ever_paused, state_of, states
 
-RELEASED = "hpolab.released"  # system attr of a trial given back unrun because the budget was already full
-PAUSED = "hpolab.paused"  # system attr {rung, epoch} of a trial a trial scheduler paused (None once resumed)
-RETRY_HISTORY = "retry_history"  # system attr of a retry copy: the numbers of the attempts it continues (the first: its chain's root)
 COUNTED_STATES = ("complete", "pruned", "fail", "running", "paused", "waiting")
-ASIDE = {"retried": "attempt{s} retried", "imported": "imported by a warm start", "released": "released unrun"}
-
-
-def _state_name(state: Any) -> str:
-    """An Optuna TrialState or its name -> "RUNNING", "PRUNED", ..."""
-    return str(getattr(state, "name", state)).upper()
-
-
-def is_paused(state: Any, system_attrs: dict[str, Any]) -> bool:
-    """Paused by a trial scheduler now: RUNNING in Optuna (it has no paused state), with no process."""
-    return _state_name(state) == "RUNNING" and isinstance(system_attrs.get(PAUSED), dict)
-
-
-def pruned_at_rung(state: Any, system_attrs: dict[str, Any]) -> bool:
-    """Ended PRUNED while paused (never promoted or resumed): the trial scheduler's end of it."""
-    return _state_name(state) == "PRUNED" and PAUSED in system_attrs
+ASIDE_TEXT = {"retried": "attempt{s} retried", "imported": "imported by a warm start", "released": "released unrun"}
+# hpolab state -> the count it adds to
+COUNTED_AS = {State.COMPLETE: "complete", State.PRUNED: "pruned", State.FAILED: "fail", State.RUNNING: "running",
+              State.CLAIMED: "running", State.PAUSED: "paused", State.PUT_BACK: "paused", State.WAITING: "waiting",
+              State.RETRIED: "retried", State.RELEASED: "released", State.IMPORTED: "imported"}
 
 
 def paused_counts(trials: Iterable) -> dict[str, int] | None:
     """{"paused": paused now, "at_rung": pruned at a rung} in one pass over `trials`; None when no
     trial was ever paused (no trial scheduler, or none paused yet)."""
     out, scheduled = {"paused": 0, "at_rung": 0}, False
-    for t in trials:
-        scheduled = scheduled or PAUSED in t.system_attrs
-        out["paused"] += is_paused(t.state, t.system_attrs)
-        out["at_rung"] += pruned_at_rung(t.state, t.system_attrs)
+    for t, state in states(trials):
+        scheduled = scheduled or ever_paused(t)
+        out["paused"] += state in PAUSED_STATES
+        out["at_rung"] += ended_at_rung(t)
     return out if scheduled else None
-
-
-def chain_root(trial) -> int:
-    """The first attempt of the trial's retry chain (itself when it is no retry copy): a copy is the
-    same configuration at the same place in a trial scheduler's schedule as the attempt it continues.
-    (study/state/retry.py writes `failed_trial` too, always the same number.)"""
-    return int((trial.system_attrs.get(RETRY_HISTORY) or [trial.number])[0])
 
 
 def last_reported(trial) -> int:
@@ -78,7 +56,7 @@ def epochs_used(trials: Iterable, last_epoch: Callable[[Any], int] = last_report
     has fewer of)."""
     last: dict[int, int] = {}
     for t in trials:
-        if t.system_attrs.get(RELEASED) or t.system_attrs.get(IMPORTED):
+        if state_of(t) in (State.RELEASED, State.IMPORTED):
             continue
         root = chain_root(t)
         last[root] = max(last.get(root, 0), last_epoch(t))
@@ -90,29 +68,13 @@ def over_budget_note(used: int, budget: int | None) -> str:
     return f"; {used - budget} over: the last segments started trained to their rung" if budget is not None and used > budget else ""
 
 
-def retried_numbers(trials: Iterable) -> set[int]:
-    """Numbers of the attempts some retry copy continues."""
-    return {n for t in trials for n in (t.system_attrs.get(RETRY_HISTORY) or [])}
-
-
 def count_trials(trials: Iterable) -> dict[str, int]:
     """Counts by the rule above. `trials`: each with `number`, `state` (Optuna's TrialState or its
     name) and `system_attrs` (at least the marks read here)."""
-    trials = list(trials)
-    retried = retried_numbers(trials)
     counts = {k: 0 for k in (*COUNTED_STATES, "retried")}
-    for t in trials:
-        state = str(getattr(t.state, "name", t.state)).lower()
-        if t.system_attrs.get(RELEASED):
-            counts["released"] = counts.get("released", 0) + 1
-        elif t.system_attrs.get(IMPORTED):
-            counts["imported"] = counts.get("imported", 0) + 1
-        elif state == "fail" and t.number in retried:
-            counts["retried"] += 1
-        elif is_paused(state, t.system_attrs):
-            counts["paused"] += 1
-        elif state in counts:
-            counts[state] += 1
+    for _, state in states(trials):
+        key = COUNTED_AS[state]
+        counts[key] = counts.get(key, 0) + 1
     counts["finished"] = counts["complete"] + counts["pruned"] + counts["fail"]
     return counts
 
@@ -126,5 +88,5 @@ def describe(counts: dict[str, int]) -> str:
     """'3 complete, 1 pruned (2 attempts retried: not counted)': the counted states that are not 0,
     then what is left out."""
     shown = ", ".join(f"{counts[k]} {k}" for k in sorted(COUNTED_STATES) if counts.get(k))
-    aside = ", ".join(f"{counts[k]} {text.format(s='s' * (counts[k] != 1))}" for k, text in ASIDE.items() if counts.get(k))
+    aside = ", ".join(f"{counts[k]} {text.format(s='s' * (counts[k] != 1))}" for k, text in ASIDE_TEXT.items() if counts.get(k))
     return (shown or "no trials") + (f" ({aside}: not counted)" if aside else "")

@@ -16,7 +16,7 @@ import pandas as pd
 
 from hpolab.study.objectives.objective_values import VALUES_ATTR
 from hpolab.study.objectives.ranking import primary_direction
-from hpolab.study.state.paused_mark import shown_state
+from hpolab.stores.trial_states import shown
 from hpolab.stores.model_links import study_models
 from hpolab.stores.paths import Stores, sqlite_file
 
@@ -152,7 +152,7 @@ def _trial_row(t, run: tuple[dict, dict] | None, params: list[str], metric: str,
         epochs = len(steps)
     end = t.datetime_complete or (now if t.state.name == "RUNNING" else None)
     duration = (end - t.datetime_start).total_seconds() if (end and t.datetime_start) else None
-    row: dict[str, Any] = {"trial": t.number, "state": shown_state(t.state, t.system_attrs)}  # (PAUSED: a trial scheduler's)
+    row: dict[str, Any] = {"trial": t.number, "state": shown(t)}  # (PAUSED: a trial scheduler's)
     row.update({f"params.{p}": t.params.get(p) for p in params})
     row.update(
         {

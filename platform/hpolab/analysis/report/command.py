@@ -29,7 +29,7 @@ from hpolab.analysis.report.figures import plots_for, PLOTS, quiet
 from hpolab.analysis.report.sql import gather_sql
 from hpolab.analysis.report.trials import model_cell, problem_trials, run_cell, top_trials, trial_row, ui_url_of
 from hpolab.stores.paths import Stores
-from hpolab.stores.trial_counts import epochs_used, paused_counts
+from hpolab.stores.trial_counts import count_trials, epochs_used, paused_counts
 
 ARTIFACT_DIR = "report"  # on the study's parent run: report/<study>.html
 TOP_K = TOP_ROWS
@@ -52,10 +52,11 @@ def _budget(data: ReportData) -> int | None:
         return None
 
 
-def _in_progress(data: ReportData, paused: dict[str, int] | None) -> int:
-    """RUNNING and WAITING trials, less a trial scheduler's paused ones (no process: a re-run resumes them).
-    `paused`: trial_counts.paused_counts of the study's trials."""
-    return data.counts["RUNNING"] + data.counts["WAITING"] - (paused or {}).get("paused", 0)
+def _in_progress(trials: list) -> int:
+    """Running (claimed too) and waiting trials; not a trial scheduler's paused ones (no process: a re-run
+    resumes them), by the counting rule of `study status` (stores/trial_counts.py)."""
+    counts = count_trials(trials)
+    return counts["running"] + counts["waiting"]
 
 
 def _status(data: ReportData, budget: int | None, running: int, any_trials: bool) -> str:
@@ -77,7 +78,7 @@ def _summary_cards(data: ReportData, trials: list, best: int | None, paused: dic
         done = f"{finished} <small>of {budget} (budget)</small>"
     else:
         done = f"{finished}"
-    status = _status(data, budget, _in_progress(data, paused), bool(trials))
+    status = _status(data, budget, _in_progress(trials), bool(trials))
     direction = "higher is better" if data.direction == "maximize" else "lower is better"
     items = [
         ("status", status),
@@ -116,9 +117,9 @@ def _front_size(data: ReportData) -> int:
     return len(ranking.front(data.study.get_trials(deepcopy=False), ranking.directions_of(data.study)))
 
 
-def _summary_notes(data: ReportData, paused: dict[str, int] | None) -> list[str]:
+def _summary_notes(data: ReportData, trials: list) -> list[str]:
     finished = data.finished
-    running = _in_progress(data, paused)
+    running = _in_progress(trials)
     out = []
     if finished == 0:
         out.append(H.note("<b>No finished trials yet.</b> The plots below fill in as trials finish; "
@@ -164,7 +165,7 @@ def _summary(data: ReportData) -> str:
     out.append(f"<p class=\"sub\">Hyperparameter study report &middot; {span} &middot; generated {_when(dt.datetime.now())}</p>")
     paused = paused_counts(trials)  # (one pass: the cards and the notes both say it)
     out.append(_summary_cards(data, trials, best, paused))
-    out += _summary_notes(data, paused)
+    out += _summary_notes(data, trials)
     out += _best_trial_html(data, best)
     return "\n".join(out)
 

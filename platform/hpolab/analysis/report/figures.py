@@ -11,7 +11,7 @@ import warnings
 from typing import Any
 
 from hpolab.analysis.report.data import ReportData, best_number
-from hpolab.stores.trial_counts import PAUSED
+from hpolab.stores.trial_states import last_pause
 
 STATE_COLORS = {"COMPLETE": "#2b6cb0", "PRUNED": "#dd8a1a", "FAIL": "#c53030", "RUNNING": "#718096", "WAITING": "#a0aec0"}
 
@@ -84,11 +84,11 @@ def fig_objectives(data: ReportData) -> tuple[Any, str | None]:
     if not _multi(data):
         return None, "This study has one objective; see the optimization history."
     from hpolab.study.objectives import ranking
-    from hpolab.study.state.budget import IMPORTED
+    from hpolab.stores.trial_states import is_imported
 
     directions = ranking.directions_of(data.study)
     trials = [t for t in _complete(data) if t.values is not None and len(t.values) == len(directions)
-              and not t.system_attrs.get(IMPORTED)]  # (a warm start's imported trials are not this study's results)
+              and not is_imported(t)]  # (a warm start's imported trials are not this study's results)
     if not trials:
         return None, "No complete trial yet."
     marks = ranking.front_marks(trials, directions)  # trial number -> "knee" / "yes": the feasible front
@@ -179,8 +179,8 @@ def _curve_trials(data: ReportData) -> list:
 
 def _rung_lines(fig, trials) -> None:
     """A trial scheduler's rungs (ASHA): a dotted line at each epoch trials paused at."""
-    paused = [t.system_attrs.get(PAUSED) for t in trials]
-    for epoch in sorted({int(p["epoch"]) for p in paused if isinstance(p, dict)}):
+    paused = [last_pause(t) for t in trials]
+    for epoch in sorted({int(p["epoch"]) for p in paused if p is not None}):
         fig.add_vline(x=epoch, line={"dash": "dot", "width": 1, "color": "#a0aec0"}, annotation_text=f"rung: epoch {epoch}")
 
 

@@ -42,13 +42,11 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 import optuna
-from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import TrialState
 
 from hpolab.errors import StudyError
 from hpolab.config.spec import StudySpec, load_experiment
 from hpolab.config.experiment_code import code_of
-from hpolab.stores.budget_lock import budget_lock
 from hpolab.stores.optuna_storage import make_storage
 from hpolab.stores.paths import Stores, ensure_local
 from hpolab.config.samplers import make_pruner, make_sampler, sampler_seed
@@ -58,20 +56,21 @@ from hpolab.study.objectives.ranking import directions_of
 from hpolab.study.driver.progress import Progress
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.environment import capture_environment
-from hpolab.stores.trial_counts import count_trials
-from hpolab.study.state.budget import FINISHED, FailureStreak, count_existing_trials, epoch_budget_spent, may_start_another, over_budget, release, trial_counts
-from hpolab.study.driver.heartbeat import HEARTBEAT_ATTR, AttrBeats, Heartbeats, others_running, reap_dead_trials
+from hpolab.stores.trial_states import OWNED, state_of
+from hpolab.study.state import lifecycle
+from hpolab.study.state.budget import FINISHED, FailureStreak, count_existing_trials, epoch_budget_spent, may_start_another, trial_counts
+from hpolab.study.driver.heartbeat import AttrBeats, Heartbeats, others_running, reap_dead_trials
 from hpolab.study.lr_test.lr_step import ensure_lr_range_test, lr_bounds
 from hpolab.study.state.outage import StorageOutage
-from hpolab.study.state.owners import owner_gone, owner_of, owner_record
+from hpolab.study.state.owners import owner_gone, owner_of
 from hpolab.study.driver.parent_run import close_parent_run, fail_parent_run, open_parent_run
+from hpolab.study.driver.claiming import claim_next, give_back
 from hpolab.study.driver.events import TrialEvents
 from hpolab.study.driver.control import StudyControl
 from hpolab.study.driver.notify import Notifier
 from hpolab.study.driver.outcome import Outcome
 from hpolab.study.driver.pauses import Claimed, Pauses
 from hpolab.study.objectives.schedulers import scheduler_for
-from hpolab.study.objectives.trial_scheduler import paused_at
 from hpolab.study.state.metric_backfill import closing_with_backfill
 from hpolab.study.state.repair import close_orphan_runs
 from hpolab.study.retention.retention import Retention
@@ -112,6 +111,7 @@ class Driver:
         self.env_tags: dict[str, str] = {}
         self.runner = runner or runner_for(spec, self.project_dir)  # (the CLI starts its forkserver early)
         self._waiting_note = 0.0
+        self._dead_claimed: list = []  # claimed trials of dead drivers (no run made): taken over in place (lifecycle.reclaim)
         # The loop's store calls ride out a database restart (outage.py): one per store, each says its name.
         aborting = lambda: self.signals.aborting  # noqa: E731
         self.outage = StorageOutage(spec.storage_outage_grace, "storage", aborting)
@@ -125,7 +125,7 @@ class Driver:
         try:
             study_id = self.storage.get_study_id_from_name(self.spec.name)
             running = self.storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
-            busy = any(owner_gone(owner_of(t)) is None and paused_at(t) is None for t in running)  # (a paused trial has no driver)
+            busy = any(owner_gone(owner_of(t)) is None and state_of(t) in OWNED for t in running)  # (a paused trial has no driver)
         except KeyError:
             busy = False
         # Another driver is running trials now: salt, or both would propose the same points.
@@ -219,15 +219,19 @@ class Driver:
         if self.pauses:
             self.pauses.plan(r)  # where this segment pauses (a retry copy: at the same place as its attempt)
         self.running[trial.number] = r
-        self.runner.spawn_trial(r, src.resume_from, self.running.values())
+        if self.pauses:
+            self.pauses.spawn(r, self.runner, src.resume_from)
+        else:
+            lifecycle.segment_started(lambda: self.runner.spawn_trial(r, src.resume_from, self.running.values()))
         self.progress.trial_started(trial.number, trial.params, src.retry_of)
 
     def _reap(self) -> None:
         close = self.notify.watch_reaps(closing_with_backfill(self.tracker.close_run_if_open, self.client, self.study, self.stores,
                                                               self.progress.note))  # (worker_lost)
-        reap_dead_trials(self.study, self.storage, self.running, self.retry, close, self.progress.note,
-                         self.outage.call, self.beat_watch, self.pauses.put_back if self.pauses else None)
+        self._dead_claimed = reap_dead_trials(self.study, self.storage, self.running, self.retry, close, self.progress.note,
+                                              self.outage.call, self.beat_watch, self.pauses.put_back if self.pauses else None)
         self.pruning.close_orphans(self.study)  # several objectives: a dead driver's companion trials
+        lifecycle.owed_retries(self.study, self.study.get_trials(deepcopy=False), self.retry, self.outage.call)
 
     def _start_trials(self) -> None:
         """Start trials while there are free slots and the budget allows."""
@@ -236,38 +240,19 @@ class Driver:
             trial = self.outage.call(self._claim_trial)  # before ask(): all again; after it, its own writes are retried
             if trial is None:
                 break
+            if self.signals.stopping:  # a stop signal while it was claimed: not started (a re-run takes it)
+                self._give_back(trial)
+                break
             if isinstance(trial, Claimed):  # a paused trial resumes
                 self.pauses.start(trial, self.experiment, self.runner)
             else:
                 self._start_trial(trial)
 
+    def _give_back(self, trial) -> None:
+        give_back(self, trial)
+
     def _claim_trial(self) -> optuna.Trial | Claimed | None:
-        """Count and ask under the study's budget lock: with any number of workers, never more than
-        n_trials (the asked trial is RUNNING, so the next worker's count includes it), no new trial
-        once budget.epochs is spent (a WAITING retry copy still runs). A trial scheduler's paused
-        trial that may resume comes first; it is claimed here, under the lock."""
-        with budget_lock(self.storage, self.spec.name) as locked:
-            trials = self.study.get_trials(deepcopy=False)
-            counts = count_trials(trials)  # (the trials just read: not a second read under the lock)
-            in_flight = self.pauses.in_flight(trials) if self.pauses else 0  # (slots never spend the last epochs twice)
-            if epoch_budget_spent(trials, self.spec, in_flight) and not counts["waiting"]:
-                return None
-            claimed = self.pauses.claim(trials) if self.pauses else None
-            if claimed is not None or (self.pauses and not self.pauses.may_start_new(trials)):
-                return claimed
-            if not may_start_another(counts, self.spec.n_trials):
-                return None
-            trial = self.study.ask(fixed_distributions=optuna_distributions(self.spec, lr_bounds(self.study)))
-            g = self.outage.call
-            if not locked and g(over_budget, self.study, trial.number, self.spec.n_trials):
-                g(release, self.study, trial)  # another worker took the last slot first
-                return None
-            g(trial.set_user_attr, "hpolab.owner", owner_record(trial.number))  # first: a dead owner is seen at once
-            if isinstance(self.storage, BaseHeartbeat):
-                g(self.storage.record_heartbeat, trial._trial_id)
-            else:  # the gRPC proxy: the first hpolab heartbeat attr (heartbeat.py)
-                g(self.storage.set_trial_system_attr, trial._trial_id, HEARTBEAT_ATTR, time.time())
-        return trial
+        return claim_next(self)
 
     def _check_timeouts(self) -> None:
         now = time.monotonic()
@@ -298,6 +283,7 @@ class Driver:
 
     def run(self) -> Outcome:
         self.signals.install()  # first, so a Ctrl-C/SIGTERM during set-up or the LR range test is graceful
+        self.runner.host_slots.hold()  # from the start: drivers started together count each other's first trials
         try:
             self._open()
             ensure_lr_range_test(self.spec, self.study, self.stores, self.runner, self.project_dir, self.client,
@@ -311,6 +297,7 @@ class Driver:
             self._on_error(e)
             raise
         finally:
+            self.runner.host_slots.release()
             self.signals.restore()
 
     def _on_error(self, e: BaseException) -> None:
@@ -330,7 +317,6 @@ class Driver:
     def _loop(self) -> Outcome:
         outcome = Outcome(n_trials=self.spec.n_trials)
         self.heartbeats.start()
-        self.runner.host_slots.hold()  # other drivers on these CPUs count the trials this one runs
         started = time.monotonic()
         try:
             self.progress.begin(self.outage.call(trial_counts, self.study), self.stores)
@@ -365,7 +351,6 @@ class Driver:
                 self._check_timeouts()
         finally:
             self.heartbeats.stop()
-            self.runner.host_slots.release()
         outcome.signal = self.signals.signum
         return outcome
 

@@ -35,6 +35,7 @@ from hpolab.study.state.budget import FINISHED, FailureStreak, trial_counts
 from hpolab.errors import StudyError
 from hpolab.study.objectives import objective_values
 from hpolab.study.driver.heartbeat import PUT_BACK, REAPED, beat, lost_reason
+from hpolab.study.state import lifecycle
 from hpolab.study.state.outage import passthrough
 from hpolab.study.driver.progress import Progress
 from hpolab.study.objectives.pruning import Pruning
@@ -119,7 +120,10 @@ class TrialEvents:
             r.conn.send(reply)
         except OSError:  # BrokenPipe/ConnectionReset: the child died after its epoch; handle() sees its exit
             pass
-        if finite and self.never_prunes and not self._report(r, value, epoch):
+        # A trial scheduler ranks a NaN epoch worst: Optuna gets it too (a PBT boundary waits for every
+        # member's value there; the epoch budget counts it). Under a pruner a NaN report would prune.
+        told = finite or self.pauses is not None
+        if told and self.never_prunes and not self._report(r, value if finite else float("nan"), epoch):
             return
         # The child trains its next epoch while we record this one (the pruner needed Optuna's report only):
         # its metrics are batched for the upload thread, and a heartbeat is written only when one is due
@@ -150,6 +154,11 @@ class TrialEvents:
         self.pruning.finish(r, state, value[self._primary] if isinstance(value, list) else value)
         if self.pauses is not None and state == TrialState.COMPLETE:
             tags.update(self.pauses.completed(r))  # hpolab.rung: the top rung it reached
+        if retry is not None:  # owed before the FAIL is told: a driver killed in between leaves it to the next one
+            try:
+                self.guard(lifecycle.owe_retry, self.storage, r.trial._trial_id, retry, overrides)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                pass  # another worker reaped it (and queued its copy): the tell below says so
         frozen = self._tell(r, state, value, tags)
         if not r.awaits_export:  # (one that does is answered, and its pipes closed, by the tracker)
             for c in (r.conn, r.lifeline):
@@ -161,7 +170,7 @@ class TrialEvents:
             state, value, model_info, retry = disagreement(frozen, state, value, model_info, retry, tags)
         copy = None
         if retry is not None:
-            copy = self.guard(self.retry, self.study, frozen, kind=retry, overrides=overrides)
+            copy = self.guard(lifecycle.queue_retry, self.retry, self.study, frozen, retry, overrides)
             tags["hpolab.fail_reason"] += (f"; retried as trial {copy}, resuming from its last checkpoint" if copy is not None
                                            else f"; {self.retry.refusal(retry)}")
             if copy is not None:
@@ -179,8 +188,7 @@ class TrialEvents:
         def tell() -> None:
             nonlocal attempts
             attempts += 1  # a retry after an outage: the first tell may have gone through, its reply lost
-            self.study.tell(r.trial, value if state == TrialState.COMPLETE else None,
-                            state=None if state == TrialState.COMPLETE else state, skip_if_finished=attempts > 1)
+            lifecycle.tell(self.study, r.trial, state, value, skip_if_finished=attempts > 1)
 
         try:
             self.guard(tell)
@@ -219,6 +227,12 @@ class TrialEvents:
     def on_done(self, r: Running, info: dict[str, Any]) -> None:
         r.awaits_export = bool(info.get("export_in_child"))  # it saves its model if the tracker says so
         if self.pauses is not None and self.pauses.pausing(r, info):  # stopped at its rung: paused, not finished
+            if self.pauses.never_finite(r):  # (ASHA: nothing to rank it by; it fails as a plain trial would)
+                self.finish(r, TrialState.FAIL, {
+                    "hpolab.fail_reason": f"the study metric {self.metric} was never finite (NaN or inf after each of "
+                                          f"{info['epochs_run']} epochs): check {_metrics_source(info)}",
+                    "hpolab.fail_kind": "metric", "hpolab.epochs_run": str(info["epochs_run"])})
+                return
             self.pauses.pause(r, info)
             return
         tags = {

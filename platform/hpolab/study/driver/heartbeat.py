@@ -30,9 +30,11 @@ import optuna
 from optuna.trial import TrialState
 
 from hpolab.stores.optuna_storage import GRACE_PERIOD, HEARTBEAT_INTERVAL
+from hpolab.stores.trial_states import OWNED, State, paused_mark, state_of
+from hpolab.study.state import lifecycle
+from hpolab.study.state.lifecycle import REAPED  # noqa: F401 -- (events.py and check read it here)
 from hpolab.study.state.outage import passthrough
-from hpolab.study.state.owners import age_since_start, describe, heartbeat_age, owner_gone, owner_of, owner_record, this_host
-from hpolab.study.objectives.trial_scheduler import paused_at
+from hpolab.study.state.owners import HEARTBEAT_ATTR, describe, heartbeat_age, owner_of, this_host, why_dead  # noqa: F401
 from hpolab.study.state.retry import RetryCopy
 from hpolab.study.trials.runner import Running
 
@@ -40,9 +42,6 @@ from hpolab.study.trials.runner import Running
 # covers Study.optimize); its "experimental" and "use with optimize" warnings are noise here.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
-
-
-HEARTBEAT_ATTR = "hpolab.heartbeat"  # system attr: the writer's time.time() at its last beat (proxy stores)
 
 
 def beat(storage, r: Running, force: bool = False) -> None:
@@ -118,14 +117,11 @@ class Heartbeats:
                     pass  # read again after the next beat
 
 
-REAPED = "hpolab.reaped"  # system attr of a trial another driver failed as dead: by whom, and why
-
-
 def lost_reason(storage, r: Running) -> str | None:
     """Why this driver's trial `r` is no longer its own, or None: Optuna no longer has it RUNNING
     (another driver reaped it), or it is RUNNING but was put back to paused (put_back_reason)."""
     t = storage.get_trial(r.trial._trial_id)
-    if t.state == TrialState.RUNNING:
+    if t.state == TrialState.RUNNING:  # (put back, or put back and claimed by another worker: put_back_reason)
         return put_back_reason(t)
     by = t.system_attrs.get(REAPED)
     if by:
@@ -139,29 +135,11 @@ PUT_BACK = "put back to paused by another worker"  # (a lost reason: Optuna stil
 def put_back_reason(t) -> str | None:
     """Why this driver's RUNNING trial `t` is no longer its own: a trial scheduler's segment another
     worker took for dead and put back to paused (pauses.py), maybe claimed since by a third one."""
-    info, owner = paused_at(t), owner_of(t)
+    info, owner = paused_mark(t), owner_of(t)
     if info is not None and info.get("interrupted"):
         return f"{PUT_BACK} (its heartbeats were stale); it resumes there"
     if owner is not None and owner.get("pid") is not None and (owner.get("host"), owner.get("pid")) != (this_host(), os.getpid()):
         return f"{PUT_BACK} and resumed by {describe(owner)}"
-    return None
-
-
-def why_dead(t, stale_ids: set[int], storage) -> tuple[str, str] | None:
-    """(kind, reason) when RUNNING trial `t` of another driver is dead, else None (it may be alive).
-    A paused trial (a trial scheduler's: pauses.py) has no process and no heartbeat: never dead."""
-    if paused_at(t) is not None:
-        return None
-    owner = owner_of(t)
-    gone = owner_gone(owner)
-    if gone:
-        return "owner_gone", gone
-    if t._trial_id in stale_ids:
-        return "stale", f"its driver ({describe(owner)}) stopped sending heartbeats for {GRACE_PERIOD} s (killed or lost)"
-    # Optuna never calls a trial without any heartbeat stale: a driver killed between ask() and
-    # its first beat would leave it RUNNING forever.
-    if owner is None and age_since_start(t) > GRACE_PERIOD and heartbeat_age(storage, t._trial_id) is None:
-        return "stale", f"its driver never recorded an owner or a heartbeat in {GRACE_PERIOD} s (killed while starting it)"
     return None
 
 
@@ -175,18 +153,21 @@ def reap_dead_trials(
     guard: Callable[..., Any] = passthrough,
     watch: AttrBeats | None = None,
     put_back: Callable[[Any, str], bool] | None = None,
-) -> None:
-    """RUNNING trials of other drivers that are dead -> FAIL, a WAITING retry copy, and their MLflow
-    runs closed with the reason, so none stays RUNNING. Dead: an owner on this host that is gone
-    (at once), or no heartbeat for GRACE_PERIOD seconds (any host).
+) -> list:
+    """Running trials of other drivers that are dead -> FAIL, a WAITING retry copy, and their MLflow
+    runs closed with the reason, so none stays RUNNING (lifecycle.reap). Dead: an owner on this host
+    that is gone (at once), or no heartbeat for GRACE_PERIOD seconds (any host).
     `mine`: the trials this driver runs (alive by definition; never reaped here). `guard`: the driver's
     store calls, retried through a database outage (outage.py), so a reap is not left half done.
     `watch`: the driver's AttrBeats, for a storage without Optuna heartbeats (the gRPC proxy).
     `put_back`: a trial scheduler's (driver/pauses.py): a dead segment becomes paused again in the same
-    trial and run, no FAIL, no retry copy (False: max_interrupts reached, reaped as always)."""
+    trial and run, no FAIL, no retry copy (False: max_interrupts reached, reaped as always).
+    Returns the dead drivers' claimed trials (no run made): not reaped, the claim takes them over
+    (lifecycle.reclaim)."""
     others = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.number not in mine]
+    others = [t for t in others if state_of(t) in OWNED]  # (paused ones have no process: never dead)
     if not others:
-        return
+        return []
     if not hasattr(storage, "record_heartbeat"):
         stale_ids = watch.stale_ids(others) if watch is not None else set()
     else:
@@ -194,42 +175,30 @@ def reap_dead_trials(
             stale_ids = set(storage._get_stale_trial_ids(study._study_id))
         except Exception:
             stale_ids = set()
+    claimed = []
     for t in others:
         why = why_dead(t, stale_ids, storage)
-        if why is None or (put_back is not None and guard(put_back, t, why[1])):
+        if why is None:
             continue
-        reap_trial(study, storage, t, why, retry, close_run, note, guard)
+        if state_of(t) == State.CLAIMED:
+            claimed.append(t)
+        elif put_back is None or not guard(put_back, t, why[1]):
+            lifecycle.reap(study, storage, t, why, retry, close_run, note, guard)
+    return claimed
 
 
 def reap_trial(study: optuna.Study, storage, t, why: tuple[str, str], retry: RetryCopy,
                close_run: Callable[[str, TrialState, dict[str, str]], None], note: Callable[[str], None],
                guard: Callable[..., Any] = passthrough) -> None:
-    """Fail RUNNING trial `t` of another driver as dead (`why`: kind, reason), queue its retry
-    copy and close its MLflow run."""
-    kind, reason = why
-    me = owner_record(t.number)
-    try:  # the mark first (a FAIL trial takes no attrs); it stays on a trial whose owner finished it first
-        guard(storage.set_trial_system_attr, t._trial_id, REAPED, f"{me['host']} pid {me['pid']}: {reason}")
-        if not guard(storage.set_trial_state_values, t._trial_id, state=TrialState.FAIL):
-            return
-    except optuna.exceptions.UpdateFinishedTrialError:
-        return  # another driver reaped (or its owner finished) it first
-    copy = guard(retry, study, guard(storage.get_trial, t._trial_id), kind=kind)
-    reason += f"; retried as trial {copy}" if copy is not None else f"; {retry.refusal(kind)}"
-    run_id = t.user_attrs.get("mlflow_run_id")
-    if run_id:
-        try:
-            close_run(run_id, TrialState.FAIL, {"hpolab.fail_reason": reason, "hpolab.fail_kind": kind})
-        except Exception as e:
-            note(f"could not close the MLflow run of dead trial {t.number}: {e}")
-    note(f"trial {t.number} was left RUNNING: {reason}")
+    """Fail running trial `t` of another driver as dead (lifecycle.reap)."""
+    lifecycle.reap(study, storage, t, why, retry, close_run, note, guard)
 
 
 def others_running(study: optuna.Study, storage, mine: dict[int, Running], watch: AttrBeats | None = None) -> list[str]:
     """RUNNING trials of other (live-looking) drivers, described with their owner and heartbeat age."""
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.number in mine or paused_at(t) is not None:  # (a paused trial waits for a driver to resume it)
+        if t.number in mine or state_of(t) not in OWNED:  # (a paused trial waits for a driver to resume it)
             continue
         if watch is not None and not hasattr(storage, "record_heartbeat"):
             age = watch.silent_for(t) if t.system_attrs.get(HEARTBEAT_ATTR) is not None else None

@@ -1,26 +1,29 @@
 """Pause and resume: the driver's side of a trial scheduler (study/objectives/trial_scheduler.py).
 
+The states (paused, put back) and the transitions' writes are the trial lifecycle's
+(stores/trial_states.py, study/state/lifecycle.py); this module decides when they happen.
+
     pause   the driver answers "stop" after the epoch the scheduler chose; the child writes last.pt
-            (the pause epoch's) and ends as a stopped trial. Its Optuna trial stays RUNNING (Optuna
-            has no paused state) with system attr hpolab.paused = {rung, epoch}, user attr
-            hpolab.rung, and an owner record without a process (owners.py: nobody to wait for, no
-            heartbeat to miss: the reaper, `study check` and repair leave it alone). Its MLflow run
-            stays open, tagged hpolab.state=PAUSED and hpolab.rung; no model is logged.
-    resume  under the study's budget lock the scheduler picks a paused trial, whose owner record
-            becomes this driver before the lock is let go (two workers never resume the same
-            trial). A new trial process resumes it from its checkpoint in the same Optuna trial and
-            MLflow run: its epochs continue the step axis (nothing logged twice).
+            (the pause epoch's) and ends as a stopped trial. lifecycle.pause: its run keeps open,
+            tagged PAUSED, its checkpoint uploaded; its Optuna trial stays RUNNING (Optuna has no
+            paused state) with the paused mark and an owner record without a process (nobody to
+            wait for, no heartbeat to miss: the reaper, `study check` and repair leave it alone).
+            No model is logged.
+    resume  under the study's budget lock the scheduler picks a paused trial, which becomes this
+            driver's before the lock is let go (lifecycle.claim_paused: two workers never resume the
+            same trial). A new trial process resumes it from its checkpoint in the same Optuna trial
+            and MLflow run (lifecycle.resumed): its epochs continue the step axis (nothing logged twice).
     end     nothing runs anywhere, nothing can be resumed and no new trial may start: the trials
             still paused end as the scheduler says (ASHA: PRUNED, tagged with the rung reached).
 
 A Ctrl-C or SIGTERM stop is not a pause (events.py: FAIL and a retry copy, as always).
 
     put back  a segment whose driver died (heartbeat.py's reaper: its owner gone, or its heartbeats
-            stale) is no FAIL and gets no retry copy: the same trial becomes paused again, at the epoch
-            of its newest checkpoint (last.pt, local else uploaded), hpolab.paused = {rung, epoch,
-            "interrupted": True}, its run still open (tagged hpolab.interrupted_at_epoch). next_resume
-            takes it first and it trains on to the pause point its segment was heading for. The epochs
-            after the checkpoint that the dead segment had already logged keep the dead segment's values
+            stale) is no FAIL and gets no retry copy (lifecycle.put_back): the same trial becomes
+            paused again, at the epoch of its newest checkpoint (last.pt, local else uploaded), marked
+            interrupted, its run still open (tagged hpolab.interrupted_at_epoch). next_resume takes it
+            first and it trains on to the pause point its segment was heading for. The epochs after the
+            checkpoint that the dead segment had already logged keep the dead segment's values
             (MLflow: the resumed segment skips steps the run has; Optuna keeps a step's first report).
             A segment that had reached its pause point is simply paused there. After max_interrupts of
             one trial, the reaper fails it as any other trial.
@@ -28,6 +31,7 @@ A Ctrl-C or SIGTERM stop is not a pause (events.py: FAIL and a retry copy, as al
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -38,15 +42,13 @@ from optuna.trial import FrozenTrial, TrialState
 from hpolab.stores.artifacts import fetch_checkpoint
 from hpolab.stores.budget_lock import budget_lock
 from hpolab.stores.trial_counts import last_reported
-from hpolab.study.objectives.trial_scheduler import (CHANGES_ATTR, INTERRUPTS_ATTR, PAUSED_ATTR, RUNG_ATTR, SEGMENT_ATTR, Resume,
-                                                      TrialScheduler, paused_at)
+from hpolab.stores.trial_states import OWNED, PAUSED_STATES, states
+from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR, RUNG_ATTR, Resume, TrialScheduler, paused_at
+from hpolab.study.state import lifecycle
 from hpolab.study.state.budget import epoch_budget_spent
-from hpolab.study.state.metric_backfill import backfill_and_last_step, checkpoint_history
-from hpolab.study.state.owners import OWNER_ATTR, owner_of, owner_record
 from hpolab.study.state.retry import OVERRIDES
 from hpolab.study.trials.runner import Running
 
-PAUSED_OWNER = "paused"  # the owner record of a paused trial: {"trial": n, "paused": True} (no process)
 THREADS_ATTR = "hpolab.torch_threads"  # trial system attr: its first segment's torch threads (the run's tag)
 
 
@@ -65,8 +67,8 @@ def epochs_in_flight(scheduler: TrialScheduler, trials: list[FrozenTrial]) -> in
     scheduler pauses it at, else to the top. budget.epochs counts them before another segment starts,
     so parallel slots do not each spend the budget's last epochs."""
     out = 0
-    for t in trials:
-        if t.state != TrialState.RUNNING or paused_at(t) is not None:
+    for t, state in states(trials):
+        if state not in OWNED:  # (a claimed one trains from its start too)
             continue
         last = last_reported(t)
         target = scheduler.pause_epoch(t, last + 1) or int(scheduler.top_epochs())
@@ -90,6 +92,14 @@ class Pauses:
         self.study, self.storage, self.running = study, storage, running
         self.tracker, self.progress, self.note, self.guard = tracker, progress, progress.note, guard
         self.pause_at: dict[int, int | None] = {}  # trial number -> the epoch its current segment pauses after
+        self.until_of: dict[int, dict[str, int] | None] = {}  # trial number -> {epoch, rung} of that pause (lifecycle.SEGMENT_UNTIL)
+
+    @property
+    def runs(self) -> lifecycle.RunSide:
+        """The MLflow side of a put-back and of an end (the tracker's client and writes)."""
+        t, stores, name = self.tracker, self.stores, self.spec.name
+        return lifecycle.RunSide(t.client, stores.tracking_uri, lambda n: stores.trial_dir(name, n), self.spec.metric,
+                                 lambda run_id, tags: t.mlflow_guard(t.set_tags, run_id, tags), t.close_run, self.note)
 
     # ------------------------------------------------------------ configs and plans
 
@@ -104,12 +114,18 @@ class Pauses:
         trial's first segment records its count, its later ones (on any worker) train with that count,
         up to the CPUs there, as its run's `hpolab.torch_threads` says (reproduce replays it)."""
         frozen = self.guard(self.storage.get_trial, r.trial._trial_id)
-        self.pause_at[r.number] = self.scheduler.pause_epoch(frozen, r.epoch + 1)
+        at = self.pause_at[r.number] = self.scheduler.pause_epoch(frozen, r.epoch + 1)
+        self.until_of[r.number] = None if at is None else {"epoch": at, "rung": self._rung_of(frozen, at)}
         recorded = frozen.system_attrs.get(THREADS_ATTR)
         if recorded is not None:
             r.threads = int(recorded)  # (the runner caps it at the CPUs here)
         elif r.threads is not None:
             self.guard(self.storage.set_trial_system_attr, r.trial._trial_id, THREADS_ATTR, r.threads)
+
+    def spawn(self, r: Running, runner, checkpoint: str | None) -> None:
+        """Start `r`'s segment (lifecycle.segment_started): where it pauses is recorded first."""
+        lifecycle.segment_started(lambda: runner.spawn_trial(r, checkpoint, self.running.values()), self.storage,
+                                  r.trial._trial_id, self.until_of.get(r.number), self.guard)
 
     def stop_here(self, r: Running, epoch: int) -> bool:
         at = self.pause_at.get(r.number)
@@ -120,20 +136,29 @@ class Pauses:
         at = self.pause_at.get(r.number)
         return at is not None and info.get("stop_reason") == "stopped_by_caller" and int(info["epochs_run"]) >= at
 
+    def never_finite(self, r: Running) -> bool:
+        """At its pause point with no finite value of the study metric yet, under a scheduler that fails
+        such a trial there (ASHA: it has nothing to rank it by; PBT ranks it worst and it exploits)."""
+        if not getattr(self.scheduler, "fails_never_finite", False):
+            return False
+        values = self.guard(self.storage.get_trial, r.trial._trial_id).intermediate_values.values()
+        if any(math.isfinite(v) for v in values):
+            return False
+        self.pause_at.pop(r.number, None)
+        self.until_of.pop(r.number, None)
+        return True
+
     # ------------------------------------------------------------ pause
 
     def pause(self, r: Running, info: dict[str, Any]) -> None:
         epoch = int(info["epochs_run"])
         self.running.pop(r.number, None)  # (no more heartbeats: a paused trial has no process)
         self.pause_at.pop(r.number, None)
-        g, tid = self.guard, r.trial._trial_id
+        self.until_of.pop(r.number, None)
         rung = self._rung(r, epoch)
         # Its run first, then the paused mark in Optuna (from then on any worker may resume it). A driver
-        # killed in between leaves a RUNNING trial of a dead owner: reaped and retried as always.
-        self.tracker.pause(r, {"hpolab.state": "PAUSED", "hpolab.rung": str(rung), "hpolab.paused_at_epoch": str(epoch)})
-        g(self.storage.set_trial_user_attr, tid, RUNG_ATTR, rung)
-        g(self.storage.set_trial_system_attr, tid, PAUSED_ATTR, {"rung": rung, "epoch": epoch})
-        g(self.storage.set_trial_user_attr, tid, OWNER_ATTR, {"trial": r.number, PAUSED_OWNER: True})
+        # killed in between leaves a RUNNING trial of a dead owner: put back as paused at its pause point.
+        lifecycle.pause(self.storage, r.trial._trial_id, r.number, rung, epoch, lambda tags: self.tracker.pause(r, tags), self.guard)
         self.progress.trial_paused(r.number, rung, epoch)
 
     def completed(self, r: Running) -> dict[str, str]:
@@ -159,20 +184,7 @@ class Pauses:
         info = paused_at(t)
         if info is None:  # (a scheduler must only name paused trials)
             return None
-        g = self.guard
-        g(self.storage.set_trial_user_attr, t._trial_id, OWNER_ATTR, owner_record(t.number))
-        g(self.storage.set_trial_system_attr, t._trial_id, PAUSED_ATTR, None)
-        # where this segment started: an interrupted one goes on with the segment its dead driver began
-        g(self.storage.set_trial_system_attr, t._trial_id, SEGMENT_ATTR, int(info.get("after", info["epoch"])))
-        if hasattr(self.storage, "record_heartbeat"):
-            g(self.storage.record_heartbeat, t._trial_id)
-        # The scheduler's decision is recorded here, under the lock, right after it made it (PBT copied
-        # the donor's checkpoint in next_resume): a driver that dies before start() leaves a trial that
-        # says what its checkpoint is, and is resumed with no new decision.
-        if res.config_changes:  # a re-run rebuilds the config from the params and these
-            g(self.storage.set_trial_user_attr, t._trial_id, CHANGES_ATTR, {**(t.user_attrs.get(CHANGES_ATTR) or {}), **res.config_changes})
-        for key, value in res.attrs.items():  # the scheduler's records (PBT: schedule, parents)
-            g(self.storage.set_trial_user_attr, t._trial_id, key, value)
+        lifecycle.claim_paused(self.storage, t, res.config_changes, res.attrs, self.guard)
         return Claimed(res, int(info["epoch"]), t, int(info.get("logged", 0)))
 
     def may_start_new(self, trials: list[FrozenTrial]) -> bool:
@@ -195,12 +207,12 @@ class Pauses:
         r = Running(trial=optuna.Trial(self.study, t._trial_id), run_id=run_id, config=config, trial_dir=trial_dir)
         r.epoch = r.uploaded_epoch = c.epoch
         r.last_value = t.intermediate_values.get(c.epoch)
-        self.tracker.resume(r, {"hpolab.state": "RUNNING", "hpolab.resumed_after_epoch": str(c.epoch), **res.tags}, res.params,
-                            logged=c.logged)
         self.running[t.number] = r
         self.plan(r)
-        runner.spawn_trial(r, str(checkpoint) if checkpoint else None, self.running.values())
-        self.progress.trial_resumed(t.number, c.epoch, checkpoint or "scratch")
+        tags = {"hpolab.state": "RUNNING", "hpolab.resumed_after_epoch": str(c.epoch), **res.tags}
+        lifecycle.resumed(lambda: self.tracker.resume(r, tags, res.params, logged=c.logged),
+                          lambda: self.spawn(r, runner, str(checkpoint) if checkpoint else None))
+        self.progress.trial_resumed(t.number, c.epoch, (res.source if checkpoint else None) or checkpoint or "scratch")
 
     def _checkpoint(self, path: Path, run_id: str, trial_dir: Path) -> Path | None:
         """The checkpoint to resume from: local, else the one uploaded to its run (another worker paused it)."""
@@ -214,55 +226,19 @@ class Pauses:
     # ------------------------------------------------------------ put back (a dead driver's segment)
 
     def put_back(self, t: FrozenTrial, reason: str) -> bool:
-        """The reaper's dead trial `t` becomes paused again in the same trial and run (the module's
-        "put back"). False: the reaper fails it as always (max_interrupts reached)."""
-        if int(t.system_attrs.get(INTERRUPTS_ATTR, 0)) >= self.spec.max_interrupts:
+        """The reaper's dead trial `t` becomes paused again in the same trial and run (lifecycle.put_back).
+        False: the reaper fails it as always (max_interrupts reached)."""
+        if int(t.system_attrs.get(lifecycle.INTERRUPTS, 0)) >= self.spec.max_interrupts:
             return False
-        g, tid = self.guard, t._trial_id
-        with budget_lock(self.storage, self.spec.name):  # (another worker's reaper may find it dead too)
-            now = g(self.storage.get_trial, tid)
-            if now.state != TrialState.RUNNING or paused_at(now) is not None or owner_of(now) != owner_of(t):
-                return True  # put back, claimed or ended by another worker meanwhile
-            info, tags = self._put_back_mark(now, reason)
-            run_id = now.user_attrs.get("mlflow_run_id")
-            if run_id:  # its run first, then the mark in Optuna (from then on any worker may resume it)
-                self.tracker.mlflow_guard(self.tracker.set_tags, run_id, tags)
-            g(self.storage.set_trial_system_attr, tid, INTERRUPTS_ATTR, int(now.system_attrs.get(INTERRUPTS_ATTR, 0)) + 1)
-            if not info.get("interrupted"):
-                g(self.storage.set_trial_user_attr, tid, RUNG_ATTR, info["rung"])
-            g(self.storage.set_trial_system_attr, tid, PAUSED_ATTR, info)
-            g(self.storage.set_trial_user_attr, tid, OWNER_ATTR, {"trial": t.number, PAUSED_OWNER: True})
-        self.note(f"trial {t.number}: {reason}; paused again after epoch {info['epoch']} (its newest checkpoint), "
-                  "in the same trial and run")
+        target = self.scheduler.pause_epoch(t, int(t.system_attrs.get(lifecycle.SEGMENT_AFTER, 0)) + 1)
+        until = None if target is None else {"epoch": target, "rung": self._rung_of(t, target)}  # (a trial that did not record it)
+        info = lifecycle.put_back(self.storage, self.spec.name, t, reason, self.spec.max_interrupts, self.runs, self.guard, until)
+        if info is None:
+            return False
+        if info:
+            self.note(f"trial {t.number}: {reason}; paused again after epoch {info['epoch']} (its newest checkpoint), "
+                      "in the same trial and run")
         return True
-
-    def _put_back_mark(self, t: FrozenTrial, reason: str) -> tuple[dict[str, Any], dict[str, str]]:
-        """(hpolab.paused, the run's tags) for dead trial `t`: its run gets every epoch up to its newest
-        checkpoint's (metric_backfill.py), Optuna the study metric's epochs it lacks up to there."""
-        run_id, metric = t.user_attrs.get("mlflow_run_id"), self.spec.metric
-        trial_dir = self.stores.trial_dir(self.spec.name, t.number)
-        history = (self.guard(checkpoint_history, trial_dir, self.stores.tracking_uri, run_id) if run_id else None) or []
-        epoch = max((int(h["epoch"]) for h in history), default=0)
-        for h in history:  # (its driver died between the checkpoint and the report)
-            v = h.get(metric)
-            if int(h["epoch"]) not in t.intermediate_values and isinstance(v, (int, float)) and v == v:
-                self.guard(self.storage.set_trial_intermediate_value, t._trial_id, int(h["epoch"]), float(v))
-        t = self.guard(self.storage.get_trial, t._trial_id)
-        restored, logged = {}, 0
-        if run_id:
-            client = self.tracker.client
-            restored, logged = backfill_and_last_step(client, run_id, t, metric, trial_dir, self.stores.tracking_uri, history,
-                                                      up_to=epoch, note=self.note)
-            if logged is None:  # (the backfill failed, noted, or never read the metric: what the run has, read on its own)
-                logged = max((m.step for m in self.tracker.mlflow_guard(client.get_metric_history, run_id, metric)), default=0)
-        after = int(t.system_attrs.get(SEGMENT_ATTR, 0))
-        target = self.scheduler.pause_epoch(t, after + 1)
-        if target is not None and epoch >= target:  # it reached its pause point: paused there, as its driver would have
-            rung = self._rung_of(t, target)
-            return {"rung": rung, "epoch": target}, {"hpolab.state": "PAUSED", "hpolab.rung": str(rung),
-                                                     "hpolab.paused_at_epoch": str(target), **restored}
-        info = {"rung": int(t.user_attrs.get(RUNG_ATTR, -1)), "epoch": epoch, "interrupted": True, "after": after, "logged": logged}
-        return info, {"hpolab.state": "PAUSED", "hpolab.interrupted_at_epoch": str(epoch), "hpolab.interrupted": reason, **restored}
 
     def _rung_of(self, t: FrozenTrial, epoch: int) -> int:
         """The scheduler's rung of `epoch`, else the one after the highest the trial reached."""
@@ -276,27 +252,23 @@ class Pauses:
         more anywhere. False: something can still run (the loop goes on)."""
         with budget_lock(self.storage, self.spec.name):
             trials = self.guard(self.study.get_trials, deepcopy=False)
-            if any(t.state == TrialState.RUNNING and paused_at(t) is None for t in trials):
+            now = states(trials)
+            if any(state in OWNED for _, state in now):
                 return False  # (WAITING ones are the loop's: it runs them while n_trials allows)
             spent = epoch_budget_spent(trials, self.spec)
             if not (draining or spent) and self.scheduler.next_resume(trials) is not None:
                 return False
             if draining and not spent:
                 return True  # a timeout or a stop rule: paused trials stay resumable by a re-run
-            paused = [t for t in trials if paused_at(t) is not None]
+            paused = [t for t, state in now if state in PAUSED_STATES]
             for number, state, tags in self.scheduler.at_end(paused) if paused else []:
-                self._end(trials[number], TrialState[state], tags)
+                t = trials[number]
+                if lifecycle.end_paused(self.study, t, TrialState[state], tags, self.runs, self.guard):
+                    info = paused_at(t) or {}
+                    why, where = END_REASONS.get(tags.get("hpolab.stop_reason"), ("nothing could resume it", "rung"))
+                    self.note(f"trial {t.number} {state} at {where} {info.get('rung')} (epoch {info.get('epoch')}): {why}")
         return True
 
-    def _end(self, t: FrozenTrial, state: TrialState, tags: dict[str, str]) -> None:
-        info = paused_at(t) or {}
-        value = t.intermediate_values.get(info.get("epoch")) if state == TrialState.COMPLETE else None
-        try:
-            self.guard(self.study.tell, t.number, value, state=None if state == TrialState.COMPLETE else state, skip_if_finished=True)
-        except Exception as e:
-            self.note(f"trial {t.number}: ending it {state.name} failed: {type(e).__name__}: {e}")
-            return
-        run_id = t.user_attrs.get("mlflow_run_id")
-        if run_id:
-            self.tracker.close_run(run_id, state, {"hpolab.rung": str(info.get("rung")), **tags})
-        self.note(f"trial {t.number} {state.name} at rung {info.get('rung')} (epoch {info.get('epoch')}): never promoted")
+
+END_REASONS = {"asha_not_promoted": ("never promoted", "rung"),  # (why, what the scheduler's pause points are called)
+               "pbt_not_resumed": ("not resumed (the epoch budget was spent, or a member never reached the boundary)", "boundary")}

@@ -9,10 +9,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from hpolab.stores.optuna_sql import IMPORTED
-from hpolab.stores.trial_counts import ASIDE, PAUSED, count_trials, describe, epochs_used, over_budget_note, paused_counts
+from hpolab.stores.trial_counts import ASIDE_TEXT, count_trials, describe, epochs_used, over_budget_note, paused_counts
+from hpolab.stores.trial_states import is_imported, last_pause, shown
 from hpolab.study.objectives import ranking
-from hpolab.study.state.paused_mark import shown_state
 
 
 class Progress:
@@ -60,7 +59,9 @@ class Progress:
     def trial_paused(self, number: int, rung: int, epoch: int) -> None:
         """A trial scheduler paused it (driver/pauses.py): not running, not finished."""
         self.epochs.pop(number, None)
-        self._print(f"[dim]{self._clock()}[/] trial {number} [cyan]paused[/] at rung {rung} (epoch {epoch}) | running: {self._running()}")
+        ts = self.spec.trial_scheduler if self.spec is not None else None
+        where = "boundary" if ts is not None and ts.type == "pbt" else "rung"  # (PBT's pause points are boundaries)
+        self._print(f"[dim]{self._clock()}[/] trial {number} [cyan]paused[/] at {where} {rung} (epoch {epoch}) | running: {self._running()}")
 
     def trial_resumed(self, number: int, epoch: int, checkpoint) -> None:
         self.epochs[number] = epoch
@@ -141,10 +142,10 @@ class Progress:
         for t in complete + others:
             secs = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
             best, last = best_and_last(t.state.name, t.value, t.intermediate_values, reverse)
-            imported = " (imported)" if t.system_attrs.get(IMPORTED) else ""  # a warm start's: history for the sampler
+            imported = " (imported)" if is_imported(t) else ""  # a warm start's: history for the sampler
             table.add_row(
                 str(t.number),
-                shown_state(t.state, t.system_attrs) + imported,
+                shown(t) + imported,
                 fmt_value(best),
                 fmt_value(last),
                 *[fmt_value(t.params.get(p)) for p in spec.search_space],
@@ -153,7 +154,7 @@ class Progress:
             )
         self.console.print(table)
         counted = count_trials(trials)
-        if any(counted.get(k) for k in ASIDE):  # as `study status` says it: what the counts leave out
+        if any(counted.get(k) for k in ASIDE_TEXT):  # as `study status` says it: what the counts leave out
             self.console.print(describe(counted))
         self._print_epochs(study, spec, trials)
         self._print_elapsed(spec)
@@ -165,7 +166,9 @@ class Progress:
         used = epochs_used(trials)
         budget = f" / {spec.budget.epochs} (budget.epochs{over_budget_note(used, spec.budget.epochs)})" if spec.budget.epochs is not None else ""
         at_rung = (paused_counts(trials) or {}).get("at_rung")
-        self.console.print(f"epochs used: {used}{budget}" + (f"; {at_rung} pruned at a rung (never promoted)" if at_rung else ""))
+        ended = "at a boundary (not resumed)" if spec.trial_scheduler is not None and spec.trial_scheduler.type == "pbt" else \
+            "at a rung (never promoted)"
+        self.console.print(f"epochs used: {used}{budget}" + (f"; {at_rung} pruned {ended}" if at_rung else ""))
         if spec.budget.epochs is not None and used >= spec.budget.epochs:
             self.console.print(f"the epoch budget is spent: {used}{budget}{self._short_of_the_top(spec, trials)}")
 
@@ -178,12 +181,15 @@ class Progress:
 
         if spec.trial_scheduler is None or any(t.state == TrialState.COMPLETE for t in trials):
             return ""
+        where = "boundary" if spec.trial_scheduler.type == "pbt" else "rung"  # (PBT's pause points are boundaries)
         found = best_at_highest_rung(trials, spec.direction)
         if found is None:
-            return "; no trial reached a rung"
+            finite = f" with a finite {spec.metric}" if any(last_pause(t) for t in trials) else ""
+            return f"; no trial reached a {where}{finite}"
         t, epoch = found
-        top = spec.trial_scheduler.max_epochs or spec.trainer.max_epochs
-        return (f"; no trial reached the top rung (epoch {top}); the best at rung {t.system_attrs[PAUSED]['rung']} "
+        top = getattr(spec.trial_scheduler, "max_epochs", None) or spec.trainer.max_epochs
+        end = f"the top rung (epoch {top})" if where == "rung" else f"the end (epoch {top})"
+        return (f"; no trial reached {end}; the best at {where} {last_pause(t)['rung']} "
                 f"(epoch {epoch}): trial {t.number} {spec.metric} {fmt_value(t.intermediate_values[epoch])}")
 
     def _print_elapsed(self, spec) -> None:

@@ -11,7 +11,8 @@ Re-running with a different definition is refused (exit 2, nothing written) with
     - search_space, sampler, pruner, seed, trainer/model/data fixed values, lr_range_test, trial_scheduler: refused
       unless `--allow-spec-change`; for the search space only when every value the study has
       already sampled still lies inside the new distribution (and Optuna can store it: same kind,
-      same log scale, same categorical choices). Accepted changes are recorded as `spec-<n>.yaml`.
+      same log scale, same categorical choices); for trial_scheduler only while no trial is paused
+      (only the recorded scheduler resumes or ends them). Accepted changes are recorded as `spec-<n>.yaml`.
 Run controls never count (nor trainer placement knobs: PLACEMENT below): name, n_trials, timeout, trial_timeout, parallel, max_retries, max_interrupts, enqueue,
 stop_after_no_improvement,
 log_models, keep_checkpoints, checkpoint_upload_every, storage_outage_grace.
@@ -33,6 +34,7 @@ from optuna.trial import TrialState
 from hpolab.config.spec import StudySpec, spec_to_yaml
 from hpolab.errors import UserError
 from hpolab.stores import mlflow_runs as tr
+from hpolab.stores.trial_states import PAUSED_STATES, states
 from hpolab.study.lr_test.lr_step import lr_bounds
 from hpolab.study.sampling.search_space import optuna_distributions
 
@@ -115,6 +117,13 @@ def check_spec(study: optuna.Study, spec: StudySpec, allow_change: bool) -> Spec
     fixed = [d for d in diff if d[0].split(".")[0] in FIXED]
     if fixed or not allow_change:
         raise UserError(_refusal(spec, old, new, diff, fixed))
+    stranded = paused_trials(study) if any(d[0].split(".")[0] == "trial_scheduler" for d in diff) else []
+    if stranded:
+        shown = ", ".join(str(n) for n in stranded[:10]) + (" ..." if len(stranded) > 10 else "")
+        raise UserError(
+            f"study {spec.name!r}: --allow-spec-change refused: trial_scheduler changed while {len(stranded)} trial"
+            f"{'s are' if len(stranded) > 1 else ' is'} paused (trial {shown}); only the recorded trial scheduler resumes or "
+            f"ends them. Run the recorded spec until they finish, or run the edited spec as a new study: --new-study {spec.name}-2")
     problems = search_space_problems(study, spec)
     if problems:
         shown = problems[:8] + ([f"... and {len(problems) - 8} more"] if len(problems) > 8 else [])
@@ -123,6 +132,11 @@ def check_spec(study: optuna.Study, spec: StudySpec, allow_change: bool) -> Spec
             + "\n".join(f"  {p}" for p in shown)
             + f"\nRun the edited spec as a new study instead: --new-study {spec.name}-2")
     return SpecChange(version=int(study.user_attrs.get("hpolab.spec_version", 0)) + 1, defining=new, diff=diff)
+
+
+def paused_trials(study: optuna.Study) -> list[int]:
+    """The study's paused (and put-back) trials: a trial scheduler's, waiting for it to resume them."""
+    return [t.number for t, state in states(study.get_trials(deepcopy=False)) if state in PAUSED_STATES]
 
 
 def _refusal(spec: StudySpec, old: dict, new: dict, diff: list, fixed: list) -> str:

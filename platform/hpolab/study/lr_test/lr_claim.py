@@ -32,7 +32,7 @@ from optuna.trial import TrialState
 
 from hpolab.errors import StudyError
 from hpolab.stores.optuna_storage import GRACE_PERIOD, HEARTBEAT_INTERVAL
-from hpolab.study.state.budget import RELEASED
+from hpolab.stores.trial_states import RELEASED
 from hpolab.study.state.owners import describe, owner_gone, owner_record
 
 CLAIM = "hpolab.lr_test_claim"  # trial system attr: the ticket holder's owner record

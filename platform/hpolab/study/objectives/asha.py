@@ -12,6 +12,7 @@ epoch, compared in the spec's direction (ranking.py's rule: NaN is worst).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from optuna.trial import FrozenTrial, TrialState
@@ -32,6 +33,8 @@ def rungs(min_epochs: int, max_epochs: int, eta: int, bracket: int = 0) -> list[
 
 class Asha:
     """The ASHA trial scheduler (trial_scheduler.py's interface)."""
+
+    fails_never_finite = True  # a trial with no finite value at its rung fails there (nothing ranks it; never promoted)
 
     def __init__(self, spec, stores=None, *, min_epochs: int | None = None, max_epochs: int | None = None,
                  eta: int | None = None, brackets: int | None = None, direction: str | None = None):
@@ -80,7 +83,7 @@ class Asha:
                 reached = [t for t in members if epoch in t.intermediate_values]
                 # ties: the earlier configuration first (stable, and the same answer on every worker)
                 ranked = sorted(reached, key=lambda t: (-self._value(t, epoch), chain_root(t)))
-                top = ranked[: len(reached) // self.eta]
+                top = [t for t in ranked[: len(reached) // self.eta] if self._value(t, epoch) != -math.inf]  # (NaN: never promoted)
                 out += [(k, -self._value(t, epoch), t) for t in top if (paused_at(t) or {}).get("epoch") == epoch]
         return [t for _, _, t in sorted(out, key=lambda x: (-x[0], x[1], x[2].number))]
 

@@ -35,6 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpolab.stores.trial_counts import last_reported
 from hpolab.study.objectives.pbt_explore import explore
+from hpolab.study.state import lifecycle
 from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR, Resume, chain_root, interrupted_resume, paused_at, score
 
 SCHEDULE_ATTR = "hpolab.pbt_schedule"
@@ -97,6 +98,8 @@ class Decision:
 
 class Pbt:
     """The PBT trial scheduler (trial_scheduler.py's interface)."""
+
+    fails_never_finite = False  # a member whose value is NaN at a boundary ranks worst there and exploits a better one
 
     def __init__(self, spec, stores=None):
         ts = spec.trial_scheduler
@@ -206,14 +209,22 @@ class Pbt:
     def snapshot(self, members: dict[int, Member], epoch: int) -> None:
         """Each member paused at `epoch`: its last.pt kept as pbt_epoch_<epoch>.pt and its best.pt as
         pbt_epoch_<epoch>_best.pt (once; before any of them resumes and overwrites them)."""
+        todo = []
         for m in members.values():
             info = paused_at(m.latest)
             target = self.snapshot_path(m.root, epoch)
             folder = self.trial_dir(m.latest.number)
             if info and info.get("epoch") == epoch and not target.exists() and (folder / "last.pt").is_file():
+                todo.append((folder, target))
+
+        def copy() -> None:
+            for folder, target in todo:
                 if (folder / "best.pt").is_file():
                     copy_whole(folder / "best.pt", best_beside(target))
                 copy_whole(folder / "last.pt", target)  # last: its presence says the pair is complete
+
+        if todo:
+            lifecycle.boundary_decided(copy)
 
     def tidy(self, members: dict[int, Member]) -> None:
         """Delete the boundary copies no member can take any more: those below the lowest epoch a member
@@ -229,6 +240,21 @@ class Pbt:
                 if epoch.isdigit() and int(epoch) < lowest:
                     path.unlink(missing_ok=True)
 
+    def exploit(self, d: Decision, own: Path) -> None:
+        """Its own last.pt takes the donor's weights and training state (a retry of the coming segment,
+        its driver killed before the next epoch's checkpoint, resumes the exploit, not the member's old
+        weights), and keeps the member's own record: its history, its best value and epoch, with its own
+        best.pt. A member is one trial and one run: its value, best epoch and model are what its run
+        logged (study check links its model to its own best epoch), not the donor's."""
+        donor = self.snapshot_path(d.donor, d.epoch)
+        if not keeps_own_record(donor, own):  # (a checkpoint of another format: the donor's, whole)
+            copy_whole(donor, own)
+            donor_best, best = best_beside(donor), own.with_name("best.pt")
+            if donor_best.is_file():
+                copy_whole(donor_best, best)
+            else:
+                best.unlink(missing_ok=True)
+
     def resume_for(self, member: Member, trial: FrozenTrial, d: Decision) -> Resume:
         schedule = {str(k): dict(v) for k, v in member.user_attr(SCHEDULE_ATTR, {}).items()}
         if not schedule:  # its first boundary: the values it started with
@@ -241,22 +267,33 @@ class Pbt:
         tags = {PARENTS_TAG: ",".join(parents), EXPLOITED_TAG: parents[-1]} if parents else {}
         own = self.trial_dir(trial.number) / "last.pt"
         if d.donor is not None:
-            # Its own last.pt becomes the donor's too: a retry of the coming segment (its driver killed before
-            # the next epoch's checkpoint) resumes the exploit, not the member's old weights.
-            copy_whole(self.snapshot_path(d.donor, d.epoch), own)
-            # Its best so far is the donor's lineage's: the checkpoint's best value and epoch say so.
-            donor_best, best = best_beside(self.snapshot_path(d.donor, d.epoch)), own.with_name("best.pt")
-            if donor_best.is_file():
-                copy_whole(donor_best, best)
-            else:
-                best.unlink(missing_ok=True)
-        checkpoint = self.snapshot_path(d.donor, d.epoch) if d.donor is not None else own
+            lifecycle.exploit_copied(lambda: self.exploit(d, own))
+        checkpoint = own  # (an exploit made it the donor's weights with the member's own record)
         # An exploit takes the donor's whole configuration (a searched model width must fit its checkpoint).
         changes = d.config if d.donor is not None else {}
         metrics = {METRIC_PREFIX + k: float(v) for k, v in d.values.items() if isinstance(v, (int, float))}
         # The member's records go on the paused attempt it resumes as (the driver writes them; rewriting is harmless).
         attrs = {SCHEDULE_ATTR: schedule, PARENTS_ATTR: parents}
-        return Resume(number=trial.number, checkpoint=checkpoint, config_changes=changes, attrs=attrs, tags=tags, params=metrics)
+        source = self.snapshot_path(d.donor, d.epoch) if d.donor is not None else None
+        return Resume(number=trial.number, checkpoint=checkpoint, config_changes=changes, attrs=attrs, tags=tags, params=metrics,
+                      source=source)
+
+
+OWN_RECORD = ("history", "best_value", "best_epoch", "early_stopping")  # a routine checkpoint's record of its own run
+
+
+def keeps_own_record(donor: Path, own: Path) -> bool:
+    """Write own = the donor's checkpoint with `own`'s record (OWN_RECORD); False when either is not
+    the training routine's checkpoint (own missing, or an own loop's state), nothing written."""
+    from hpolab.train.checkpoint import atomic_write_bytes, load_checkpoint, serialize_checkpoint
+
+    if not own.is_file():
+        return False
+    theirs, mine = load_checkpoint(donor, map_location="cpu"), load_checkpoint(own, map_location="cpu")
+    if not all(k in theirs and k in mine for k in OWN_RECORD):
+        return False
+    atomic_write_bytes(serialize_checkpoint({**theirs, **{k: mine[k] for k in OWN_RECORD}}), own)
+    return True
 
 
 def best_beside(snapshot: Path) -> Path:

@@ -28,7 +28,7 @@ from typing import Iterable, Sequence
 import numpy as np
 from rich.table import Table
 
-from hpolab.stores.optuna_sql import IMPORTED
+from hpolab.stores.trial_states import is_imported
 from hpolab.study.objectives.objective_values import VALUES_ATTR
 
 
@@ -60,7 +60,7 @@ def violation(t) -> float:
 def _complete(trials: Iterable, n: int) -> list:
     """This study's own COMPLETE trials (not those a warm start imported: history for the sampler only)."""
     return [t for t in trials if _state(t) == "COMPLETE" and t.values is not None and len(t.values) == n
-            and not t.system_attrs.get(IMPORTED)]
+            and not is_imported(t)]
 
 
 def improves(value: float, than: float | None, direction: str, min_delta: float = 0.0) -> bool:

@@ -22,7 +22,7 @@ import optuna
 from optuna.trial import TrialState
 
 from hpolab.config.spec import StudySpec
-from hpolab.study.state.budget import IMPORTED
+from hpolab.stores.trial_states import is_imported
 from hpolab.study.objectives.ranking import feasible, front, improves, losses
 from hpolab.stores import mlflow_runs as tr
 
@@ -74,7 +74,7 @@ def one_objective_results(trials: list[optuna.trial.FrozenTrial]) -> list[float 
 def results_in_order(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The COMPLETE and PRUNED trials, in the order they finished."""
     done = [t for t in study.get_trials(deepcopy=False)
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and not t.system_attrs.get(IMPORTED)]  # (warm start's: not results here)
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and not is_imported(t)]  # (warm start's: not results here)
     return sorted(done, key=lambda t: (t.datetime_complete is None, t.datetime_complete, t.number))
 
 

@@ -2,7 +2,7 @@
 
 A trial scheduler pauses trials at epochs it chooses and resumes them later from a checkpoint. The
 driver does the mechanics (a pause is a stop at `pause_epoch`: checkpoint written, process ended,
-Optuna trial kept RUNNING with PAUSED_ATTR, MLflow run kept open); the scheduler only decides:
+Optuna trial kept RUNNING with a paused mark, MLflow run kept open); the scheduler only decides:
 
     pause_epoch(trial, start_epoch)  where the segment that starts training at `start_epoch` pauses
     rung_index(trial, epoch)         which rung (ASHA) or boundary (PBT) `epoch` is for the trial, if any
@@ -11,12 +11,10 @@ Optuna trial kept RUNNING with PAUSED_ATTR, MLflow run kept open); the scheduler
     may_start_new(trials)            whether a new configuration may be sampled now
     at_end(paused)                   what the trials still paused become when nothing can run
 
-A paused trial's state lives in the Optuna storage only (so a re-run, or another worker, sees it):
-system attr PAUSED_ATTR = {"rung": k, "epoch": e} while paused (a segment whose driver died and was put
-back also has "interrupted", "after": the epoch it had resumed after, "logged": the last epoch its run
-has), None once resumed; SEGMENT_ATTR = the epoch the current segment resumed after; INTERRUPTS_ATTR =
-how often it was put back; user attr RUNG_ATTR = the highest rung reached; CHANGES_ATTR = the config
-changes applied to it so far.
+A paused trial's state lives in the Optuna storage only (so a re-run, or another worker, sees it): the
+marks and the transitions that write them are the trial lifecycle's (stores/trial_states.py: paused,
+put back; study/state/lifecycle.py: pause, resume_claimed, put_back, ended_paused). RUNG_ATTR (user
+attr: the highest rung reached) and CHANGES_ATTR (the config changes applied so far) are read here.
 
 The scheduler never writes to Optuna or MLflow itself: what it wants recorded comes back in its Resume
 (config changes, user attrs, run tags), written by the driver (pauses.py) inside its storage-outage
@@ -32,15 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
-from hpolab.stores.trial_counts import PAUSED as PAUSED_ATTR  # system attr: {"rung": k, "epoch": e} while paused; None when not
-from hpolab.stores.trial_counts import chain_root, is_paused  # noqa: F401 -- chain_root: the schedulers' retry-chain rule is the budget's
-
-RUNG_ATTR = "hpolab.rung"  # user attr: the highest rung (0-based) the trial reached
-CHANGES_ATTR = "hpolab.config_changes"  # user attr: dotted config key -> value, applied over its params
-SEGMENT_ATTR = "hpolab.segment_after"  # system attr: the epoch its current segment resumed after (0: none yet)
-INTERRUPTS_ATTR = "hpolab.interrupts"  # system attr: how often a dead driver's segment of it was put back to paused
+from hpolab.stores.trial_states import chain_root, last_pause, paused_mark  # noqa: F401 -- chain_root: the schedulers' retry-chain rule is the budget's
+from hpolab.study.state.lifecycle import CHANGES as CHANGES_ATTR  # noqa: F401 -- the marks the lifecycle writes (study/state/lifecycle.py)
+from hpolab.study.state.lifecycle import RUNG as RUNG_ATTR  # noqa: F401
 
 
 @dataclass
@@ -51,9 +45,12 @@ class Resume:
     attrs: dict[str, Any] = field(default_factory=dict)  # user attrs to set on its Optuna trial (PBT: its schedule, parents)
     tags: dict[str, str] = field(default_factory=dict)  # set on its MLflow run when it resumes (e.g. hpolab.rung)
     params: dict[str, float] = field(default_factory=dict)  # metrics logged at the resume epoch (PBT: the schedule)
+    source: Path | None = None  # where its weights come from, when not its checkpoint's own (PBT: the donor's boundary copy)
 
 
 class TrialScheduler(Protocol):
+    fails_never_finite: bool  # a trial with no finite value of the study metric at its pause point fails there (else: ranked worst)
+
     def pause_epoch(self, trial: FrozenTrial, start_epoch: int) -> int | None:
         """The epoch after which the segment starting at `start_epoch` pauses (None: it runs to the end)."""
 
@@ -74,8 +71,8 @@ class TrialScheduler(Protocol):
 
 
 def paused_at(trial: FrozenTrial) -> dict[str, int] | None:
-    """{"rung": k, "epoch": e} when the trial is paused now, else None."""
-    return trial.system_attrs[PAUSED_ATTR] if is_paused(trial.state, trial.system_attrs) else None
+    """{"rung": k, "epoch": e, ...} when the trial is paused (or put back) now, else None (stores/trial_states.py)."""
+    return paused_mark(trial)
 
 
 def score(value: float | None, maximize: bool) -> float:
@@ -86,7 +83,7 @@ def score(value: float | None, maximize: bool) -> float:
 
 
 def interrupted_resume(trials: list[FrozenTrial], checkpoint_of) -> Resume | None:
-    """A paused trial whose segment died with its driver (PAUSED_ATTR has "interrupted"): it resumes
+    """A paused trial whose segment died with its driver (put back: its mark has "interrupted"): it resumes
     first and unconditionally, from its own newest checkpoint (`checkpoint_of(number)`), towards the pause
     point its segment was heading for (its promotion or boundary decision was made before it started)."""
     for t in trials:
@@ -99,14 +96,15 @@ def interrupted_resume(trials: list[FrozenTrial], checkpoint_of) -> Resume | Non
 def best_at_highest_rung(trials, direction: str) -> tuple[FrozenTrial, int] | None:
     """(trial, epoch): of the trials that paused at a rung (paused now or ended there), the best at
     the highest rung epoch any of them reached; None when none paused. What a study that ended
-    before any trial reached the top rung (its epoch budget spent) has to show for its epochs."""
+    before any trial reached the top rung (its epoch budget spent) has to show for its epochs (None too
+    when no value there is finite)."""
     from hpolab.study.objectives.ranking import best_value
 
-    at = {t.number: t.system_attrs.get(PAUSED_ATTR) for t in trials if t.state in (TrialState.RUNNING, TrialState.PRUNED)}
-    epochs = {n: int(info["epoch"]) for n, info in at.items() if isinstance(info, dict)}
+    at = {t.number: last_pause(t) for t in trials}
+    epochs = {n: int(info["epoch"]) for n, info in at.items() if info is not None}
     if not epochs:
         return None
     top = max(epochs.values())
-    there = [t for t in trials if epochs.get(t.number) == top and top in t.intermediate_values]
+    there = [t for t in trials if epochs.get(t.number) == top and math.isfinite(t.intermediate_values.get(top, math.nan))]
     value = best_value([t.intermediate_values[top] for t in there], direction)
     return next(((t, top) for t in there if t.intermediate_values[top] == value), None)

@@ -33,7 +33,8 @@ from hpolab.errors import UserError
 from hpolab.stores.budget_lock import budget_lock
 from hpolab.stores.studies import is_companion
 from hpolab.study.objectives import ranking
-from hpolab.study.state.budget import IMPORTED
+from hpolab.study.state import lifecycle
+from hpolab.stores.trial_states import IMPORTED
 from hpolab.study.sampling.search_space import optuna_distributions
 
 DONE_ATTR = "hpolab.warm_start"
@@ -138,17 +139,22 @@ def apply(study: optuna.Study, storage, spec, source: optuna.Study, lr: tuple[fl
         for t, params in best:
             study.enqueue_trial(params, user_attrs={"hpolab.warm_start_from": f"{source.study_name} trial {t.number}"},
                                 skip_if_exists=True)
-        imported = 0
-        if ws.import_trials:
-            for t in ranking.ranked(trials, ranking.directions_of(source)):
-                params = _fitting(t, space)
-                study.add_trial(create_trial(
-                    state=TrialState.COMPLETE, values=t.values, params=params, distributions={k: space[k] for k in params},
-                    user_attrs={k: v for k, v in t.user_attrs.items() if k == "hpolab.objectives"},
-                    system_attrs={IMPORTED: f"{source.study_name} trial {t.number}", **_constraint_attrs(t)}))
-                imported += 1
+        ranked = ranking.ranked(trials, ranking.directions_of(source)) if ws.import_trials else []
+        if ranked:  # (the trial lifecycle's `imported`: marked, they count nowhere)
+            lifecycle.imported(lambda: _import(study, source, ranked, space))
+        imported = len(ranked)
         summary = (f"warm start from study {source.study_name}: {len(best)} best configurations enqueued "
                    f"(trials {', '.join(str(t.number) for t, _ in best) or 'none'})"
                    + (f", {imported} finished trials imported into the sampler's history" if ws.import_trials else ""))
         study.set_user_attr(DONE_ATTR, summary)
         return summary
+
+
+def _import(study: optuna.Study, source: optuna.Study, trials: list, space: dict) -> None:
+    """The source study's finished trials, ranked, added COMPLETE and marked imported."""
+    for t in trials:
+        params = _fitting(t, space)
+        study.add_trial(create_trial(
+            state=TrialState.COMPLETE, values=t.values, params=params, distributions={k: space[k] for k in params},
+            user_attrs={k: v for k, v in t.user_attrs.items() if k == "hpolab.objectives"},
+            system_attrs={IMPORTED: f"{source.study_name} trial {t.number}", **_constraint_attrs(t)}))

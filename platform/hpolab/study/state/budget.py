@@ -12,8 +12,8 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
-from hpolab.stores.optuna_sql import IMPORTED  # noqa: F401 -- a trial copied from another study (warm_start.py): history, not budget
-from hpolab.stores.trial_counts import RELEASED, count_trials, epochs_used, in_budget, retried_numbers
+from hpolab.stores.trial_counts import count_trials, epochs_used, in_budget
+from hpolab.stores.trial_states import ASIDE, retried_numbers, state_of
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
@@ -52,19 +52,8 @@ def over_budget(study: optuna.Study, trial_number: int, n_trials: int) -> bool:
     """
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
-    ahead = [
-        t for t in trials
-        if t.number < trial_number and not t.system_attrs.get(RELEASED) and not t.system_attrs.get(IMPORTED)
-        and not (t.state == TrialState.FAIL and t.number in retried)
-    ]
+    ahead = [t for t in trials if t.number < trial_number and state_of(t, retried) not in ASIDE]
     return len(ahead) >= n_trials
-
-
-def release(study: optuna.Study, trial: optuna.Trial) -> None:
-    """Give back a trial that must not run: FAIL (Optuna has no other final state), marked released
-    so that it counts nowhere (budget, status) and its sampled parameters are not a result."""
-    study._storage.set_trial_system_attr(trial._trial_id, RELEASED, True)
-    study.tell(trial, state=TrialState.FAIL)
 
 
 NOT_THE_TRIALS_FAULT = ("interrupted", "driver", "reaped", "tell")  # fail kinds the failure streak ignores

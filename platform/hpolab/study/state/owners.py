@@ -111,3 +111,37 @@ def heartbeat_age(storage, trial_id: int) -> float | None:
 def age_since_start(trial) -> float:
     start = trial.datetime_start
     return (dt.datetime.now() - start).total_seconds() if start else 0.0
+
+
+HEARTBEAT_ATTR = "hpolab.heartbeat"  # system attr: the writer's time.time() at its last beat (proxy stores: driver/heartbeat.py)
+
+
+def first_heartbeat(storage, trial_id: int, guard=lambda f, *a, **k: f(*a, **k)) -> None:
+    """A claimed trial's first heartbeat: Optuna's where the storage has them, else the proxy's attr."""
+    import time
+
+    if hasattr(storage, "record_heartbeat"):
+        guard(storage.record_heartbeat, trial_id)
+    else:  # the gRPC proxy: the first hpolab heartbeat attr (driver/heartbeat.py watches it change)
+        guard(storage.set_trial_system_attr, trial_id, HEARTBEAT_ATTR, time.time())
+
+
+def why_dead(t, stale_ids: set[int], storage) -> tuple[str, str] | None:
+    """(kind, reason) when running or claimed trial `t` of another driver is dead, else None (it may be
+    alive). A paused trial (a trial scheduler's) has no process and no heartbeat: never dead."""
+    from hpolab.stores.optuna_storage import GRACE_PERIOD
+    from hpolab.stores.trial_states import is_paused
+
+    if is_paused(t):
+        return None
+    owner = owner_of(t)
+    gone = owner_gone(owner)
+    if gone:
+        return "owner_gone", gone
+    if t._trial_id in stale_ids:
+        return "stale", f"its driver ({describe(owner)}) stopped sending heartbeats for {GRACE_PERIOD} s (killed or lost)"
+    # Optuna never calls a trial without any heartbeat stale: a driver killed between ask() and
+    # its first beat would leave it RUNNING forever.
+    if owner is None and age_since_start(t) > GRACE_PERIOD and heartbeat_age(storage, t._trial_id) is None:
+        return "stale", f"its driver never recorded an owner or a heartbeat in {GRACE_PERIOD} s (killed while starting it)"
+    return None

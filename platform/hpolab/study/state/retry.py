@@ -87,10 +87,17 @@ class RetryCopy:
         return f"not retried (max_retries={self.max_retries} reached)"
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial, kind: str = "stale",
-                 overrides: dict[str, Any] | None = None) -> int | None:
+                 overrides: dict[str, Any] | None = None, dry: bool = False) -> int | bool | None:
+        """The copy's number (None: refused). `dry`: only whether a copy would be queued."""
         history = [*trial.system_attrs.get("retry_history", []), trial.number]
         kinds = chain_kinds(trial, kind)
-        if retries_used(kinds) > self.max_retries or interrupts_used(kinds) > self.max_interrupts:
+        allowed = retries_used(kinds) <= self.max_retries and interrupts_used(kinds) <= self.max_interrupts
+        if dry:
+            return allowed
+        for t in study.get_trials(deepcopy=False):
+            if t.system_attrs.get("retry_history") == history:
+                return t.number  # (queued already: an attempt has one copy, whoever queues it)
+        if not allowed:
             return None
         system_attrs = {k: v for k, v in trial.system_attrs.items() if k in CARRIED_SYSTEM_ATTRS}
         system_attrs.update({"failed_trial": history[0], "retry_history": history, KINDS: kinds, "hpolab.retry_kind": kind})

@@ -7,7 +7,8 @@ machine has. Torch's OpenMP threads then spin against each other: on the 2-core 
 with one-epoch trials did 0.8 trials/s, against 4.7 with one thread per trial (bench/team_workers.py).
 
 So each driver keeps a small file here while its loop runs, `<pid>.json` with its CPU set and the
-number of trials it runs now (rewritten when that changes, a fall once it has lasted 2 s), and a trial's threads are its driver's
+number of trials it runs now (its `parallel` when its loop starts; rewritten when that changes, a fall
+once it has lasted 2 s), and a trial's threads are its driver's
 CPUs divided by its own `parallel` plus the trials the other live drivers on overlapping CPUs run. A
 driver waiting (for another worker's last trials, a rung, a PBT boundary) counts for nothing.
 Drivers bound to disjoint CPUs (Slurm's --cpu-bind, taskset, a container's cpuset) do not count each
@@ -76,13 +77,17 @@ class HostSlots:
         self._lower_since: float | None = None  # since when it has run fewer than that
 
     def hold(self) -> None:
-        """Write this driver's entry. Best effort: a folder that cannot be made, or is not this user's
-        own, leaves the driver counting its own slots only, as before."""
+        """Write this driver's entry, saying `parallel` trials: its loop starts them at once, and two
+        drivers started together must count each other's first trials (each saw the other's entry at
+        0 and gave its trials all the CPUs; under a trial scheduler a trial keeps its first segment's
+        threads). Once it runs fewer for SETTLE_S, its entry says so. Best effort: a folder that cannot
+        be made, or is not this user's own, leaves the driver counting its own slots only, as before."""
         try:
             self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError:
             return
         self.held = _ours(self.folder)
+        self._running, self._lower_since = self.parallel, None
         self._write()
 
     def running(self, n: int) -> None:

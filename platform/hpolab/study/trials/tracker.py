@@ -31,6 +31,7 @@ from hpolab.stores.models import log_saved_model, log_trial_model
 from hpolab.study.trials.child_export import answer_child, receive_model
 from hpolab.study.trials.metric_batches import MetricBatches
 from hpolab.study.objectives.ranking import apply_rank_tags
+from hpolab.study.state import lifecycle
 from hpolab.study.state.outage import passthrough
 from hpolab.study.retention.retention import Retention, tidy_finished
 from hpolab.study.state.retry import RetrySource, retry_source  # noqa: F401  (re-exported: the driver imports them here)
@@ -75,9 +76,8 @@ class TrialTracker:
         on the upload thread: the trial process starts meanwhile); its id goes on the Optuna trial."""
         if self.code is not None:  # what `hpolab reproduce` / `promote` load where the module is not importable
             tags = {**tags, **code_tags(self.code)}
-        run_id = self.mlflow_guard(tr.start_child_run, self.client, self.experiment_id, self.parent_run_id, self.study_name,
-                                   trial.number, tags)
-        self.guard(trial.set_user_attr, "mlflow_run_id", run_id)
+        run_id = lifecycle.run_created(trial, lambda: self.mlflow_guard(tr.start_child_run, self.client, self.experiment_id,
+                                                                        self.parent_run_id, self.study_name, trial.number, tags), self.guard)
         self.mlflow_guard(tr.log_params, self.client, run_id, tr.flatten(config), new_run=True)
         self.metrics.start(run_id)
         cfg_path = trial_dir / "config.yaml"
@@ -208,12 +208,16 @@ class TrialTracker:
             self.client.log_artifact(run_id, str(p))
 
     def close_run(self, run_id: str, state: TrialState, tags: dict[str, str]) -> None:
+        lifecycle.close_run(self._close, run_id, state, tags)
+
+    def _close(self, run_id: str, state: TrialState, tags: dict[str, str]) -> None:
         self.mlflow_guard(tr.set_tags, self.client, run_id, {"hpolab.state": state.name, **tags})
         self.mlflow_guard(tr.end_run, self.client, run_id, MLFLOW_STATUS[state])  # (set_terminated reads the run back first)
 
     def close_run_if_open(self, run_id: str, state: TrialState, tags: dict[str, str]) -> None:
         """Close another driver's run (a reaped trial's) unless its owner has (tr.close_if_running)."""
-        self.mlflow_guard(tr.close_if_running, self.client, run_id, {"hpolab.state": state.name, **tags}, MLFLOW_STATUS[state])
+        lifecycle.close_run(lambda *a: self.mlflow_guard(tr.close_if_running, self.client, run_id, {"hpolab.state": state.name, **tags},
+                                                         MLFLOW_STATUS[state]), run_id, state, tags)
 
     def finish(self, r: Running, state: TrialState, tags: dict[str, str], model_info: dict | None = None,
                upload_last: bool = False) -> None:
