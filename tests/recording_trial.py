@@ -32,6 +32,9 @@ class RecordingTrial:
         self.reports: list[tuple[int, dict[str, float]]] = []
         self.saved: list[tuple[int, bytes]] = []  # (epoch it belongs to, the serialized state)
         self.models: list[tuple[torch.nn.Module, torch.Tensor]] = []
+        self.config_changes: dict[str, Any] = {}  # what a resumed attempt's config changed (set by a test)
+        self.applied: list[tuple[Any, Any]] = []  # (optimizer, schedulers) given to apply_config_changes
+        self.weights_epoch: int | None = None
 
     @staticmethod
     def load(data: bytes) -> dict:
@@ -52,8 +55,12 @@ class RecordingTrial:
     def restore(self) -> dict | None:
         return None if self.restored is None else self.load(self.restored)
 
-    def log_model(self, model: torch.nn.Module, input_example: torch.Tensor) -> None:
+    def log_model(self, model: torch.nn.Module, input_example: torch.Tensor, *, epoch: int | None = None) -> None:
         self.models.append((model, input_example))
+
+    def apply_config_changes(self, optimizer, schedulers=()) -> list[str]:
+        self.applied.append((optimizer, schedulers))
+        return []
 
     @property
     def epochs(self) -> list[int]:

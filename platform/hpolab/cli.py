@@ -35,6 +35,8 @@ def _add_spec_change_options(p: argparse.ArgumentParser) -> None:
                    help="continue an existing study with a changed spec (recorded as spec-<n>.yaml); refused if a sampled value no longer fits the search space")
     p.add_argument("--allow-code-change", action="store_true",
                    help="continue an existing study although its experiment module changed (hash differs); each trial run records the code it ran")
+    p.add_argument("--hide-trial-output", action="store_true",
+                   help="what trials print goes to their output.log (on each run) only, not to this console as `trial N | ...`")
 
 
 def _command(subparsers, name: str, help_: str) -> argparse.ArgumentParser:
@@ -178,13 +180,18 @@ def cmd_study_run(args) -> int:
     """`study run` / `worker`: hpolab.run_study's code path (api/running.py), its Outcome as an exit code."""
     stores = _stores(args)  # first: a wrong or down store is said in seconds, before torch/mlflow are imported
     from hpolab.api import running, specs
-    from hpolab.study.driver.progress import Progress
+    from hpolab.study.driver.progress import Progress, process_started
     from hpolab.study.trials import trial_forkserver
 
     # The forkserver is a fork of this process once the spec check has imported torch and the experiment
     # (this process holds nothing else: a notebook's or a script's gets a new interpreter instead).
     trial_forkserver.allow_fork()
-    run = running.drive(args.spec, specs.override_strings(args.overrides, args.new_study), stores, Progress,
+    started = process_started()  # "elapsed" is this command's wall time
+
+    def progress(spec) -> Progress:
+        return Progress(spec, trial_output=not args.hide_trial_output, started=started)
+
+    run = running.drive(args.spec, specs.override_strings(args.overrides, args.new_study), stores, progress,
                         worker=args.command == "worker", allow_spec_change=args.allow_spec_change,
                         allow_code_change=args.allow_code_change, command=True)
     code, message = running.study_exit(run.outcome)

@@ -43,7 +43,8 @@ _INF = {"INF_POS": math.inf, "INF_NEG": -math.inf}
 _INTERMEDIATE = {"NAN": math.nan, **_INF}  # an intermediate value may also be NaN
 # The trial system attrs ranking and counting (trial_counts.py) read: Optuna's constraints (its old
 # list, its named ones), IMPORTED, a retry copy's history and a released trial's mark
-_MARKS = ("constraints", IMPORTED, "retry_history", "hpolab.released", "hpolab.paused")  # (paused: a trial scheduler's)
+# (paused: a trial scheduler's; failure: a failed trial's reason and last output, study/trials/trial_output.py)
+_MARKS = ("constraints", IMPORTED, "retry_history", "hpolab.released", "hpolab.paused", "hpolab.failure")
 _RANKING_KEYS = f"(key IN ({', '.join(repr(k) for k in _MARKS)}) OR key LIKE 'constraints:%')"
 
 

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpolab.study.state.budget import FINISHED, FailureStreak, trial_counts
+from hpolab.study.state.budget import FINISHED, NOT_THE_TRIALS_FAULT, FailureStreak, trial_counts
 from hpolab.errors import StudyError
 from hpolab.study.objectives import objective_values
 from hpolab.study.driver.heartbeat import PUT_BACK, REAPED, beat, lost_reason
@@ -41,6 +41,7 @@ from hpolab.study.objectives.pruning import Pruning
 from hpolab.study.state.retry import RetryCopy
 from hpolab.study.trials.runner import Running, TrialRunner, next_message
 from hpolab.study.trials.tracker import TrialTracker
+from hpolab.study.trials.trial_output import FAILURE_ATTR
 
 
 class TrialEvents:
@@ -92,6 +93,8 @@ class TrialEvents:
             kind = msg[0]
             if kind == "epoch":
                 self.on_epoch(r, msg[1], msg[2])
+            elif kind == "params":  # an own loop's trial.log_params
+                self.tracker.log_loop_params(r, msg[1])
             elif kind in ("done", "fail"):
                 # Its result is in: the process exits by itself; not waited for here (runner.retire).
                 if kind == "done":
@@ -150,6 +153,7 @@ class TrialEvents:
         self.pruning.finish(r, state, value[self._primary] if isinstance(value, list) else value)
         if self.pauses is not None and state == TrialState.COMPLETE:
             tags.update(self.pauses.completed(r))  # hpolab.rung: the top rung it reached
+        tail = self._output_tail(r, state, tags)
         frozen = self._tell(r, state, value, tags)
         if not r.awaits_export:  # (one that does is answered, and its pipes closed, by the tracker)
             for c in (r.conn, r.lifeline):
@@ -166,11 +170,28 @@ class TrialEvents:
                                            else f"; {self.retry.refusal(retry)}")
             if copy is not None:
                 tags["hpolab.retried_as_trial"] = str(copy)
-        self.streak.record(state, copy is not None, tags.get("hpolab.fail_kind"), tags.get("hpolab.fail_reason"))
+        self.streak.record(state, copy is not None, tags.get("hpolab.fail_kind"), tags.get("hpolab.fail_reason"), number)
         self.tracker.finish(r, state, tags, model_info, upload_last=copy is not None)
         history = frozen.intermediate_values if frozen is not None else {}  # the line says best and last, like the table
         self.progress.trial_finished(number, state.name, value if value is not None else r.last_value, tags.get("hpolab.fail_reason"), self.guard(trial_counts, self.study), history,
-                                     trial=frozen)
+                                     trial=frozen, output=tail)
+
+    def _output_tail(self, r: Running, state: TrialState, tags: dict[str, str]) -> list[str]:
+        """A trial that failed by its own doing: the last lines it printed, on its run and (for `study
+        status`) its Optuna trial, with the fail reason; the failure line shows them too."""
+        if state != TrialState.FAIL or r.output is None or tags.get("hpolab.fail_kind") in NOT_THE_TRIALS_FAULT:
+            return []
+        tail = r.output.last_lines()
+        if tail:
+            tags["hpolab.output_tail"] = "\n".join(tail)
+        try:
+            record = {"reason": tags.get("hpolab.fail_reason", ""), "output": tail}
+            self.guard(self.storage.set_trial_system_attr, r.trial._trial_id, FAILURE_ATTR, record)
+        except StudyError:
+            raise
+        except Exception:  # (another worker reaped it meanwhile: Optuna has it finished; the run still says it)
+            pass
+        return tail
 
     def _tell(self, r: Running, state: TrialState, value: float | None, tags: dict[str, str]) -> FrozenTrial | None:
         """Tell Optuna; the trial as Optuna has it afterwards (None when it cannot be read)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from multiprocessing.connection import wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -20,6 +21,7 @@ import optuna
 from hpolab.study.trials import trial_forkserver
 from hpolab.study.trials.gpus import physical_devices, trial_indices
 from hpolab.study.trials.host_slots import HostSlots
+from hpolab.study.trials.trial_output import TrialOutput
 from hpolab.train.cpus import available_cpus, cpu_set
 
 
@@ -48,6 +50,7 @@ class Running:
     model_tags: dict[str, str] | None = None  # what logging its model put on its run (once logged)
     metric_points: list = field(default_factory=list)  # every metric point given to its run, in order (model links)
     threads: int | None = None  # its torch threads, fixed when it starts (run tag hpolab.torch_threads)
+    output: Any = None  # what its process prints (trial_output.TrialOutput)
 
     @property
     def number(self) -> int:
@@ -119,6 +122,8 @@ class TrialRunner:
         self._cpus: int | None = None
         self._retired: list[tuple[Any, int | None]] = []  # (process, gpu) of finished trials still exiting
         self.host_slots = HostSlots(cpu_set(), parallel)  # held while the driver's loop runs trials
+        self.outputs: list[TrialOutput] = []  # the trial processes' output pipes still open (trial_output.py)
+        self.show_output: Callable[[int, str], None] | None = None  # prints a trial's line on the console
 
     def retire(self, r: Running) -> None:
         """A trial that has ended (reported its result, or was killed, or died): its process exits by
@@ -222,7 +227,35 @@ class TrialRunner:
         }
         from hpolab.study.trials import trial_entry  # not trial_process: that one imports torch._dynamo (seconds)
 
+        out_read, out_write = self.context().Pipe(duplex=False)  # its stdout and stderr (trial_output.py)
         r.process, r.conn, r.lifeline = spawn_with_lifeline(
             self.context(), trial_entry.run, f"trial-{r.number}",
-            lambda conn, lifeline: (conn, lifeline, job), daemon=False)
+            lambda conn, lifeline: (conn, lifeline, job, out_write), daemon=False)
+        out_write.close()  # the child holds it now: the pipe ends when the child and its children do
+        r.output = TrialOutput(out_read, r.number, r.trial_dir, self.show_output)
+        self.outputs.append(r.output)
         r.started = time.monotonic()
+
+    def handles(self, running: Iterable[Running]) -> list:
+        """What the driver's loop waits on: the running trials' pipes and processes, and every output still open."""
+        running = list(running)
+        return [r.conn for r in running] + [r.process.sentinel for r in running] + [o.conn for o in self.outputs]
+
+    def keep_reading_outputs(self) -> None:
+        """After the driver's loop: a thread reads the outputs still open until they end (a trial process
+        saving its model may print more than its pipe holds)."""
+        import threading
+
+        def read() -> None:
+            while self.outputs:
+                wait([o.conn for o in self.outputs], timeout=1.0)
+                self.read_outputs()
+
+        if self.outputs:
+            threading.Thread(target=read, name="trial-outputs", daemon=True).start()
+
+    def read_outputs(self) -> None:
+        """Take what the trial processes printed (trial_output.py); forget the outputs that ended."""
+        for output in self.outputs:
+            output.read()
+        self.outputs = [o for o in self.outputs if not o.closed]
