@@ -177,7 +177,7 @@ class Driver:
         mlflow.set_tracking_uri(self.stores.tracking_uri)  # mlflow.pytorch.log_model resolves its client from it
         self.client = tr.client_for(self.stores)
         self.experiment_id = tr.get_or_create_experiment(self.client, self.spec.name, self.stores)
-        self.env_tags = capture_environment(self.project_dir)
+        self.env_tags = capture_environment(self.project_dir, self.experiment)  # (its packages' versions too)
         self.parent_run_id = open_parent_run(self.client, self.experiment_id, self.study, self.spec, self.env_tags)
         record_spec(self.study, self.client, self.parent_run_id, self.spec, spec_change, self.progress.note)
         record_code(self.study, self.client, self.parent_run_id, self.code, code_change, self.progress.note)
