@@ -74,7 +74,7 @@ def test_reports_without_the_study_metric_fail_the_trial_with_one_line(store):
     (t,) = study.get_trials()
     assert t.state == TrialState.FAIL, out.stdout
     reason = trial_run(t, client).data.tags["hpolab.fail_reason"]
-    assert reason == ("the reports never carried the study metric val_acc; they carried: accuracy, start_epoch, steps, "
+    assert reason == ("the reports never carried the study metric val_acc; they carried: accuracy, opt_lr, start_epoch, steps, "
                       "train_loss (report val_acc, or set the spec's metric: to one of these)")
     assert reason in " ".join(out.stdout.split())  # (the console wraps long lines)
 

@@ -12,6 +12,8 @@ Its model: keys pass through as the spec gives them (no MODEL_DEFAULTS):
                logged model holds is then what it predicts on zeros)
   checkpoint   whether reports carry a checkpoint (default true)
   keep         "best": trial.log_model after each report that is the best so far (default: once, at the end)
+  changes      "apply": a resumed attempt calls trial.apply_config_changes(optimizer) after restoring it
+Every epoch also reports `opt_lr`, the learning rate the optimizer trained it with.
 Every epoch reports `steps` (optimizer steps so far, carried in the checkpoint's state: it equals the
 epoch only when a resumed attempt restored it) and `start_epoch` (trial.start_epoch of this attempt).
 """
@@ -23,7 +25,7 @@ import time
 import torch
 from torch import nn
 
-METRIC_NAMES = ("val_acc", "train_loss", "steps", "start_epoch")
+METRIC_NAMES = ("val_acc", "train_loss", "steps", "start_epoch", "opt_lr")
 
 
 def train(config: dict, trial) -> None:
@@ -36,6 +38,8 @@ def train(config: dict, trial) -> None:
         net.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         steps = int(state["steps"])
+        if m.get("changes") == "apply":  # a trial scheduler's new lr for the restored optimizer
+            trial.apply_config_changes(opt)
     for epoch in range(trial.start_epoch, t["max_epochs"] + 1):
         time.sleep(float(m.get("sleep", 0)))
         if epoch == int(m.get("raise_at", 0)):
@@ -49,7 +53,8 @@ def train(config: dict, trial) -> None:
             with torch.no_grad():
                 net.bias.fill_(float(epoch))
         value = m["curve"][epoch - 1] if m.get("curve") else float(m.get("quality", 0.5)) * epoch / t["max_epochs"]
-        metrics = {m.get("metric_name", "val_acc"): value, "train_loss": loss.item(), "steps": steps, "start_epoch": trial.start_epoch}
+        metrics = {m.get("metric_name", "val_acc"): value, "train_loss": loss.item(), "steps": steps, "start_epoch": trial.start_epoch,
+                   "opt_lr": opt.param_groups[0]["lr"]}
         state = {"model": net.state_dict(), "optimizer": opt.state_dict(), "steps": steps} if m.get("checkpoint", True) else None
         if trial.report(epoch, metrics, checkpoint=state):
             return

@@ -149,6 +149,8 @@ class TrialEvents:
         """Tell Optuna now (and queue a retry copy when `retry` names why); close the MLflow run now,
         or after its model is logged (background). MLflow records the state Optuna has."""
         number = r.number
+        if r.output is not None:
+            r.output.read()  # what it printed before its result: shown before its line
         self.running.pop(number, None)
         self.pruning.finish(r, state, value[self._primary] if isinstance(value, list) else value)
         if self.pauses is not None and state == TrialState.COMPLETE:
@@ -240,6 +242,9 @@ class TrialEvents:
     def on_done(self, r: Running, info: dict[str, Any]) -> None:
         r.awaits_export = bool(info.get("export_in_child"))  # it saves its model if the tracker says so
         if self.pauses is not None and self.pauses.pausing(r, info):  # stopped at its rung: paused, not finished
+            if info.get("own_loop") and info.get("last_checkpoint_epoch") != info["epochs_run"]:
+                self._cannot_pause(r, info)  # a resume would train and log its epochs again
+                return
             self.pauses.pause(r, info)
             return
         tags = {
@@ -286,6 +291,16 @@ class TrialEvents:
             self.finish(r, TrialState.FAIL, tags)
             return
         self.finish(r, TrialState.COMPLETE, tags, value=told, model_info=info)
+
+    def _cannot_pause(self, r: Running, info: dict[str, Any]) -> None:
+        """An own loop at its pause without a checkpoint of that epoch: FAIL (the study stops: every
+        trial of this loop would do the same); its epochs stay, once each, and count as trained."""
+        epoch = int(info["epochs_run"])
+        self.finish(r, TrialState.FAIL, {
+            "hpolab.fail_reason": f"train() reached its pause at epoch {epoch} without a checkpoint of that epoch: the trial "
+                                  f"scheduler ({self.spec.trial_scheduler.type}) resumes a trial from its checkpoint; pass "
+                                  "checkpoint= to trial.report every epoch (or call trial.checkpoint)",
+            "hpolab.fail_kind": "contract", "hpolab.epochs_run": str(epoch)})
 
     def on_fail(self, r: Running, info: dict[str, Any]) -> None:
         tags = {"hpolab.fail_reason": info["reason"], "hpolab.fail_kind": info["kind"], "hpolab.epochs_run": str(r.epoch)}

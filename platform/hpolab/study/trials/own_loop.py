@@ -233,6 +233,7 @@ class OwnTrial:
             "stop_reason": "stopped_by_caller" if stopped else "max_epochs" if loop.epoch >= self._max_epochs() else "returned",
             "best_checkpoint": str(self._best_path) if self._best_path else None,
             "last_checkpoint": str(self._last_path) if self._last_path else None,
+            "last_checkpoint_epoch": self._last_epoch if self._last_path else None,  # (a pause needs its epoch's)
             "amp": "own loop",
             "device": str(self.device),
             "devices": 1,

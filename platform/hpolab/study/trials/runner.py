@@ -87,8 +87,10 @@ def runner_for(spec, project_dir: Path | None) -> "TrialRunner":
     """The runner of a study spec's trials, run from its project folder (default: the working directory)."""
     from hpolab.config.experiment import load_experiment
 
+    ts = spec.trial_scheduler
     return TrialRunner(spec.experiment, load_experiment(spec.experiment).__name__, spec.parallel, (project_dir or Path.cwd()).resolve(),
-                       export_models=spec.log_models != "none", pipelined_reports=cannot_stop_early(spec))
+                       export_models=spec.log_models != "none", pipelined_reports=cannot_stop_early(spec),
+                       scheduler_keys=tuple(ts.mutations) if ts is not None and ts.type == "pbt" else ())
 
 
 def cannot_stop_early(spec) -> bool:
@@ -110,13 +112,14 @@ class TrialRunner:
     """Starts trial processes: the forkserver context, threads per trial and the GPU of each."""
 
     def __init__(self, experiment: str, experiment_module: str, parallel: int, project_dir: Path, export_models: bool = False,
-                 pipelined_reports: bool = False):
+                 pipelined_reports: bool = False, scheduler_keys: tuple[str, ...] = ()):
         self.experiment = experiment  # the spec's experiment reference, as the child loads it
         self.experiment_module = experiment_module  # the imported module's name, preloaded
         self.parallel = parallel
         self.project_dir = project_dir
         self.export_models = export_models  # the spec logs models: a trial saves its own (child_export.py)
         self.pipelined_reports = pipelined_reports  # an own loop's reports need not wait for answers (cannot_stop_early)
+        self.scheduler_keys = scheduler_keys  # PBT's mutated keys: an own loop must read their changes (own_loop_changes.py)
         self._ctx = None
         self._n_gpus: int | None = None
         self._cpus: int | None = None
@@ -217,6 +220,7 @@ class TrialRunner:
             "number": r.number,  # an own loop's trial.number and trial.params (own_loop.py)
             "params": dict(r.trial.params),
             "pipelined_reports": self.pipelined_reports,
+            "scheduler_keys": list(self.scheduler_keys),
             "checkpoint_dir": str(r.trial_dir),
             "resume_from": resume_from,
             "threads": r.threads,
