@@ -167,18 +167,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _stores(args, optuna: bool = True, tracking: bool = True):
+def _stores(args, optuna: bool = True, tracking: bool = True, create: bool = False):
     """The stores of the command line/environment, checked before use (one line, within seconds, if
     a URL is malformed, a driver is missing or a server does not answer). optuna/tracking: which of
-    the two the command opens (False, False: resolve only)."""
+    the two the command opens (False, False: resolve only); `create`: the command may start a store
+    (study run, worker, lr-find); the others read one, which must exist."""
     from hpolab.api.stores import open_stores
 
-    return open_stores(getattr(args, "store", None), getattr(args, "storage", None), getattr(args, "tracking_uri", None), optuna, tracking)
+    return open_stores(getattr(args, "store", None), getattr(args, "storage", None), getattr(args, "tracking_uri", None), optuna, tracking,
+                       create)
 
 
 def cmd_study_run(args) -> int:
     """`study run` / `worker`: hpolab.run_study's code path (api/running.py), its Outcome as an exit code."""
-    stores = _stores(args)  # first: a wrong or down store is said in seconds, before torch/mlflow are imported
+    stores = _stores(args, create=True)  # first: a wrong or down store is said in seconds, before torch/mlflow are imported
     from hpolab.api import running, specs
     from hpolab.study.driver.progress import Progress, process_started
     from hpolab.study.trials import trial_forkserver
@@ -194,7 +196,7 @@ def cmd_study_run(args) -> int:
     run = running.drive(args.spec, specs.override_strings(args.overrides, args.new_study), stores, progress,
                         worker=args.command == "worker", allow_spec_change=args.allow_spec_change,
                         allow_code_change=args.allow_code_change, command=True)
-    code, message = running.study_exit(run.outcome)
+    code, message = running.study_exit(run.outcome, stores, run.spec.name)
     if message:
         print(f"hpolab: {message}", file=sys.stderr)
     return code
@@ -281,7 +283,8 @@ def _store_command(name: str, target: str):
     needs = {"doctor": (False, False), "predict": (False, True), "storage-proxy": (True, False)}.get(name, (True, True))
 
     def handler(args) -> int:
-        stores = _stores(args, *needs)  # before the command's (heavy) imports: a bad store is said in seconds
+        # before the command's (heavy) imports: a bad store is said in seconds
+        stores = _stores(args, *needs, create=name in ("lr-find", "storage-proxy"))
         return getattr(importlib.import_module(module), func)(args, stores)
 
     return handler

@@ -87,8 +87,8 @@ def main_module_hidden() -> Iterator[None]:
             setattr(main, k, v)
 
 
-def study_exit(outcome) -> tuple[int, str | None]:
-    """The exit code of `study run` and the one line saying why it is not 0."""
+def study_exit(outcome, stores=None, name: str = "") -> tuple[int, str | None]:
+    """The exit code of `study run` and the one line saying why it is not 0 (`stores`, `name`: named in its hint)."""
     c = outcome.counts
     if outcome.signal is not None:
         name = "SIGTERM" if outcome.signal == signal.SIGTERM else "Ctrl-C"
@@ -105,7 +105,8 @@ def study_exit(outcome) -> tuple[int, str | None]:
         return EXIT_OK, None  # budget.epochs used up: planned (the summary says so, and what it reached)
     if not c.get("complete"):
         return EXIT_FAILED, (f"no trial completed ({c.get('fail', 0)} failed, {c.get('pruned', 0)} pruned of "
-                             f"{c.get('finished', 0)} finished); see the fail reasons above or in `hpolab study status`")
+                             f"{c.get('finished', 0)} finished); see the fail reasons above or in "
+                             f"`{stores.command(f'study status {name}'.strip()) if stores is not None else 'hpolab study status'}`")
     if c.get("finished", 0) >= outcome.n_trials or outcome.timed_out or outcome.stopped:
         return EXIT_OK, None  # (stopped: stop_after_no_improvement ended the study on purpose)
     return EXIT_FAILED, f"the study stopped with {c.get('finished', 0)}/{outcome.n_trials} trials finished"

@@ -99,8 +99,9 @@ def promote_own_loop(args, client, info, ch, exp, holder, existing, contest, tmp
     version = _write(client, info, ch, uri, test, gate_name, exports, skipped, example, previous, contest)
     print(f"registered {model_name} version {version} (trial {ch.trial_number}'s logged model); @{alias} -> version {version}"
           + (f" (was version {previous})" if previous else ""))
+    predict = f"predict models:/{model_name}@{alias} INPUT.npy"
     print(f'load it: mlflow.pytorch.load_model("models:/{model_name}@{alias}")  '
-          f"or  hpolab predict models:/{model_name}@{alias} INPUT.npy  (inputs as the model takes them)")
+          f"or  {args.stores.command(predict) if getattr(args, 'stores', None) else 'hpolab ' + predict}  (inputs as the model takes them)")
     return EXIT_OK
 
 

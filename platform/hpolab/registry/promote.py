@@ -74,6 +74,7 @@ def promote(args, stores: Stores) -> int:
     from hpolab.registry import champion, evaluation, gate, own_loop_promote, selection, writer
     from hpolab.stores.mlflow_runs import client_for
 
+    args.stores = stores  # (the hints it prints name them)
     client = client_for(stores)
     model_name, alias, dry = args.model_name or args.name, args.alias, bool(args.dry_run)
     mlflow.set_tracking_uri(stores.tracking_uri)  # the fluent model APIs resolve their client from it
@@ -125,7 +126,7 @@ def promote(args, stores: Stores) -> int:
 
         # 5. the writes
         version = writer.write_version(client, model_name, alias, info, ch, ev, exports, gate_name, args.metric or info.metric, previous)
-    _print_registered(model_name, version, alias, previous)
+    _print_registered(model_name, version, alias, previous, stores)
     return EXIT_OK
 
 
@@ -175,11 +176,11 @@ def _move_to_existing(client, model_name: str, alias: str, existing, previous, c
     return EXIT_OK
 
 
-def _print_registered(model_name: str, version, alias: str, previous) -> None:
+def _print_registered(model_name: str, version, alias: str, previous, stores: Stores) -> None:
     print(f"registered {model_name} version {version}; @{alias} -> version {version}"
           + (f" (was version {previous})" if previous else ""))
     print(f'load it: mlflow.pyfunc.load_model("models:/{model_name}@{alias}")  '
-          f"or  hpolab predict models:/{model_name}@{alias} INPUT.npy")
+          f"or  {stores.command(f'predict models:/{model_name}@{alias} INPUT.npy')}")
 
 
 def _test_directions(bound, config: dict) -> dict[str, str]:

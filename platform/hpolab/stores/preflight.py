@@ -47,8 +47,10 @@ _USER_FAULTS = ("authentication failed", "access denied", "does not exist", "no 
                 "password authentication", "invalid password", "not permitted to log in")
 
 
-def check_stores(stores: Stores, optuna: bool = True, tracking: bool = True) -> None:
-    """Raise UserError / StoreUnreachable (one line) if a store the command needs cannot be used."""
+def check_stores(stores: Stores, optuna: bool = True, tracking: bool = True, create: bool = True) -> None:
+    """Raise UserError / StoreUnreachable (one line) if a store the command needs cannot be used.
+    `create` False: a command that reads (status, compare, promote, predict, ui ...): an embedded
+    store's database file must exist already (opening it would create an empty one)."""
     if optuna:
         from hpolab.stores.grpc_proxy import grpc_storage, is_grpc_url
 
@@ -56,8 +58,19 @@ def check_stores(stores: Stores, optuna: bool = True, tracking: bool = True) -> 
             grpc_storage(stores.optuna_url).close()  # bounded wait for the proxy, one line when it is not there
         else:
             check_database(stores.optuna_url, "Optuna storage", OPTUNA_FIX, stores.root)
+            _must_exist(stores.optuna_url, "Optuna storage", create)
     if tracking:
         check_tracking(stores.tracking_uri, stores.root)
+        _must_exist(stores.tracking_uri, "MLflow tracking store", create)
+
+
+def _must_exist(url: str, what: str, create: bool) -> None:
+    from hpolab.stores.paths import sqlite_file
+
+    db = sqlite_file(url)
+    if not create and db is not None and not db.exists():
+        raise UserError(f"no {what} at {db}: nothing has run with this store; give the --store (or --storage / --tracking-uri) "
+                        "the study ran with")
 
 
 def connect_args_for(url) -> dict:

@@ -32,6 +32,7 @@ class Progress:
             self.console.print(text)
 
     def begin(self, counts: dict[str, int], stores) -> None:
+        self.stores = stores  # (the end's hints name them)
         if self.console.is_jupyter and not self.quiet:
             from hpolab.study.driver.notebook_bar import NotebookBar
 
@@ -190,7 +191,10 @@ class Progress:
                 f"(epoch {epoch}): trial {t.number} {spec.metric} {fmt_value(t.intermediate_values[epoch])}")
 
     def _print_elapsed(self, spec) -> None:
-        self.console.print(f"elapsed {time.monotonic() - self.t0:.1f} s. Browse the runs: [bold]hpolab ui[/]   (or: hpolab study status {spec.name})")
+        stores = getattr(self, "stores", None)
+        cmd = stores.command if stores is not None else (lambda rest: f"hpolab {rest}")
+        self.console.print(f"elapsed {time.monotonic() - self.t0:.1f} s. Browse the runs: [bold]{escape(cmd('ui'))}[/]   "
+                           f"(or: {escape(cmd(f'study status {spec.name}'))})", soft_wrap=True)
 
     def _clock(self) -> str:
         s = int(time.monotonic() - self.t0)
