@@ -63,7 +63,8 @@ def promote_study(name: str, stores: Stores, *, metric: str | None = None, pick:
 
     if not ALIAS_RE.match(alias) or alias == "latest" or re.fullmatch(r"v\d+", alias):
         raise UserError(f"--alias {alias!r}: use letters, digits, '_' or '-' (not 'latest' or v<number>, which MLflow reserves)")
-    args = argparse.Namespace(name=name, metric=metric, pick=pick, model_name=model_name, alias=alias, force=force, dry_run=dry_run)
+    args = argparse.Namespace(name=name, metric=metric, pick=pick, model_name=model_name, alias=alias, force=force, dry_run=dry_run,
+                              stores=stores)  # (the hints it prints name the stores)
     return promote(args, stores)
 
 
@@ -74,7 +75,6 @@ def promote(args, stores: Stores) -> int:
     from hpolab.registry import champion, evaluation, gate, own_loop_promote, selection, writer
     from hpolab.stores.mlflow_runs import client_for
 
-    args.stores = stores  # (the hints it prints name them)
     client = client_for(stores)
     model_name, alias, dry = args.model_name or args.name, args.alias, bool(args.dry_run)
     mlflow.set_tracking_uri(stores.tracking_uri)  # the fluent model APIs resolve their client from it
