@@ -21,7 +21,7 @@ pytest.importorskip("lightning", reason="the lightning extra is not installed")
 pytest.importorskip("transformers", reason="the transformers extra is not installed")
 
 PROJECT = Path(__file__).parent / "own_loop_project"
-HPOLAB_LINE = ("study ", "  optuna:", "  mlflow:", "trial ", "        ", "elapsed ", "┏", "┃", "┡", "│", "└", "epochs used")
+HPOLAB_LINE = ("study ", "  optuna:", "  mlflow:", "trial ", "trials ", "        ", "elapsed ", "┏", "┃", "┡", "│", "└", "epochs used")
 
 
 def _unattributed(stdout: str) -> list[str]:
@@ -62,3 +62,7 @@ def test_a_trainer_script_with_relative_paths_logs_the_weights_it_ends_with(stor
         assert t.value == pytest.approx(history["eval_accuracy"][epoch])
         linked = {m.key: (m.step, m.value) for m in client.get_logged_model(run.data.tags["hpolab.model_id"]).metrics}
         assert linked["eval_accuracy"] == (epoch, pytest.approx(history["eval_accuracy"][epoch]))
+
+    promote = run_cli("--store", str(store), "promote", "hf-user", cwd=tmp_path)  # evaluate() returns the study metric's name
+    header = next(line for line in promote.stdout.splitlines() if line.strip().startswith("eval_accuracy"))
+    assert header.split() == ["eval_accuracy", "test", "eval_loss", "test", "eval_accuracy"], promote.stdout  # no name twice

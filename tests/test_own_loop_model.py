@@ -73,3 +73,19 @@ def test_a_model_that_takes_one_batch_size_fails_its_trial_with_one_line(store):
     assert t.state == TrialState.FAIL, out.stdout
     reason = trial_run(t, client).data.tags["hpolab.fail_reason"]
     assert reason.startswith("trial.log_model: the model cannot run on its input example (RuntimeError: mat1 and mat2 shapes")
+
+
+def test_trials_tied_on_the_study_metric_are_ranked_by_their_loss_and_it_is_said(store):
+    out = run_cli("--store", str(store), "study", "run", "studies/tiny_loop.yaml", "sampler={type: random}", "pruner={type: none}",
+                  "model.quality=0.9", "search_space={model.val_loss: {type: categorical, choices: [0.5, 0.2]}}",
+                  "enqueue=[{model.val_loss: 0.5}, {model.val_loss: 0.2}]", cwd=PROJECT)
+    _, study = open_study(store, "tiny-loop")
+    by_loss = {t.params["model.val_loss"]: t.number for t in study.get_trials()}
+    lower = by_loss[0.2]  # both reach val_acc 0.9; the lower val_loss (the later trial) is the better one
+    assert lower == 1
+    line = f"trials {lower} and {by_loss[0.5]} tie at 0.9; the lower val_loss (0.2 vs 0.5) puts trial {lower} first"
+    assert line in out.stdout, out.stdout
+    table = run_cli("--store", str(store), "compare", "tiny-loop", "--format", "csv", cwd=PROJECT).stdout.splitlines()
+    assert table[1].startswith(f"{lower},"), table
+    promote = run_cli("--store", str(store), "promote", "tiny-loop", "--dry-run", "--force", cwd=PROJECT)
+    assert f"best by val_acc (maximize): trial {lower} " in promote.stdout and line in " ".join(promote.stdout.split())

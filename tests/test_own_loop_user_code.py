@@ -111,3 +111,15 @@ def test_each_trial_runs_in_its_own_folder(store, tmp_path):
     for n in (0, 1):
         written = (store / "trials" / STUDY / f"trial-{n}" / "loss.txt").read_text().splitlines()
         assert [line.split()[:2] for line in written] == [[str(n), "1"], [str(n), "2"]]  # its own two epochs, nobody else's
+
+
+def test_the_elapsed_time_of_a_rerun_is_the_commands_whole_time(store):
+    import re
+    import time
+
+    _run(store, "n_trials=1")
+    started = time.monotonic()
+    out = _run(store, "n_trials=2")  # a re-run: set-up, one more trial
+    wall = time.monotonic() - started
+    printed = float(re.search(r"elapsed ([\d.]+) s", out.stdout).group(1))
+    assert wall - 1.0 <= printed <= wall + 0.5, (printed, wall)

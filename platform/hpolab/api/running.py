@@ -87,8 +87,8 @@ def main_module_hidden() -> Iterator[None]:
             setattr(main, k, v)
 
 
-def study_exit(outcome, stores=None, name: str = "") -> tuple[int, str | None]:
-    """The exit code of `study run` and the one line saying why it is not 0 (`stores`, `name`: named in its hint)."""
+def study_exit(outcome, stores=None) -> tuple[int, str | None]:
+    """The exit code of `study run` and the one line saying why it is not 0 (`stores`: named in its hint)."""
     c = outcome.counts
     if outcome.signal is not None:
         name = "SIGTERM" if outcome.signal == signal.SIGTERM else "Ctrl-C"
@@ -106,17 +106,17 @@ def study_exit(outcome, stores=None, name: str = "") -> tuple[int, str | None]:
     if not c.get("complete"):
         return EXIT_FAILED, (f"no trial completed ({c.get('fail', 0)} failed, {c.get('pruned', 0)} pruned of "
                              f"{c.get('finished', 0)} finished); see the fail reasons above or in "
-                             f"`{stores.command(f'study status {name}'.strip()) if stores is not None else 'hpolab study status'}`")
+                             f"`{stores.command('study status') if stores is not None else 'hpolab study status'}`")
     if c.get("finished", 0) >= outcome.n_trials or outcome.timed_out or outcome.stopped:
         return EXIT_OK, None  # (stopped: stop_after_no_improvement ended the study on purpose)
     return EXIT_FAILED, f"the study stopped with {c.get('finished', 0)}/{outcome.n_trials} trials finished"
 
 
-def raise_for_outcome(outcome) -> None:
+def raise_for_outcome(outcome, stores=None) -> None:
     """run_study's end: nothing when `study run` would exit 0; KeyboardInterrupt after Ctrl-C or
     SIGTERM (the stores are consistent, the signal handlers restored: run_study again continues);
     StudyError with `study run`'s line otherwise."""
-    code, message = study_exit(outcome)
+    code, message = study_exit(outcome, stores)
     if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         raise KeyboardInterrupt(message)
     if code != EXIT_OK:
@@ -151,7 +151,7 @@ def run_study(spec: specs.SpecSource, overrides: specs.Overrides = None, *, stor
         stores = open_stores(store, storage, tracking_uri)
         run = drive(spec, items, stores, _progress_maker(progress, trial_output), allow_spec_change=allow_spec_change,
                     allow_code_change=allow_code_change, project_dir=project_dir)
-    raise_for_outcome(run.outcome)
+    raise_for_outcome(run.outcome, stores)
     return Study(run.spec.name, stores, spec=run.spec, outcome=run.outcome)
 
 

@@ -226,7 +226,9 @@ def export_or_skip(model, example: np.ndarray | None, folder: Path):
 def _print_table(ch, info, test: dict, alias: str, holder, held) -> None:
     names = list(test)
     print(f"held-out test split: the experiment's evaluate(model, \"test\") (gate: {own_loop_gate.gate_metric(info.metric, test)})")
-    print(f"  {'':28s} {info.metric:>10s} " + " ".join(f"{k:>12s}" for k in names))
+    # the trial's value of the study metric, then evaluate()'s test metrics ("test " before each when a name is the study metric's)
+    shown = [f"test {k}" for k in names] if info.metric in names else names
+    print(f"  {'':28s} {info.metric:>10s} " + " ".join(f"{k:>12s}" for k in shown))
     rows = [(f"challenger: trial {ch.trial_number}", ch.val_value, test)]
     if holder is not None:
         val = holder.tags.get(f"hpolab.{info.metric}")

@@ -44,7 +44,8 @@ _INTERMEDIATE = {"NAN": math.nan, **_INF}  # an intermediate value may also be N
 # The trial system attrs ranking and counting (trial_counts.py) read: Optuna's constraints (its old
 # list, its named ones), IMPORTED, a retry copy's history and a released trial's mark
 # (paused: a trial scheduler's; failure: a failed trial's reason and last output, study/trials/trial_output.py)
-_MARKS = ("constraints", IMPORTED, "retry_history", "hpolab.released", "hpolab.paused", "hpolab.failure")
+# (tie_break: a COMPLETE trial's loss, which breaks a tie on the study metric: study/objectives/ranking.py)
+_MARKS = ("constraints", IMPORTED, "retry_history", "hpolab.released", "hpolab.paused", "hpolab.failure", "hpolab.tie_break")
 _RANKING_KEYS = f"(key IN ({', '.join(repr(k) for k in _MARKS)}) OR key LIKE 'constraints:%')"
 
 

@@ -58,19 +58,22 @@ def check_stores(stores: Stores, optuna: bool = True, tracking: bool = True, cre
             grpc_storage(stores.optuna_url).close()  # bounded wait for the proxy, one line when it is not there
         else:
             check_database(stores.optuna_url, "Optuna storage", OPTUNA_FIX, stores.root)
-            _must_exist(stores.optuna_url, "Optuna storage", create)
     if tracking:
         check_tracking(stores.tracking_uri, stores.root)
-        _must_exist(stores.tracking_uri, "MLflow tracking store", create)
+    if not create:  # (after the checks of both URLs: a malformed one is said first)
+        require_existing(stores, optuna, tracking)
 
 
-def _must_exist(url: str, what: str, create: bool) -> None:
+def require_existing(stores: Stores, optuna: bool = True, tracking: bool = True) -> None:
+    """UserError when an embedded store's database a reading command opens does not exist: opening it
+    would create an empty one, and the study is elsewhere."""
     from hpolab.stores.paths import sqlite_file
 
-    db = sqlite_file(url)
-    if not create and db is not None and not db.exists():
-        raise UserError(f"no {what} at {db}: nothing has run with this store; give the --store (or --storage / --tracking-uri) "
-                        "the study ran with")
+    for url, what, used in ((stores.optuna_url, "Optuna storage", optuna), (stores.tracking_uri, "MLflow tracking store", tracking)):
+        db = sqlite_file(url) if used else None
+        if db is not None and not db.exists():
+            raise UserError(f"no {what} at {db}: nothing has run with this store; give the --store (or --storage / "
+                            "--tracking-uri) the study ran with")
 
 
 def connect_args_for(url) -> dict:

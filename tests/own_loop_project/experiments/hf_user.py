@@ -41,3 +41,13 @@ def train(config, trial):
     trainer.train(resume_from_checkpoint=resume_folder(trial))
     trainer.save_model("results/final")  # a relative path, as scripts do
     trial.log_model(LogitsModel(model.cpu()), torch.stack([v["input_ids"] for v in val[:2]]))
+
+
+@torch.no_grad()
+def evaluate(model, split):
+    """The logged model's (LogitsModel: ids -> logits) loss and accuracy on held-out sequences, under the
+    Trainer's names (eval_loss, eval_accuracy: the study metric's name too)."""
+    held = dataset(64, 2)
+    logits = model.eval()(torch.stack([h["input_ids"] for h in held]))
+    y = torch.stack([h["labels"] for h in held])
+    return {"eval_loss": torch.nn.functional.cross_entropy(logits, y).item(), "eval_accuracy": (logits.argmax(1) == y).float().mean().item()}

@@ -13,6 +13,7 @@ Its model: keys pass through as the spec gives them (no MODEL_DEFAULTS):
   checkpoint   whether reports carry a checkpoint (default true)
   keep         "best": trial.log_model after each report that is the best so far (default: once, at the end)
   changes      "apply": a resumed attempt calls trial.apply_config_changes(optimizer) after restoring it
+  val_loss     a val_loss reported every epoch (none by default)
 Every epoch also reports `opt_lr`, the learning rate the optimizer trained it with.
 Every epoch reports `steps` (optimizer steps so far, carried in the checkpoint's state: it equals the
 epoch only when a resumed attempt restored it) and `start_epoch` (trial.start_epoch of this attempt).
@@ -54,7 +55,7 @@ def train(config: dict, trial) -> None:
                 net.bias.fill_(float(epoch))
         value = m["curve"][epoch - 1] if m.get("curve") else float(m.get("quality", 0.5)) * epoch / t["max_epochs"]
         metrics = {m.get("metric_name", "val_acc"): value, "train_loss": loss.item(), "steps": steps, "start_epoch": trial.start_epoch,
-                   "opt_lr": opt.param_groups[0]["lr"]}
+                   "opt_lr": opt.param_groups[0]["lr"], **({"val_loss": float(m["val_loss"])} if "val_loss" in m else {})}
         state = {"model": net.state_dict(), "optimizer": opt.state_dict(), "steps": steps} if m.get("checkpoint", True) else None
         if trial.report(epoch, metrics, checkpoint=state):
             return

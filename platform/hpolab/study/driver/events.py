@@ -37,7 +37,9 @@ from hpolab.study.objectives import objective_values
 from hpolab.study.driver.heartbeat import PUT_BACK, REAPED, beat, lost_reason
 from hpolab.study.state.outage import passthrough
 from hpolab.study.driver.progress import Progress
+from hpolab.study.objectives import ranking
 from hpolab.study.objectives.pruning import Pruning
+from hpolab.stores.model_links import points_at
 from hpolab.study.state.retry import RetryCopy
 from hpolab.study.trials.runner import Running, TrialRunner, next_message
 from hpolab.study.trials.tracker import TrialTracker
@@ -290,7 +292,21 @@ class TrialEvents:
             tags["hpolab.fail_kind"] = "metric"
             self.finish(r, TrialState.FAIL, tags)
             return
+        self._record_tie_break(r, int(info["best_epoch"]))
         self.finish(r, TrialState.COMPLETE, tags, value=told, model_info=info)
+
+    def _record_tie_break(self, r: Running, epoch: int) -> None:
+        """Its loss at its result epoch, for a tie on the study metric (ranking.tie_break)."""
+        if self.spec is not None and self.spec.is_multi_objective:
+            return
+        tie = ranking.tie_break(self.metric, {m.key: m.value for m in points_at(r.metric_points, epoch)})
+        if tie is not None:
+            try:
+                self.guard(self.storage.set_trial_system_attr, r.trial._trial_id, ranking.TIE_ATTR, tie)
+            except StudyError:
+                raise
+            except Exception:  # (reaped meanwhile: its tell says so next)
+                pass
 
     def _cannot_pause(self, r: Running, info: dict[str, Any]) -> None:
         """An own loop at its pause without a checkpoint of that epoch: FAIL (the study stops: every

@@ -159,6 +159,9 @@ class Progress:
                 f"{secs:.1f}" if secs is not None else "-",
             )
         self.console.print(table)
+        tie = ranking.tie_note(trials, [spec.direction])
+        if tie:
+            self.console.print(tie)
         self._print_epochs(study, spec, trials)
         self._print_elapsed(spec)
 

@@ -243,7 +243,7 @@ class TrialRunner:
     def handles(self, running: Iterable[Running]) -> list:
         """What the driver's loop waits on: the running trials' pipes and processes, and every output still open."""
         running = list(running)
-        return [r.conn for r in running] + [r.process.sentinel for r in running] + [o.conn for o in self.outputs]
+        return [r.conn for r in running] + [r.process.sentinel for r in running] + [o.conn for o in self.outputs if not o.closed]
 
     def keep_reading_outputs(self) -> None:
         """After the driver's loop: a thread reads the outputs still open until they end (a trial process
@@ -252,7 +252,7 @@ class TrialRunner:
 
         def read() -> None:
             while self.outputs:
-                wait([o.conn for o in self.outputs], timeout=1.0)
+                wait([o.conn for o in self.outputs if not o.closed], timeout=1.0)
                 self.read_outputs()
 
         if self.outputs:
