@@ -11,7 +11,8 @@ optimizer, schedule and checkpoints), run twice per round, each in a fresh tempo
     `trial-<n>` under a parent run, logs the resolved config as params, and hands the loop a small
     trial object whose `report` logs the epoch's metrics in one batch (step = epoch) and reports the
     study metric to Optuna, whose `checkpoint` writes last.pt (uploaded to `checkpoints/` at the end,
-    as hpolab keeps it), and whose `log_model` keeps the model, logged after the loop with
+    as hpolab keeps it), whose `is_best` says whether the last epoch improved on the ones before, and
+    whose `log_model` keeps the model (the loop gives it its best epoch's), logged after the loop with
     `mlflow.pytorch.log_model` (signature + input example), as hpolab logs it by default.
 (b) `hpolab study run SPEC` with the same trials, parallel 1, the same seeded random sampler, no pruner.
 
@@ -62,13 +63,14 @@ class HandTrial:
     """The trial object a practitioner writes for their loop: MLflow + Optuna calls, nothing else.
     Same members as hpolab's own-loop trial, so the same train() runs unchanged."""
 
-    def __init__(self, trial, client, run_id: str, config: dict, folder: Path, metric: str):
+    def __init__(self, trial, client, run_id: str, config: dict, folder: Path, metric: str, maximize: bool = True):
         import torch
 
         self.number, self.params, self.config = trial.number, dict(trial.params), config
         self.device, self.dir, self.start_epoch = torch.device("cpu"), folder, 1
         self._trial, self._client, self._run_id, self._metric = trial, client, run_id, metric
         self.values: list[float] = []  # the study metric per epoch
+        self._maximize = maximize
         self.model = self.example = None
         folder.mkdir(parents=True, exist_ok=True)
 
@@ -83,6 +85,15 @@ class HandTrial:
             self.values.append(float(metrics[self._metric]))
             self._trial.report(self.values[-1], epoch)
         return self._trial.should_prune()
+
+    @property
+    def is_best(self) -> bool:
+        """The last reported value is a strict improvement on every one before it."""
+        if not self.values:
+            return False
+        before, last = self.values[:-1], self.values[-1]
+        better = (lambda a, b: a > b) if self._maximize else (lambda a, b: a < b)
+        return last == last and all(better(last, v) or v != v for v in before)
 
     def checkpoint(self, state: dict) -> None:
         import torch
@@ -149,7 +160,8 @@ def hand_main(argv: list[str]) -> int:
             "mlflow.parentRunId": parent_id, "optuna.study": spec.name, "optuna.trial_number": str(trial.number)}).info.run_id
         trial.set_user_attr("mlflow_run_id", run_id)
         client.log_batch(run_id, params=[Param(k, v) for k, v in flatten(config).items()])
-        hand = HandTrial(trial, client, run_id, config, store / "trials" / f"trial-{trial.number}", spec.metric)
+        hand = HandTrial(trial, client, run_id, config, store / "trials" / f"trial-{trial.number}", spec.metric,
+                         spec.direction == "maximize")
         # Seeded as hpolab's trial process seeds it (the model's initial weights come from the global RNG)
         seed_everything(config["seed"], bool(config["trainer"].get("deterministic", False)))
         t0 = time.perf_counter()

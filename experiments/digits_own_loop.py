@@ -50,6 +50,7 @@ def train(config: dict, trial) -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
+        trial.apply_config_changes(optimizer, [schedule])  # a trial scheduler's new lr (PBT's explore); nothing otherwise
     x, y = (v.to(trial.device) for v in splits()["train"])
     for epoch in range(trial.start_epoch, t["max_epochs"] + 1):
         model.train()
@@ -65,4 +66,5 @@ def train(config: dict, trial) -> None:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
         if trial.report(epoch, metrics, checkpoint=state):  # True: pruned, or the study is stopping
             return
-    trial.log_model(model, splits()["val"][0][:2])  # logged after train() returns (per the spec's log_models)
+        if trial.is_best:  # keep the best epoch's weights: logged after train() returns (per the spec's log_models)
+            trial.log_model(model, splits()["val"][0][:2])

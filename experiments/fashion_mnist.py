@@ -5,8 +5,9 @@ read by `torchvision.datasets.FashionMNIST` from `<data.root>/FashionMNIST/raw/`
 
     train-images-idx3-ubyte  train-labels-idx1-ubyte  t10k-images-idx3-ubyte  t10k-labels-idx1-ubyte
 
-`data.root` is used as given; a relative path (the default "data") is relative to the working directory
-of the process that loads it. Nothing is downloaded unless `data.download: true`: with the default, missing
+`data.root` is an absolute path, or one relative to the project folder (the one holding experiments/;
+the default "data" is its data/ folder): a trial runs in its own folder, not where the command was
+started. Nothing is downloaded unless `data.download: true`: with the default, missing
 files raise a FileNotFoundError naming the folder. Files that are present only gzipped (`*.gz`, as
 published) are decompressed next to themselves first, offline.
 
@@ -43,7 +44,7 @@ except ImportError:  # pragma: no cover - old torchvision
     _V2 = False
 
 DATA_DEFAULTS = {
-    "root": "data",  # folder holding FashionMNIST/raw/<IDX files>; relative to the working directory
+    "root": "data",  # folder holding FashionMNIST/raw/<IDX files>; relative to the project folder
     "download": False,  # true: fetch the files from the official mirror if missing (needs network)
     "val_fraction": 0.1,  # stratified share of the official train set held out for validation
     "limit_train": None,  # int: keep only this many (seeded-random) training images; null = all
@@ -162,10 +163,15 @@ def _stratified_split(y: np.ndarray, val_fraction: float, rng: np.random.Generat
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
 
 
+def _root(data: dict) -> str:
+    """data.root, a relative one read from the project folder (this file's parent's parent)."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.fspath(data["root"]))
+
+
 def load_data(data: dict, seed: int) -> DataSplits:
     from torchvision.datasets import FashionMNIST
 
-    root = os.fspath(data["root"])
+    root = _root(data)
     download = bool(data["download"])
     val_fraction = float(data["val_fraction"])
     if not 0.0 < val_fraction < 1.0:
@@ -215,7 +221,7 @@ def raw_test(data: dict, seed: int) -> tuple[np.ndarray, np.ndarray]:
     order of load_data(data, seed).test (the seed does not change the test split)."""
     from torchvision.datasets import FashionMNIST
 
-    root = os.fspath(data["root"])
+    root = _root(data)
     _ensure_files(root, bool(data["download"]))
     test = FashionMNIST(root, train=False, download=False)
     return test.data.numpy().astype(np.uint8), test.targets.numpy().astype(np.int64)

@@ -19,7 +19,8 @@ from hpolab.train.checkpoint import serialize_checkpoint
 
 
 class RecordingTrial:
-    def __init__(self, folder: Path, *, stop_at: int | None = None, restored: bytes | None = None, start_epoch: int = 1):
+    def __init__(self, folder: Path, *, stop_at: int | None = None, restored: bytes | None = None, start_epoch: int = 1,
+                 changes: tuple[dict, dict] | None = None):
         self.number = 0
         self.params: dict[str, Any] = {}
         self.config: dict[str, Any] = {}
@@ -32,6 +33,14 @@ class RecordingTrial:
         self.reports: list[tuple[int, dict[str, float]]] = []
         self.saved: list[tuple[int, bytes]] = []  # (epoch it belongs to, the serialized state)
         self.models: list[tuple[torch.nn.Module, torch.Tensor]] = []
+        # (the checkpoint's config, this attempt's): what a resumed attempt's config changed, applied by the
+        # platform's own code (study/trials/own_loop_changes.py) as the real trial object applies it
+        from hpolab.study.trials.own_loop_changes import ConfigChanges
+
+        self._changes = ConfigChanges(changes[1], changes[0]) if changes is not None else ConfigChanges({}, None)
+        self.config_changes: dict[str, Any] = self._changes.read()
+        self.applied: list[tuple[Any, Any]] = []  # (optimizer, schedulers) given to apply_config_changes
+        self.weights_epoch: int | None = None
 
     @staticmethod
     def load(data: bytes) -> dict:
@@ -52,8 +61,12 @@ class RecordingTrial:
     def restore(self) -> dict | None:
         return None if self.restored is None else self.load(self.restored)
 
-    def log_model(self, model: torch.nn.Module, input_example: torch.Tensor) -> None:
+    def log_model(self, model: torch.nn.Module, input_example: torch.Tensor, *, epoch: int | None = None) -> None:
         self.models.append((model, input_example))
+
+    def apply_config_changes(self, optimizer, schedulers=()) -> list[str]:
+        self.applied.append((optimizer, schedulers))
+        return self._changes.apply(optimizer, schedulers)
 
     @property
     def epochs(self) -> list[int]:

@@ -138,6 +138,21 @@ def test_a_resumed_train_continues_the_same_curve_from_the_restored_folder(tmp_p
         assert e1 == e2 and [m1[k] for k in keys] == pytest.approx([m2[k] for k in keys], rel=1e-5)
 
 
+def test_a_resume_with_a_new_learning_rate_gives_it_to_the_restored_optimizer_along_its_schedule(tmp_path):
+    # PBT's explore: the checkpoint was trained at lr 3e-3, the resumed attempt's config says 6e-3
+    whole = RecordingTrial(tmp_path / "whole")
+    plain = _train(whole, 4)
+    first = KilledAfter(tmp_path / "first", kill_at=2)
+    with pytest.raises(Killed):
+        _train(first, 4)
+    again = RecordingTrial(tmp_path / "again", restored=first.saved[-1][1], start_epoch=3,
+                           changes=({"trainer": {"lr": 3e-3}}, {"trainer": {"lr": 6e-3}}))
+    resumed = _train(again, 4)
+    assert len(again.applied) == 1  # the callback gave the changes to the optimizer the Trainer restored
+    lrs = [{e["epoch"]: e["learning_rate"] for e in t.state.log_history if "learning_rate" in e} for t in (plain, resumed)]
+    assert lrs[1][3.0] == pytest.approx(2 * lrs[0][3.0]) and lrs[1][4.0] == pytest.approx(2 * lrs[0][4.0])  # the same linear decay, twice as high
+
+
 def test_evaluation_other_than_per_epoch_is_refused_with_the_setting_to_use(tmp_path):
     with pytest.raises(ValueError, match=r"eval_strategy='epoch'"):
         _train(RecordingTrial(tmp_path), 1, eval_strategy="no", save_strategy="no")

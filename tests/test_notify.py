@@ -203,6 +203,7 @@ def test_a_study_sends_its_events_in_order_signed_to_json_slack_and_command_targ
     assert {started["study"], failed["study"]} == {"notes"} and started["links"]["ui_command"].endswith(" ui")
     assert failed["trial"] == 0 and "RuntimeError: the experiment's model raised on purpose" in failed["reason"]
     assert any("raise RuntimeError" in line for line in failed["log_tail"]), failed["log_tail"]  # its traceback's last lines
+    assert any("raising on purpose" in line for line in failed["output_tail"]), failed["output_tail"]  # what it printed last
     assert (best["trial"], best["metric"], best["params"]) == (1, "val_acc", {"model.fault": "none"})
     _, study = open_study(store, "notes")
     assert best["value"] == study.best_value and finished["best"]["trial"] == 1

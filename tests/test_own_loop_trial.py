@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hpolab.study.trials.own_loop import OwnTrial, TrialFailure
+from hpolab.study.trials.own_loop_contract import ContractError
 from hpolab.train.checkpoint import load_checkpoint
 
 
@@ -72,17 +73,58 @@ def test_a_stop_answer_is_kept_and_later_reports_send_nothing(tmp_path):
 
 def test_contract_mistakes_are_named(tmp_path):
     trial = OwnTrial(Driver().child, _job(tmp_path))
-    with pytest.raises(TypeError, match=r"state\['extra'\]\['best'\] is a numpy.float64"):
+    with pytest.raises(ContractError, match=r"state\['extra'\]\['best'\] is a numpy.float64"):
         trial.checkpoint({"w": torch.zeros(1), "extra": {"best": np.float64(0.5)}})
-    with pytest.raises(ValueError, match="epoch must be an int >= 1"):
-        trial.report(0, {"val_acc": 0.1})
+    with pytest.raises(ContractError, match="epoch must be a whole number"):
+        trial.report(1.5, {"val_acc": 0.1})
     trial.report(1, {"val_acc": 0.1})
-    with pytest.raises(ValueError, match=r"epoch 1 was reported already .* trial.start_epoch \(1\)"):
+    with pytest.raises(ContractError, match=r"epoch 1 was reported already .* trial.start_epoch \(1\)"):
         trial.report(1, {"val_acc": 0.1})
-    with pytest.raises(TypeError, match="metric 'name' is not a number"):
+    with pytest.raises(ContractError, match="metric 'name' is not a number"):
         trial.report(2, {"name": "x"})
-    with pytest.raises(TrialFailure, match="without reporting an epoch"):
+    with pytest.raises(ContractError, match="without reporting an epoch"):
         OwnTrial(Driver().child, _job(tmp_path / "none")).summary(False, None)
+    with pytest.raises(ContractError, match=r"trial.log_params: 'net' is a Linear"):
+        trial.log_params({"net": torch.nn.Linear(1, 1)})
+
+
+def test_a_loop_counting_from_0_is_recorded_from_1_and_resumes_in_its_own_numbering(tmp_path):
+    driver = Driver()
+    trial = OwnTrial(driver.child, _job(tmp_path))
+    for epoch in range(3):
+        trial.report(epoch, {"val_acc": 0.1 * epoch}, checkpoint={"w": torch.ones(1)})
+    trial.report({"val_acc": 0.5})  # without an epoch: the next one
+    assert [e for e, _ in driver.epochs] == [1, 2, 3, 4]
+    trial.checkpoint({"w": torch.ones(1)})
+    again = OwnTrial(Driver().child, _job(tmp_path / "retry", resume_from=str(tmp_path / "last.pt")))
+    assert again.start_epoch == 4  # range(trial.start_epoch, n) in the loop's numbering: its 5th epoch is epoch 4
+    with pytest.raises(ContractError, match=r"epoch 3 was reported already \(the last was 3\)"):
+        again.report(3, {"val_acc": 0.9})
+
+
+def test_the_result_is_the_epoch_of_the_logged_model(tmp_path):
+    trial = OwnTrial(Driver().child, _job(tmp_path))
+    net = torch.nn.Linear(3, 2)
+    trial.report(1, {"val_acc": 0.9}, checkpoint={"w": torch.ones(1)})
+    assert trial.is_best
+    trial.report(2, {"val_acc": 0.5}, checkpoint={"w": torch.ones(1) * 2})
+    assert not trial.is_best
+    trial.log_model(net, torch.zeros(1, 3))  # the final weights: epoch 2's
+    s = trial.summary(False, None)
+    assert (s["best_epoch"], s["best_value"], s["model_epoch"]) == (2, 0.5, 2)
+    assert torch.equal(load_checkpoint(tmp_path / "best.pt")["state"]["w"], torch.ones(1) * 2)  # best.pt: the result's
+    assert trial._example.shape == (2, 3)  # a one-row example is kept as two rows (the export keeps the batch dynamic)
+    trial.log_model(net, torch.zeros(2, 3), epoch=1)  # weights the loop says are epoch 1's
+    assert trial.summary(False, None)["best_epoch"] == 1
+    with pytest.raises(ContractError, match="epoch 7 was not reported"):
+        trial.log_model(net, torch.zeros(2, 3), epoch=7)
+
+    class OneRow(torch.nn.Module):
+        def forward(self, x):
+            return x.view(2, -1)  # a batch size written into the model
+
+    with pytest.raises(ContractError, match="the model cannot take a batch of 3 rows"):
+        trial.log_model(OneRow(), torch.zeros(2, 3))
 
 
 def test_objectives_are_the_best_epochs_values_and_costs_need_the_model(tmp_path):

@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from conftest import run_cli
-from hpolab.study.driver.events import disagreement
+from hpolab.study.driver.end_reasons import disagreement
 from hpolab.study.driver.heartbeat import HEARTBEAT_ATTR, REAPED, lost_reason, reap_trial
 from hpolab.study.state.owners import OWNER_ATTR, owner_record
 from hpolab.study.state.retry import KINDS, OVERRIDES, RetryCopy

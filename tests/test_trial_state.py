@@ -116,7 +116,7 @@ def test_a_result_sent_just_before_the_exit_is_not_missed(tmp_path):
 
 
 def test_a_failed_tell_never_leaves_mlflow_saying_complete():
-    from hpolab.study.driver.events import disagreement
+    from hpolab.study.driver.end_reasons import disagreement
 
     reaped = optuna.create_trial(state=TrialState.FAIL, params={}, distributions={},
                                  system_attrs={"hpolab.reaped": "host-b pid 7: its driver is gone"})

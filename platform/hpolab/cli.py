@@ -41,6 +41,8 @@ def _add_spec_change_options(p: argparse.ArgumentParser) -> None:
                    help="continue an existing study with a changed spec (recorded as spec-<n>.yaml); refused if a sampled value no longer fits the search space")
     p.add_argument("--allow-code-change", action="store_true",
                    help="continue an existing study although its experiment module changed (hash differs); each trial run records the code it ran")
+    p.add_argument("--hide-trial-output", action="store_true",
+                   help="what trials print goes to their output.log (on each run) only, not to this console as `trial N | ...`")
 
 
 def _command(subparsers, name: str, help_: str) -> argparse.ArgumentParser:
@@ -184,29 +186,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _stores(args, optuna: bool = True, tracking: bool = True):
+def _stores(args, optuna: bool = True, tracking: bool = True, create: bool = True):
     """The stores of the command line/environment, checked before use (one line, within seconds, if
     a URL is malformed, a driver is missing or a server does not answer). optuna/tracking: which of
-    the two the command opens (False, False: resolve only)."""
+    the two the command opens (False, False: resolve only); `create` False: a command that reads a
+    study through MLflow or Optuna (opening an embedded store's database would create it): it must exist."""
     from hpolab.api.stores import open_stores
 
-    return open_stores(getattr(args, "store", None), getattr(args, "storage", None), getattr(args, "tracking_uri", None), optuna, tracking)
+    return open_stores(getattr(args, "store", None), getattr(args, "storage", None), getattr(args, "tracking_uri", None), optuna, tracking,
+                       create)
 
 
 def cmd_study_run(args) -> int:
     """`study run` / `worker`: hpolab.run_study's code path (api/running.py), its Outcome as an exit code."""
     stores = _stores(args)  # first: a wrong or down store is said in seconds, before torch/mlflow are imported
     from hpolab.api import running, specs
-    from hpolab.study.driver.progress import Progress
+    from hpolab.study.driver.progress import Progress, process_started
     from hpolab.study.trials import trial_forkserver
 
     # The forkserver is a fork of this process once the spec check has imported torch and the experiment
     # (this process holds nothing else: a notebook's or a script's gets a new interpreter instead).
     trial_forkserver.allow_fork()
-    run = running.drive(args.spec, specs.override_strings(args.overrides, args.new_study), stores, Progress,
+    started = process_started()  # "elapsed" is this command's wall time
+
+    def progress(spec) -> Progress:
+        return Progress(spec, trial_output=not args.hide_trial_output, started=started)
+
+    run = running.drive(args.spec, specs.override_strings(args.overrides, args.new_study), stores, progress,
                         worker=args.command == "worker", allow_spec_change=args.allow_spec_change,
                         allow_code_change=args.allow_code_change, command=True)
-    code, message = running.study_exit(run.outcome)
+    code, message = running.study_exit(run.outcome, stores)
     if message:
         print(f"hpolab: {message}", file=sys.stderr)
     return code
@@ -224,19 +233,22 @@ def cmd_study_validate(args) -> int:
 def cmd_study_status(args) -> int:
     stores = _stores(args)  # checked before the heavy imports: a bad store is said in seconds
     from hpolab.analysis.status import print_status
+    from hpolab.stores.preflight import require_existing
+
+    require_existing(stores, tracking=False)  # (it reads Optuna only; opening a missing file would create it)
 
     return print_status(args.name, stores, limit=None if args.all else STATUS_ROWS)
 
 
 def cmd_study_check(args) -> int:
-    stores = _stores(args)
+    stores = _stores(args, create=False)
     from hpolab.analysis.check import check_cmd
 
     return check_cmd(args, stores)
 
 
 def cmd_study_prune_files(args) -> int:
-    stores = _stores(args)
+    stores = _stores(args, create=False)
     from hpolab.study.retention.prune_files import prune_files_cmd
 
     return prune_files_cmd(args, stores)
@@ -257,7 +269,7 @@ def cmd_study_list(args) -> int:
 
 
 def cmd_study_delete(args) -> int:
-    stores = _stores(args)
+    stores = _stores(args, create=False)
     from hpolab.tools.study_delete import delete_cmd
 
     return delete_cmd(args, stores)
@@ -267,7 +279,7 @@ def cmd_ui(args) -> int:
     from hpolab.tools.ui import check_address, serve
 
     check_address(args.host, args.port)  # a bad or busy port is said before the store is opened
-    return serve(_stores(args, optuna=False), host=args.host, port=args.port)
+    return serve(_stores(args, optuna=False, create=False), host=args.host, port=args.port)
 
 
 def cmd_env(args) -> int:
@@ -300,7 +312,8 @@ def _store_command(name: str, target: str):
     needs = {"doctor": (False, False), "predict": (False, True), "storage-proxy": (True, False)}.get(name, (True, True))
 
     def handler(args) -> int:
-        stores = _stores(args, *needs)  # before the command's (heavy) imports: a bad store is said in seconds
+        # before the command's (heavy) imports: a bad store is said in seconds
+        stores = _stores(args, *needs, create=name in ("doctor", "lr-find", "storage-proxy"))  # (the others read a study)
         return getattr(importlib.import_module(module), func)(args, stores)
 
     return handler

@@ -36,6 +36,10 @@ def model_problems(s: Study, t: FrozenTrial, run) -> list[Problem]:
     if params:
         out.append(Problem(t.number, f"its logged model {model_id} lacks the run's params {', '.join(sorted(params))}",
                            "copy them from the run", _log_params(s, model_id, params)))
+    held, epoch = tags.get("hpolab.model_epoch"), tags.get("hpolab.best_epoch")
+    if held and epoch and held != epoch:
+        out.append(Problem(t.number, f"its logged model holds epoch {held}'s weights; the trial's value and the metrics linked to "
+                                     f"it are epoch {epoch}'s", "none: log the model of the epoch the trial's value is from"))
     names = _objectives(s, run)
     wrong = [n for n, v in zip(names, t.values or []) if links.metrics.get(n) != v] if t.state == TrialState.COMPLETE else \
         [n for n in names[:1] if n in run.data.metrics and n not in links.metrics]

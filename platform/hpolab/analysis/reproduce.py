@@ -43,11 +43,26 @@ def _load_run(client, run_id: str, stores) -> tuple:
 
 
 def _environment_differs(tags: dict[str, str]) -> list[tuple[str, str, str]]:
-    """(key, was, is now) for each ENV_KEYS entry that differs from this machine."""
+    """(key, was, is now) for each ENV_KEYS entry, and each package of the experiment the run recorded
+    (env.<distribution>: stores/experiment_packages.py), that differs from this machine."""
+    from importlib import metadata
+
     from hpolab.stores.environment import capture_environment
 
     now = capture_environment()
-    return [(k, tags.get(k, "?"), now.get(k, "?")) for k in ENV_KEYS if tags.get(k, "?") != now.get(k, "?")]
+    for key in tags:
+        if key.startswith("env.") and key not in now:
+            try:
+                now[key] = metadata.version(key.removeprefix("env."))
+            except (metadata.PackageNotFoundError, ValueError):
+                continue
+    keys = [*ENV_KEYS, *sorted(k for k in tags if k.startswith("env.") and k in now and k not in ENV_KEYS and k not in _MACHINE)]
+    return [(k, tags.get(k, "?"), now.get(k, "?")) for k in keys if tags.get(k, "?") != now.get(k, "?")]
+
+
+# env.* tags that describe the machine or the launch, not a version a reproduction must match
+_MACHINE = ("env.platform", "env.hostname", "env.executable", "env.cuda_available", "env.gpu_driver", "env.optuna",
+            "env.mlflow", "env.hpolab", "env.torchvision")
 
 
 def _history(client, run_id: str, config: dict) -> tuple[tuple[str, ...], dict[str, dict[int, float]], int]:

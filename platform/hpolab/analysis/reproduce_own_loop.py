@@ -29,20 +29,32 @@ class LocalTrial:
     def __init__(self, number: int, params: dict[str, Any], config: dict, folder: Path, epochs: int):
         import torch
 
+        from hpolab.study.trials.own_loop_contract import EpochNumbers
+
         self.number, self.params, self.config, self.dir = number, params, config, folder
         self.device, self.start_epoch = torch.device("cpu"), 1
-        self.history: list[dict[str, float]] = []  # one dict per report: epoch + the numeric metrics
-        self._epochs = epochs
+        self.history: list[dict[str, float]] = []  # one dict per report: epoch (as recorded) + the numeric metrics
+        self.config_changes: dict[str, Any] = {}  # (a reproduction starts from scratch: nothing restored)
+        self.weights_epoch: int | None = None
+        self._epochs = EpochNumbers()  # the trial's own numbering: a loop counting from 0 is recorded from 1
+        self._stop_after = epochs
 
-    def report(self, epoch: int, metrics: dict[str, float], checkpoint: dict | None = None) -> bool:
-        row: dict[str, float] = {"epoch": int(epoch)}
+    def report(self, epoch: Any, metrics: dict[str, float] | None = None, checkpoint: dict | None = None) -> bool:
+        if metrics is None and isinstance(epoch, dict):  # trial.report(metrics): the next epoch
+            epoch, metrics = None, epoch
+        recorded = self._epochs.record(epoch, self.history[-1]["epoch"] if self.history else 0, 1)
+        row: dict[str, float] = {"epoch": recorded}
         for k, v in metrics.items():
             try:
                 row[str(k)] = float(v)
             except (TypeError, ValueError):
                 continue  # not a number: the trial process would have refused it; nothing to compare
         self.history.append(row)
-        return int(epoch) >= self._epochs  # stop where the original stopped
+        return recorded >= self._stop_after  # stop where the original stopped
+
+    @property
+    def is_best(self) -> bool:
+        return False  # (log_model is ignored: nothing to keep)
 
     def checkpoint(self, state: dict) -> None:
         pass  # nothing is written by a reproduction
@@ -50,7 +62,13 @@ class LocalTrial:
     def restore(self) -> dict | None:
         return None
 
-    def log_model(self, model, input_example) -> None:
+    def apply_config_changes(self, optimizer, schedulers=()) -> list[str]:
+        return []
+
+    def log_params(self, params: dict) -> None:
+        pass
+
+    def log_model(self, model, input_example, *, epoch: int | None = None) -> None:
         pass
 
 

@@ -170,7 +170,21 @@ def _print_trials(name: str, direction: str, all_rows: list, best: tuple[int, fl
     epochs = epochs_line(all_rows, budget())
     if epochs:
         console.print(epochs)
+    _print_failures(console, all_rows)
     return 0
+
+
+FAILURES_SHOWN = 3  # the latest failed trials whose reason and last output `study status` shows
+
+
+def _print_failures(console: Console, rows: list) -> None:
+    """The latest failed trials' reasons and last output lines (recorded when they failed)."""
+    failed = [r for r in rows if r.state == "FAIL" and isinstance(r.system_attrs.get("hpolab.failure"), dict)][-FAILURES_SHOWN:]
+    for r in failed:
+        record = r.system_attrs["hpolab.failure"]
+        console.print(Text(f"trial {r.number} failed: {record.get('reason', '')}"))
+        for line in record.get("output") or []:
+            console.print(Text(f"  | {line}"))
 
 
 def _cell(v) -> Text | str:

@@ -43,6 +43,19 @@ def lr_find(spec: specs.SpecSource, overrides: specs.Overrides = None, *, out: s
     return LRFind(result.suggestion, result, paths["plot"], paths["csv"], run_id)
 
 
+class ModelUri(str):
+    """A model URI (models:/NAME@ALIAS, models:/m-<id>) that remembers the stores it is in: what
+    Promotion.model_uri and Study.best.model_uri return, so that hpolab.predict(uri, x) reads the
+    store the study ran in, not ./mlruns. A plain str everywhere else."""
+
+    stores: Any
+
+    def __new__(cls, uri: str, stores) -> "ModelUri":
+        made = super().__new__(cls, uri)
+        made.stores = stores
+        return made
+
+
 def predict(model_uri: str, inputs: Any, *, store: str | Path | None = None, tracking_uri: str | None = None):
     """Predictions of a model promoted by `hpolab promote` (models:/NAME@ALIAS, models:/NAME/VERSION or
     models:/m-<id>), as `hpolab predict MODEL_URI INPUT` prints them: a pandas DataFrame with `input`
@@ -52,13 +65,17 @@ def predict(model_uri: str, inputs: Any, *, store: str | Path | None = None, tra
 
     `inputs`: raw inputs as the experiment's data holds them (before preprocessing) -- a numpy array
     or a torch tensor of shape (N, *raw_shape) or one sample (*raw_shape) -- or the path of a .npy
-    file or a folder of images. Raises UserError when the URI, the model or the inputs do not fit."""
+    file or a folder of images. `store` / `tracking_uri`: where the model is registered (default: the
+    stores of a Promotion's or Study's model_uri, else the environment, then ./mlruns). Raises UserError
+    when the URI, the model or the inputs do not fit, or the store does not exist."""
     from hpolab.registry.predict import predictions
 
     if isinstance(inputs, str):
         inputs = Path(inputs)
     elif hasattr(inputs, "detach"):  # a torch tensor (on any device, with or without grad)
         inputs = inputs.detach().cpu().numpy()
+    if store is None and tracking_uri is None and isinstance(model_uri, ModelUri):  # a Promotion's / Study's: its stores
+        store, tracking_uri = model_uri.stores.root, model_uri.stores.tracking_uri
     with keep_tracking_uri():
-        stores = open_stores(store, None, tracking_uri, optuna=False)
-        return predictions(model_uri, inputs, stores).table
+        stores = open_stores(store, None, tracking_uri, optuna=False, create=False)
+        return predictions(str(model_uri), inputs, stores).table

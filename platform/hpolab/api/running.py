@@ -87,8 +87,8 @@ def main_module_hidden() -> Iterator[None]:
             setattr(main, k, v)
 
 
-def study_exit(outcome) -> tuple[int, str | None]:
-    """The exit code of `study run` and the one line saying why it is not 0."""
+def study_exit(outcome, stores=None) -> tuple[int, str | None]:
+    """The exit code of `study run` and the one line saying why it is not 0 (`stores`: named in its hint)."""
     c = outcome.counts
     if outcome.signal is not None:
         name = "SIGTERM" if outcome.signal == signal.SIGTERM else "Ctrl-C"
@@ -98,22 +98,27 @@ def study_exit(outcome) -> tuple[int, str | None]:
     if outcome.halted:
         return EXIT_OK, None  # `hpolab study stop`: every worker ends on purpose (the driver said so)
     if outcome.failure_limit:
+        from hpolab.study.state.budget import CONTRACT_BROKEN
+
+        if CONTRACT_BROKEN in outcome.failure_limit:  # one trial is enough: fix train() and run the same command again
+            return EXIT_FAILED, f"stopped: {outcome.failure_limit}"
         return EXIT_FAILED, f"stopped after the failure limit: {outcome.failure_limit}"
     if outcome.budget_spent:
         return EXIT_OK, None  # budget.epochs used up: planned (the summary says so, and what it reached)
     if not c.get("complete"):
         return EXIT_FAILED, (f"no trial completed ({c.get('fail', 0)} failed, {c.get('pruned', 0)} pruned of "
-                             f"{c.get('finished', 0)} finished); see the fail reasons above or in `hpolab study status`")
+                             f"{c.get('finished', 0)} finished); see the fail reasons above or in "
+                             f"`{stores.command('study status') if stores is not None else 'hpolab study status'}`")
     if c.get("finished", 0) >= outcome.n_trials or outcome.timed_out or outcome.stopped:
         return EXIT_OK, None  # (stopped: stop_after_no_improvement ended the study on purpose)
     return EXIT_FAILED, f"the study stopped with {c.get('finished', 0)}/{outcome.n_trials} trials finished"
 
 
-def raise_for_outcome(outcome) -> None:
+def raise_for_outcome(outcome, stores=None) -> None:
     """run_study's end: nothing when `study run` would exit 0; KeyboardInterrupt after Ctrl-C or
     SIGTERM (the stores are consistent, the signal handlers restored: run_study again continues);
     StudyError with `study run`'s line otherwise."""
-    code, message = study_exit(outcome)
+    code, message = study_exit(outcome, stores)
     if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         raise KeyboardInterrupt(message)
     if code != EXIT_OK:
@@ -123,7 +128,7 @@ def raise_for_outcome(outcome) -> None:
 def run_study(spec: specs.SpecSource, overrides: specs.Overrides = None, *, store: str | Path | None = None,
               storage: str | None = None, tracking_uri: str | None = None, progress: bool = True,
               new_study: str | None = None, allow_spec_change: bool = False, allow_code_change: bool = False,
-              project_dir: str | Path | None = None) -> "Study":
+              project_dir: str | Path | None = None, trial_output: bool = True) -> "Study":
     """Run (or continue) a study up to its `n_trials` budget, as `hpolab study run SPEC key=value ...`.
 
     `spec`: a spec file's path, or a dict of the same keys (checked the same way: a SpecError names
@@ -131,7 +136,8 @@ def run_study(spec: specs.SpecSource, overrides: specs.Overrides = None, *, stor
     values (`{"n_trials": 4, "trainer.max_epochs": 2}`). `store` / `storage` / `tracking_uri`: the
     CLI's --store / --storage / --tracking-uri (default: the environment, then ./mlruns).
     `progress`: print the trial lines and the summary table (a bar of finished trials too in
-    Jupyter). `new_study`, `allow_spec_change`, `allow_code_change`: the CLI's options of the same
+    Jupyter); `trial_output`: with them, what the trials print (`trial N | ...`; False: only in each
+    trial's output.log, the CLI's --hide-trial-output). `new_study`, `allow_spec_change`, `allow_code_change`: the CLI's options of the same
     names. `project_dir`: where a dict spec's experiment is found (default: the working directory).
 
     Returns the Study when `study run` would exit 0. Raises SpecError / UserError for bad input,
@@ -145,13 +151,16 @@ def run_study(spec: specs.SpecSource, overrides: specs.Overrides = None, *, stor
     items = specs.override_strings(overrides, new_study)
     with keep_tracking_uri():
         stores = open_stores(store, storage, tracking_uri)
-        run = drive(spec, items, stores, _progress_maker(progress), allow_spec_change=allow_spec_change,
+        run = drive(spec, items, stores, _progress_maker(progress, trial_output), allow_spec_change=allow_spec_change,
                     allow_code_change=allow_code_change, project_dir=project_dir)
-    raise_for_outcome(run.outcome)
+    raise_for_outcome(run.outcome, stores)
     return Study(run.spec.name, stores, spec=run.spec, outcome=run.outcome)
 
 
-def _progress_maker(show: bool) -> Callable[[Any], Any]:
+def _progress_maker(show: bool, trial_output: bool = True) -> Callable[[Any], Any]:
+    import time
+
     from hpolab.study.driver.progress import Progress
 
-    return lambda spec: Progress(spec, quiet=not show)
+    started = time.monotonic()  # (elapsed: this call's time)
+    return lambda spec: Progress(spec, quiet=not show, trial_output=trial_output, started=started)

@@ -19,16 +19,16 @@ ENV = "MLFLOW_TRACKING_URI"
 
 
 def open_stores(store: str | Path | None = None, storage: str | None = None, tracking_uri: str | None = None,
-                optuna: bool = True, tracking: bool = True):
+                optuna: bool = True, tracking: bool = True, create: bool = True):
     """The resolved Stores, checked (one line, within seconds, if a URL is malformed, a driver is
     missing or a server does not answer). optuna/tracking: which of the two is opened (both False:
-    resolve only)."""
+    resolve only); `create` False: a reading call, whose embedded store must exist already."""
     from hpolab.stores.paths import resolve_stores
     from hpolab.stores.preflight import check_stores
 
     stores = resolve_stores(str(store) if store is not None else None, storage, tracking_uri)
     if optuna or tracking:
-        check_stores(stores, optuna=optuna, tracking=tracking)
+        check_stores(stores, optuna=optuna, tracking=tracking, create=create)
     return stores
 
 

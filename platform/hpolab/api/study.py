@@ -73,7 +73,7 @@ class Study:
         return BestTrial(number=int(row["trial"]), metric=table.metric, value=value,
                          values=objectives or {table.metric: value},
                          params={p: _plain(row[f"params.{p}"]) for p in table.params},
-                         run_id=_plain(row["run_id"]), model_uri=_plain(row["model_uri"]))
+                         run_id=_plain(row["run_id"]), model_uri=_uri(_plain(row["model_uri"]), self.stores))
 
     def front(self):
         """Several objectives: the Pareto front's rows of trials_df() (feasible COMPLETE trials no
@@ -151,7 +151,8 @@ class Study:
             code = promote_study(self.name, self.stores, metric=metric, pick=pick, model_name=model_name,
                                  alias=alias, force=force, dry_run=dry_run)
             holder = alias_holder(client_for(self.stores), model_name or self.name, alias)
-        return Promotion(code, model_name or self.name, alias, int(holder.version) if holder is not None else None, dry_run)
+        return Promotion(code, model_name or self.name, alias, int(holder.version) if holder is not None else None, dry_run,
+                         self.stores)
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,7 @@ class Promotion:
     alias: str
     version: int | None  # the version holding the alias now (None: no version holds it)
     dry_run: bool
+    stores: Any = None  # hpolab.stores.paths.Stores: where it is registered (the study's)
 
     @property
     def refused(self) -> bool:
@@ -175,7 +177,20 @@ class Promotion:
 
     @property
     def model_uri(self) -> str:
-        return f"models:/{self.model_name}@{self.alias}"
+        """models:/NAME@ALIAS, carrying the study's stores: hpolab.predict(promotion.model_uri, x) reads them."""
+        return _uri(f"models:/{self.model_name}@{self.alias}", self.stores)
+
+    def predict(self, inputs: Any):
+        """hpolab.predict(self.model_uri, inputs): the champion's predictions, from the study's stores."""
+        from hpolab.api.models import predict
+
+        return predict(self.model_uri, inputs)
+
+
+def _uri(uri: str | None, stores) -> str | None:
+    from hpolab.api.models import ModelUri
+
+    return ModelUri(uri, stores) if uri is not None and stores is not None else uri
 
 
 def _plain(v: Any) -> Any:
@@ -195,7 +210,7 @@ def load_study(name_or_spec: specs.SpecSource, *, store: str | Path | None = Non
     from hpolab.stores.optuna_storage import load_study as load_optuna_study
 
     name = specs.study_name(name_or_spec)
-    stores = open_stores(store, storage, tracking_uri, tracking=False)
+    stores = open_stores(store, storage, tracking_uri, tracking=False, create=False)
     load_optuna_study(name, stores)  # (UserError naming the studies there when it is not one of them)
     return Study(name, stores)
 

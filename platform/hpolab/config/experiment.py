@@ -87,6 +87,25 @@ def put_first_on_path(root: Path) -> None:
     sys.path.insert(0, str(root))
 
 
+_IMPORTED_WITH: dict[str, set[str]] = {}  # experiment module -> the top-level modules its first import brought in
+
+
+def imported_with(module: str) -> set[str]:
+    """The top-level module names the first import of `module` in this process brought into sys.modules
+    (empty when it was imported before hpolab looked)."""
+    return set(_IMPORTED_WITH.get(module, ()))
+
+
+def _import_module(name: str) -> ModuleType:
+    """importlib.import_module, noting what a first import brought in (stores/experiment_packages.py)."""
+    if name in sys.modules:
+        return importlib.import_module(name)
+    before = {n.partition(".")[0] for n in list(sys.modules)}
+    module = importlib.import_module(name)
+    _IMPORTED_WITH[module.__name__] = {n.partition(".")[0] for n in list(sys.modules)} - before
+    return module
+
+
 def _import_from(root: Path, module: str) -> ModuleType:
     """Import `experiments.<x>` from `root`, even when another root's `experiments` was imported first.
 
@@ -101,7 +120,7 @@ def _import_from(root: Path, module: str) -> ModuleType:
             del sys.modules[name]
         importlib.invalidate_caches()
         _bind_package(root)
-    return importlib.import_module(module)
+    return _import_module(module)
 
 
 def _project_roots(search_from: str | Path | None, looked: list[str]) -> list[tuple[Path, str]]:
@@ -169,7 +188,7 @@ def load_experiment(name: str, search_from: str | Path | None = None) -> ModuleT
     last: Exception | None = None
     for mod in candidates:
         try:
-            return importlib.import_module(mod)
+            return _import_module(mod)
         except ModuleNotFoundError as e:
             if e.name and not (mod == e.name or mod.startswith(e.name + ".")):
                 raise  # the module exists but one of its own imports is missing

@@ -5,13 +5,14 @@ may declare them (`METRIC_DIRECTIONS = {"val_acc": "maximize", ...}`): the spec'
 and constraints are then checked against it here; without it the spec's names are trusted, and a trial
 whose reports never carry the study metric fails saying so (study/trials/own_loop.py).
 
-What only the routine can do is refused: several devices per trial (DDP ranks run fit()), and the LR
-range test (it builds the model and data itself).
+Its `train` must take (config, trial). What only the routine can do is refused: several devices per
+trial (DDP ranks run fit()), and the LR range test (it builds the model and data itself).
 """
 
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
 from hpolab.config.objectives import declared_costs, experiment_cost_problems, objective_problems
 from hpolab.errors import UserError
@@ -26,8 +27,28 @@ def refuse_own_loop(exp: ModuleType, command: str) -> None:
                         f"hpolab {command} needs the load_data/build_model contract")
 
 
+def train_signature_problems(spec, exp: ModuleType) -> list[str]:
+    """An experiment's `train` must take (config, trial): a module whose own `train` has another signature
+    (PyTorch's MNIST example has `train(args, model, device, train_loader, optimizer, epoch)`) would make
+    every trial fail on the call."""
+    import inspect
+
+    try:
+        signature = inspect.signature(exp.train)
+    except (TypeError, ValueError):  # (a builtin or C callable: nothing to read)
+        return []
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        return [f"experiment: {spec.experiment} defines train{signature}; an own-loop experiment defines train(config, trial) "
+                "(rename the existing function, e.g. to train_epoch)"]
+    return []
+
+
 def own_loop_problems(spec, exp: ModuleType) -> list[str]:
-    problems = []
+    problems = train_signature_problems(spec, exp)
+    if problems:
+        return problems
     if spec.trainer.devices > 1:
         problems.append(f"trainer.devices: {spec.trainer.devices} needs the platform's routine (DDP ranks); an own training "
                         "loop (train(config, trial)) runs in one process on one device: set trainer.devices: 1")
@@ -61,3 +82,17 @@ def _metric_problems(spec, declared: dict[str, str]) -> list[str]:
     if spec.direction != want:
         return [f"direction: {spec.metric} should be {want[:-1]}ed ({where}); set direction: {want}"]
     return []
+
+
+def recorded_config(spec, config: dict[str, Any], exp: ModuleType) -> dict[str, Any]:
+    """What a trial run records as params: the config (the routine's trials), or for an own loop its
+    config with only the trainer: keys the spec set and those this trial's config changed (sampled, a
+    retry's halved batch, a trial scheduler's): the routine's other options are defaults the loop may
+    never have used (trial.log_params records what it did use)."""
+    from hpolab.config.experiment import is_own_loop
+
+    if not is_own_loop(exp):
+        return config
+    given = spec.trainer_dict()
+    trainer = {k: v for k, v in config["trainer"].items() if k in spec._trainer_keys or given.get(k) != v}
+    return {**config, "trainer": trainer}

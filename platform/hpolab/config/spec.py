@@ -173,6 +173,7 @@ class StudySpec(_Frozen):
     # Set by load_spec: the folder holding the experiments/ the experiment came from (the spec's
     # project). Not a field: it is where this spec was found, not part of the study's definition.
     _project_dir: Path | None = PrivateAttr(default=None)
+    _trainer_keys: frozenset = PrivateAttr(default=frozenset())  # the trainer: keys the spec (and overrides) set
 
     @model_validator(mode="before")
     @classmethod
@@ -337,6 +338,7 @@ def spec_from_mapping(raw: Any, source: str, overrides: dict[str, Any] | None = 
         spec = StudySpec.model_validate(raw)
     except ValidationError as e:
         raise SpecError(source, validation_messages(e)) from None
+    spec._trainer_keys = frozenset(raw.get("trainer") or {})  # (an own loop's runs record only these: own_loop_checks.py)
     exp, problems = _check_experiment(spec, search_from=search_from)
     problems += check_named(spec)
     problems += check_enqueue(spec.search_space, spec.enqueue)

@@ -17,8 +17,10 @@ validation the training aggregates would still be the previous epoch's), the cal
 stop (pruned, or the study is stopping) it sets `trainer.should_stop`, and fit ends after this epoch.
 
 A retried or resumed trial restarts from that checkpoint: `resume_path(trial)` writes it to a file for
-`trainer.fit(..., ckpt_path=...)` (the callback deletes that file once fit has read it), and Lightning continues at the next epoch (its epoch counter is in the
-checkpoint, so the reported epochs continue too).
+`trainer.fit(..., ckpt_path=...)` (the callback deletes that file once fit has read it), and Lightning
+continues at the next epoch (its epoch counter is in the checkpoint, so the reported epochs continue
+too). When the resume changed `trainer.lr`, `weight_decay`, `momentum` or `betas` (PBT's explore), the
+callback gives them to the restored optimizers (`trial.apply_config_changes`) before training goes on.
 """
 
 from __future__ import annotations
@@ -37,13 +39,19 @@ RESUME_FILE = "lightning-resume.ckpt"  # in trial.dir: the restored checkpoint, 
 
 
 def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """The scalars among logged metrics (0-d or one-element tensors, numbers) as floats."""
+    """The scalars among logged metrics (0-d or one-element tensors, numbers) as floats, one per name:
+    a metric logged on step and on epoch (`self.log("train_loss", ..., on_epoch=True)` in training_step)
+    is the epoch's, under its own name (Lightning's `train_loss_step` and `train_loss_epoch` are not kept)."""
     out = {}
     for name, value in metrics.items():
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             out[name] = float(value.detach().cpu().reshape(()))
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             out[name] = float(value)
+    for name in [n for n in out if n.endswith("_epoch")]:
+        base = name.removesuffix("_epoch")
+        out.pop(base + "_step", None)
+        out[base] = out.pop(name)
     return out
 
 
@@ -74,6 +82,11 @@ class HpolabCallback(Callback):
         # fit has read the restored checkpoint by now: leave no second copy of it in the trial's folder
         if trainer.ckpt_path and Path(trainer.ckpt_path) == Path(self.trial.dir) / RESUME_FILE:
             Path(trainer.ckpt_path).unlink(missing_ok=True)
+        # ... and restored the optimizers and LR schedulers: a trial scheduler's new trainer.lr (weight
+        # decay, momentum, betas) replaces what they brought back from the checkpoint (PBT's explore)
+        for optimizer in trainer.optimizers:
+            schedulers = [c.scheduler for c in trainer.lr_scheduler_configs if getattr(c.scheduler, "optimizer", None) is optimizer]
+            self.trial.apply_config_changes(optimizer, schedulers)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking:

@@ -18,7 +18,11 @@ files packed into one dict of bytes, sent with the report (`trial.report(epoch, 
 A retried or resumed trial gets that folder back on disk from
 `resume_folder(trial)`, for `trainer.train(resume_from_checkpoint=...)`, which restores weights, optimizer,
 scheduler, RNG and the Trainer's step and epoch counters (so the reported epochs continue); the callback
-deletes that copy once train() has read it.
+deletes that copy once train() has read it. When the resume changed `trainer.lr`, `weight_decay`,
+`momentum` or `betas` (PBT's explore), the callback gives them to the restored optimizer and scheduler
+(`trial.apply_config_changes`). With `load_best_model_at_end`, the callback tells the trial which epoch
+the weights the Trainer ends with are from (`trial.weights_epoch`), so `trial.log_model` after train()
+logs them as that epoch's.
 """
 
 from __future__ import annotations
@@ -89,6 +93,10 @@ class HpolabCallback(TrainerCallback):
             raise ValueError(f"HpolabCallback reports one evaluation per epoch: set TrainingArguments(eval_strategy='epoch'), "
                              f"not {_strategy(args.eval_strategy)!r}")
         self._stopping, self._pending, self._training = False, None, True
+        # The Trainer has restored its optimizer and LR scheduler from a resumed checkpoint by now: a trial
+        # scheduler's new trainer.lr (weight decay, momentum, betas) replaces what they brought back (PBT).
+        if kwargs.get("optimizer") is not None:
+            self.trial.apply_config_changes(kwargs["optimizer"], [kwargs.get("lr_scheduler")])
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs: dict | None = None, **kwargs) -> None:
         if logs and "loss" in logs:
@@ -126,6 +134,8 @@ class HpolabCallback(TrainerCallback):
             (epoch, metrics), self._pending = self._pending, None
             self._report(control, epoch, metrics, None)
         self._training = False
+        if args.load_best_model_at_end and state.best_model_checkpoint:  # the model holds that epoch's weights now
+            self.trial.weights_epoch = _epoch_of(state, state.best_model_checkpoint)
         # The Trainer is done with its folders (a best model is loaded before this call); the packed ones
         # live on in the trial's checkpoint, and left in trial.dir they would cost a model's size per trial.
         for folder in self._packed:
@@ -136,6 +146,15 @@ class HpolabCallback(TrainerCallback):
         if self.trial.report(epoch, metrics, checkpoint=checkpoint):
             self._stopping = True
             control.should_training_stop = True  # the Trainer ends after this step's evaluate/save
+
+
+def _epoch_of(state: TrainerState, checkpoint: str) -> int | None:
+    """The epoch (1-based) of a `checkpoint-<step>` folder: its step's evaluation in the Trainer's log."""
+    step = Path(checkpoint).name.rpartition("-")[2]
+    for entry in state.log_history:
+        if str(entry.get("step")) == step and "eval_loss" in entry:
+            return max(1, int(math.floor(float(entry["epoch"]) + 0.5)))
+    return None
 
 
 def _strategy(value: Any) -> str:

@@ -99,8 +99,9 @@ def promote_own_loop(args, client, info, ch, exp, holder, existing, contest, tmp
     version = _write(client, info, ch, uri, test, gate_name, exports, skipped, example, previous, contest)
     print(f"registered {model_name} version {version} (trial {ch.trial_number}'s logged model); @{alias} -> version {version}"
           + (f" (was version {previous})" if previous else ""))
+    predict = f"predict models:/{model_name}@{alias} INPUT.npy"
     print(f'load it: mlflow.pytorch.load_model("models:/{model_name}@{alias}")  '
-          f"or  hpolab predict models:/{model_name}@{alias} INPUT.npy  (inputs as the model takes them)")
+          f"or  {args.stores.command(predict) if getattr(args, 'stores', None) else 'hpolab ' + predict}  (inputs as the model takes them)")
     return EXIT_OK
 
 
@@ -225,7 +226,9 @@ def export_or_skip(model, example: np.ndarray | None, folder: Path):
 def _print_table(ch, info, test: dict, alias: str, holder, held) -> None:
     names = list(test)
     print(f"held-out test split: the experiment's evaluate(model, \"test\") (gate: {own_loop_gate.gate_metric(info.metric, test)})")
-    print(f"  {'':28s} {info.metric:>10s} " + " ".join(f"{k:>12s}" for k in names))
+    # the trial's value of the study metric, then evaluate()'s test metrics ("test " before each when a name is the study metric's)
+    shown = [f"test {k}" for k in names] if info.metric in names else names
+    print(f"  {'':28s} {info.metric:>10s} " + " ".join(f"{k:>12s}" for k in shown))
     rows = [(f"challenger: trial {ch.trial_number}", ch.val_value, test)]
     if holder is not None:
         val = holder.tags.get(f"hpolab.{info.metric}")

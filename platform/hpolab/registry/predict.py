@@ -71,7 +71,7 @@ def predictions(model_uri: str, inputs: Any, stores: Stores) -> Predictions:
 
     client = client_for(stores)
     mlflow.set_tracking_uri(stores.tracking_uri)
-    tags, what = _model_tags(client, model_uri)
+    tags, what = _model_tags(client, model_uri, stores)
     if TAG_RAW_SHAPE not in tags or TAG_RAW_DTYPE not in tags:
         raise UserError(f"{model_uri} ({what}) was not promoted by hpolab promote: it lacks the tags {TAG_RAW_SHAPE} / {TAG_RAW_DTYPE} that say what raw input it takes")
     raw_shape = tuple(json.loads(tags[TAG_RAW_SHAPE]))
@@ -133,11 +133,12 @@ def _write(out: Path | None, array: np.ndarray, table) -> None:
         print(f"wrote {out}", file=sys.stderr)
 
 
-def _model_tags(client, uri: str) -> tuple[dict[str, str], str]:
+def _model_tags(client, uri: str, stores: Stores) -> tuple[dict[str, str], str]:
     """Tags of the registered version (or of the logged model) behind `uri`, and a description."""
     from mlflow.exceptions import MlflowException
 
     from hpolab.errors import UserError
+    from hpolab.stores.paths import redact
 
     m = re.fullmatch(r"models:/([^/@]+)(?:@([^/]+)|/(\d+))?", uri)
     if not m:
@@ -151,8 +152,9 @@ def _model_tags(client, uri: str) -> tuple[dict[str, str], str]:
         else:  # a logged model id
             lm = client.get_logged_model(name)
             return dict(lm.tags), f"logged model {name}"
-    except MlflowException as e:
-        raise UserError(f"{uri}: {e.message}") from e
+    except MlflowException as e:  # (not found: in the store that was looked in, named with how to name another)
+        raise UserError(f"{uri}: {e.message} in the MLflow store {redact(stores.tracking_uri)}; is --store / --tracking-uri "
+                        "the study's?") from e
     tags = dict(mv.tags)
     # The logged model carries the serving tags too (the SQLite registry keeps its id in `source` only).
     model_id = getattr(mv, "model_id", None) or (mv.source.removeprefix("models:/") if (mv.source or "").startswith("models:/m-") else None)

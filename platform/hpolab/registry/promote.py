@@ -63,7 +63,8 @@ def promote_study(name: str, stores: Stores, *, metric: str | None = None, pick:
 
     if not ALIAS_RE.match(alias) or alias == "latest" or re.fullmatch(r"v\d+", alias):
         raise UserError(f"--alias {alias!r}: use letters, digits, '_' or '-' (not 'latest' or v<number>, which MLflow reserves)")
-    args = argparse.Namespace(name=name, metric=metric, pick=pick, model_name=model_name, alias=alias, force=force, dry_run=dry_run)
+    args = argparse.Namespace(name=name, metric=metric, pick=pick, model_name=model_name, alias=alias, force=force, dry_run=dry_run,
+                              stores=stores)  # (the hints it prints name the stores)
     watch = None if dry_run else ChampionWatch(name, stores, model_name or name, alias)
     code = promote(args, stores)
     if watch is not None and code == EXIT_OK:
@@ -162,7 +163,7 @@ def promote(args, stores: Stores) -> int:
 
         # 5. the writes
         version = writer.write_version(client, model_name, alias, info, ch, ev, exports, gate_name, args.metric or info.metric, previous)
-    _print_registered(model_name, version, alias, previous)
+    _print_registered(model_name, version, alias, previous, stores)
     return EXIT_OK
 
 
@@ -212,11 +213,11 @@ def _move_to_existing(client, model_name: str, alias: str, existing, previous, c
     return EXIT_OK
 
 
-def _print_registered(model_name: str, version, alias: str, previous) -> None:
+def _print_registered(model_name: str, version, alias: str, previous, stores: Stores) -> None:
     print(f"registered {model_name} version {version}; @{alias} -> version {version}"
           + (f" (was version {previous})" if previous else ""))
     print(f'load it: mlflow.pyfunc.load_model("models:/{model_name}@{alias}")  '
-          f"or  hpolab predict models:/{model_name}@{alias} INPUT.npy")
+          f"or  {stores.command(f'predict models:/{model_name}@{alias} INPUT.npy')}")
 
 
 def _test_directions(bound, config: dict) -> dict[str, str]:

@@ -116,9 +116,17 @@ def pick(client, study, info: StudyInfo, metric: str, direction: str) -> Challen
     if not candidates:
         known = ", ".join(sorted(logged)) or "none"
         raise UserError(f"--metric {metric}: no COMPLETE trial of {info.name!r} logged it (logged metrics: {known})")
-    best = (max if direction == "maximize" else min)(candidates, key=lambda c: c.selection_value)
+    if metric == info.metric:  # the study's ranking (ranking.py): a tie on the value goes to the lower validation loss
+        from hpolab.study.objectives import ranking
+
+        order = {t.number: i for i, t in enumerate(ranking.ranked(complete, [direction]))}
+        best = min(candidates, key=lambda c: order.get(c.trial_number, len(order)))
+        tie = ranking.tie_note(complete, [direction])
+    else:
+        best, tie = (max if direction == "maximize" else min)(candidates, key=lambda c: c.selection_value), None
     how = "" if metric == info.metric else " at each trial's best-checkpoint epoch"
-    print(f"best by {metric} ({direction}{how}): trial {best.trial_number} (run {best.run_id}), {metric} = {best.selection_value:.4f}")
+    print(f"best by {metric} ({direction}{how}): trial {best.trial_number} (run {best.run_id}), {metric} = {best.selection_value:.4f}"
+          + (f" ({tie})" if tie else ""))
     return best
 
 

@@ -30,7 +30,18 @@ def git_state(cwd: str | Path | None = None) -> tuple[str, str]:
         return "unknown", "unknown"
 
 
-def capture_environment(cwd: str | Path | None = None) -> dict[str, str]:
+def capture_environment(cwd: str | Path | None = None, experiment=None) -> dict[str, str]:
+    """The env.* tags; with `experiment` (its module), the versions of the packages it imports too
+    (experiment_packages.py: env.lightning, env.transformers, env.accelerate, env.scikit-learn ...)."""
+    env = _base_environment(cwd)
+    if experiment is not None:
+        from hpolab.stores.experiment_packages import experiment_packages
+
+        env.update(experiment_packages(experiment, skip={k.removeprefix("env.") for k in env}))
+    return env
+
+
+def _base_environment(cwd: str | Path | None) -> dict[str, str]:
     import torch
 
     cuda_ok = torch.cuda.is_available()

@@ -43,7 +43,9 @@ _INF = {"INF_POS": math.inf, "INF_NEG": -math.inf}
 _INTERMEDIATE = {"NAN": math.nan, **_INF}  # an intermediate value may also be NaN
 # The trial system attrs ranking and counting (trial_counts.py) read: Optuna's constraints (its old
 # list, its named ones), IMPORTED, a retry copy's history and a released trial's mark
-_MARKS = ("constraints", IMPORTED, RETRY_HISTORY, RELEASED, PAUSED)  # (stores/trial_states.py reads them)
+# (failure: a failed trial's reason and last output, study/trials/trial_output.py; tie_break: a COMPLETE
+# trial's loss, which breaks a tie on the study metric: study/objectives/ranking.py)
+_MARKS = ("constraints", IMPORTED, RETRY_HISTORY, RELEASED, PAUSED, "hpolab.failure", "hpolab.tie_break")  # (stores/trial_states.py reads them)
 _RANKING_KEYS = f"(key IN ({', '.join(repr(k) for k in _MARKS)}) OR key LIKE 'constraints:%')"
 
 

@@ -30,6 +30,19 @@ class Stores:
     def describe(self) -> str:
         return f"optuna: {redact(self.optuna_url)}\nmlflow: {redact(self.tracking_uri)}"
 
+    def command(self, rest: str) -> str:
+        """`hpolab [--store DIR] [--storage URL] [--tracking-uri URI] rest`: a command line that reads these
+        stores from any working directory (passwords redacted), for the hints hpolab prints."""
+        import shlex
+
+        optuna, tracking = default_urls(self.root)
+        options = [] if self.root == Path(DEFAULT_STORE).resolve() else ["--store", str(self.root)]
+        if self.optuna_url != optuna:
+            options += ["--storage", redact(self.optuna_url)]
+        if self.tracking_uri != tracking:
+            options += ["--tracking-uri", redact(self.tracking_uri)]
+        return " ".join(["hpolab", *(shlex.quote(o) for o in options), rest])
+
 
 # A URL in any text: its scheme, then everything up to whitespace (a URL holds none; a password holding
 # one is percent-encoded).

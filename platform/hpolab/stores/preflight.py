@@ -47,8 +47,10 @@ _USER_FAULTS = ("authentication failed", "access denied", "does not exist", "no 
                 "password authentication", "invalid password", "not permitted to log in")
 
 
-def check_stores(stores: Stores, optuna: bool = True, tracking: bool = True) -> None:
-    """Raise UserError / StoreUnreachable (one line) if a store the command needs cannot be used."""
+def check_stores(stores: Stores, optuna: bool = True, tracking: bool = True, create: bool = True) -> None:
+    """Raise UserError / StoreUnreachable (one line) if a store the command needs cannot be used.
+    `create` False: a command that reads (status, compare, promote, predict, ui ...): an embedded
+    store's database file must exist already (opening it would create an empty one)."""
     if optuna:
         from hpolab.stores.grpc_proxy import grpc_storage, is_grpc_url
 
@@ -58,6 +60,20 @@ def check_stores(stores: Stores, optuna: bool = True, tracking: bool = True) -> 
             check_database(stores.optuna_url, "Optuna storage", OPTUNA_FIX, stores.root)
     if tracking:
         check_tracking(stores.tracking_uri, stores.root)
+    if not create:  # (after the checks of both URLs: a malformed one is said first)
+        require_existing(stores, optuna, tracking)
+
+
+def require_existing(stores: Stores, optuna: bool = True, tracking: bool = True) -> None:
+    """UserError when an embedded store's database a reading command opens does not exist: opening it
+    would create an empty one, and the study is elsewhere."""
+    from hpolab.stores.paths import sqlite_file
+
+    for url, what, used in ((stores.optuna_url, "Optuna storage", optuna), (stores.tracking_uri, "MLflow tracking store", tracking)):
+        db = sqlite_file(url) if used else None
+        if db is not None and not db.exists():
+            raise UserError(f"no {what} at {db}: nothing has run with this store; give the --store (or --storage / "
+                            "--tracking-uri) the study ran with")
 
 
 def connect_args_for(url) -> dict:

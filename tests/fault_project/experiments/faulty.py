@@ -55,6 +55,7 @@ class Faulty(nn.Module):
             time.sleep(self.sleep)
         if self.fault != "none" and self.calls > self.fault_after:
             if self.fault == "raise":
+                print(f"forward call {self.calls}: raising on purpose", flush=True)  # (a failed trial's last output)
                 raise RuntimeError("the experiment's model raised on purpose")
             if self.fault == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from hpolab.study.objectives.objective_values import VALUES_ATTR
+from hpolab.study.objectives import ranking
 from hpolab.study.objectives.ranking import primary_direction
 from hpolab.stores.trial_states import shown
 from hpolab.stores.model_links import study_models
@@ -38,6 +39,7 @@ class StudyTable:
     mlflow_found: bool  # False when the MLflow side is missing (only Optuna data in the frame)
     objectives: list[str] = field(default_factory=list)  # several objectives: rows sort by `rank` (ranking.py)
     objective_directions: list[str] = field(default_factory=list)
+    tie: dict[int, float] = field(default_factory=dict)  # trial -> its loss breaking a tie on the study metric (ranking.py)
 
     @property
     def best_col(self) -> str:
@@ -218,7 +220,8 @@ def table_of(study, metric: str, runs: dict[str, tuple[dict, dict]], found: bool
     for col in ("trial", "epochs", "pruned_at_epoch", *(["rank"] if objectives else [])):
         frame[col] = frame[col].astype("Int64")
     directions = [d.name.lower() for d in study.directions] if objectives else []
-    return StudyTable(study.study_name, metric, direction, frame, params, found, objectives, directions)
+    tie = {t.number: v for t in trials if (v := ranking.tie_value(t)) is not None}
+    return StudyTable(study.study_name, metric, direction, frame, params, found, objectives, directions, tie)
 
 
 def _pareto_columns(study, trials, rows: list[dict], objectives: list[str]) -> list[str]:
@@ -324,8 +327,11 @@ def select(table: StudyTable, state: str = "all", sort: str | None = None, top: 
     col = resolve_column(df, key) if key else ("rank" if table.objectives else table.best_col)
     if descending is None:
         descending = _descending(table, col)
-    # Missing values (FAIL trials, RUNNING ones) go last; ties keep trial order.
-    df = df.sort_values([col, "trial"], ascending=[not descending, True], na_position="last", kind="stable")
+    # Missing values (FAIL trials, RUNNING ones) go last; a tie on the study metric goes to the lower loss
+    # (ranking.py: recorded when the trial completed), then the trial order.
+    tie = df["trial"].map(table.tie).astype(float) if col == table.best_col else pd.Series(0.0, index=df.index)
+    df = df.assign(_tie=tie).sort_values([col, "_tie", "trial"], ascending=[not descending, True, True], na_position="last",
+                                         kind="stable").drop(columns="_tie")
     if top is not None:
         df = df.head(top)
     return df.reset_index(drop=True)

@@ -368,7 +368,7 @@ def report_and_log(name: str, stores: Stores, out: Path | None = None, ui_url: s
         print(f"warning: could not log the report to MLflow: {e}")
         return out
     if artifact:
-        print(f"logged to MLflow: run {data.parent_run.info.run_id}, artifact {artifact} (open it with `hpolab ui`)")
+        print(f"logged to MLflow: run {data.parent_run.info.run_id}, artifact {artifact} (open it with `{stores.command('ui')}`)")
     else:
         print("not logged to MLflow: the study has no parent run in the tracking store")
     return out

@@ -46,6 +46,7 @@ from optuna.trial import TrialState
 
 from hpolab.errors import StudyError
 from hpolab.config.spec import StudySpec, load_experiment
+from hpolab.config.own_loop_checks import recorded_config
 from hpolab.config.experiment_code import code_of
 from hpolab.stores.optuna_storage import make_storage
 from hpolab.stores.paths import Stores, ensure_local
@@ -110,6 +111,7 @@ class Driver:
         self.parent_run_id: str | None = None
         self.env_tags: dict[str, str] = {}
         self.runner = runner or runner_for(spec, self.project_dir)  # (the CLI starts its forkserver early)
+        self.runner.show_output = self.progress.trial_line  # what trials print: `trial N | line` (trial_output.py)
         self._waiting_note = 0.0
         self._dead_claimed: list = []  # claimed trials of dead drivers (no run made): taken over in place (lifecycle.reclaim)
         # The loop's store calls ride out a database restart (outage.py): one per store, each says its name.
@@ -165,7 +167,7 @@ class Driver:
         mlflow.set_tracking_uri(self.stores.tracking_uri)  # mlflow.pytorch.log_model resolves its client from it
         self.client = tr.client_for(self.stores)
         self.experiment_id = tr.get_or_create_experiment(self.client, self.spec.name, self.stores)
-        self.env_tags = capture_environment(self.project_dir)
+        self.env_tags = capture_environment(self.project_dir, self.experiment)  # (its packages' versions too)
         self.parent_run_id = open_parent_run(self.client, self.experiment_id, self.study, self.spec, self.env_tags)
         record_spec(self.study, self.client, self.parent_run_id, self.spec, spec_change, self.progress.note)
         record_code(self.study, self.client, self.parent_run_id, self.code, code_change, self.progress.note)
@@ -212,7 +214,7 @@ class Driver:
         if trial.user_attrs.get("hpolab.warm_start_from"):  # an earlier study's configuration, re-run here
             tags["hpolab.warm_start_from"] = trial.user_attrs["hpolab.warm_start_from"]
         g(trial.set_user_attr, "worker_seed", self.worker_seed)
-        run_id = self.tracker.start_run(trial, config, trial_dir, tags)
+        run_id = self.tracker.start_run(trial, config, trial_dir, tags, recorded_config(self.spec, config, self.experiment))
         r = Running(trial=trial, run_id=run_id, config=config, trial_dir=trial_dir, threads=threads)
         if src.resume_from:
             self.tracker.carry_over_history(r, src.resume_from, self.spec.metric, self.pruning.report)
@@ -326,8 +328,7 @@ class Driver:
                     self.progress.note(f"timeout ({self.spec.timeout:g} s) reached: no new trials; running ones finish")
                 if self.streak.hit and not self.draining:
                     self.draining = True
-                    outcome.failure_limit = (f"{self.streak.count} trials failed in a row (max_failures={self.spec.max_failures}); "
-                                             f"the last: {self.streak.last_reason}")
+                    outcome.failure_limit = self.streak.why()  # (max_failures in a row, or a broken own-loop contract)
                     self.progress.note(f"stopping: {outcome.failure_limit}; running trials finish")
                 if not self.draining and self.outage.call(self.no_improvement.should_stop):
                     self.draining = True  # stop_after_no_improvement: no new trials; running ones finish
@@ -342,9 +343,9 @@ class Driver:
                     if self.pauses and not self.signals.stopping and not self.outage.call(self.pauses.end_paused, self.draining):
                         continue  # a paused trial can resume now
                     break
-                handles = [r.conn for r in self.running.values()] + [r.process.sentinel for r in self.running.values()]
-                wait(handles, timeout=1.0)
+                wait(self.runner.handles(self.running.values()), timeout=1.0)
                 self.system_metrics.sample(self.running.values())  # (when due; before a finished one leaves)
+                self.runner.read_outputs()  # (before the messages: a failure's last lines are in)
                 for r in list(self.running.values()):
                     self.events.handle(r)
                 self.runner.host_slots.running(len(self.running))
@@ -366,6 +367,7 @@ class Driver:
                 pass
 
     def _close(self, outcome: Outcome) -> None:
+        self.runner.keep_reading_outputs()  # (a trial process saving its model may still print)
         self.tracker.shutdown()  # every trial's model is logged before the study closes
         # Again at the end: a driver killed between making a trial's run and linking it leaves that run
         # RUNNING; at _open its trial was often still RUNNING (not yet reaped), so it was skipped there.

@@ -25,23 +25,26 @@ trial that is already finished, and the state read back decides, as always.
 from __future__ import annotations
 
 import math
-import signal
 from typing import Any, Callable
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpolab.study.state.budget import FINISHED, FailureStreak, trial_counts
+from hpolab.study.state.budget import NOT_THE_TRIALS_FAULT, FailureStreak, trial_counts
 from hpolab.errors import StudyError
 from hpolab.study.objectives import objective_values
-from hpolab.study.driver.heartbeat import PUT_BACK, REAPED, beat, lost_reason
+from hpolab.study.driver.heartbeat import PUT_BACK, beat, lost_reason
 from hpolab.study.state import lifecycle
 from hpolab.study.state.outage import passthrough
 from hpolab.study.driver.progress import Progress
+from hpolab.study.objectives import ranking
 from hpolab.study.objectives.pruning import Pruning
+from hpolab.stores.model_links import points_at
 from hpolab.study.state.retry import RetryCopy
 from hpolab.study.trials.runner import Running, TrialRunner, next_message
 from hpolab.study.trials.tracker import TrialTracker
+from hpolab.study.trials.trial_output import FAILURE_ATTR
+from hpolab.study.driver.end_reasons import metrics_source, disagreement, exit_reason
 
 
 class TrialEvents:
@@ -93,6 +96,8 @@ class TrialEvents:
             kind = msg[0]
             if kind == "epoch":
                 self.on_epoch(r, msg[1], msg[2])
+            elif kind == "params":  # an own loop's trial.log_params
+                self.tracker.log_loop_params(r, msg[1])
             elif kind in ("done", "fail"):
                 # Its result is in: the process exits by itself; not waited for here (runner.retire).
                 if kind == "done":
@@ -150,6 +155,8 @@ class TrialEvents:
         """Tell Optuna now (and queue a retry copy when `retry` names why); close the MLflow run now,
         or after its model is logged (background). MLflow records the state Optuna has."""
         number = r.number
+        if r.output is not None:
+            r.output.read()  # what it printed before its result: shown before its line
         self.running.pop(number, None)
         self.pruning.finish(r, state, value[self._primary] if isinstance(value, list) else value)
         if self.pauses is not None and state == TrialState.COMPLETE:
@@ -159,6 +166,7 @@ class TrialEvents:
                 self.guard(lifecycle.owe_retry, self.storage, r.trial._trial_id, retry, overrides)
             except optuna.exceptions.UpdateFinishedTrialError:
                 pass  # another worker reaped it (and queued its copy): the tell below says so
+        tail = self._output_tail(r, state, tags)
         frozen = self._tell(r, state, value, tags)
         if not r.awaits_export:  # (one that does is answered, and its pipes closed, by the tracker)
             for c in (r.conn, r.lifeline):
@@ -175,11 +183,28 @@ class TrialEvents:
                                            else f"; {self.retry.refusal(retry)}")
             if copy is not None:
                 tags["hpolab.retried_as_trial"] = str(copy)
-        self.streak.record(state, copy is not None, tags.get("hpolab.fail_kind"), tags.get("hpolab.fail_reason"))
+        self.streak.record(state, copy is not None, tags.get("hpolab.fail_kind"), tags.get("hpolab.fail_reason"), number)
         self.tracker.finish(r, state, tags, model_info, upload_last=copy is not None)
         history = frozen.intermediate_values if frozen is not None else {}  # the line says best and last, like the table
         self.progress.trial_finished(number, state.name, value if value is not None else r.last_value, tags.get("hpolab.fail_reason"), self.guard(trial_counts, self.study), history,
-                                     trial=frozen)
+                                     trial=frozen, output=tail)
+
+    def _output_tail(self, r: Running, state: TrialState, tags: dict[str, str]) -> list[str]:
+        """A trial that failed by its own doing: the last lines it printed, on its run and (for `study
+        status`) its Optuna trial, with the fail reason; the failure line shows them too."""
+        if state != TrialState.FAIL or r.output is None or tags.get("hpolab.fail_kind") in NOT_THE_TRIALS_FAULT:
+            return []
+        tail = r.output.last_lines()
+        if tail:
+            tags["hpolab.output_tail"] = "\n".join(tail)
+        try:
+            record = {"reason": tags.get("hpolab.fail_reason", ""), "output": tail}
+            self.guard(self.storage.set_trial_system_attr, r.trial._trial_id, FAILURE_ATTR, record)
+        except StudyError:
+            raise
+        except Exception:  # (another worker reaped it meanwhile: Optuna has it finished; the run still says it)
+            pass
+        return tail
 
     def _tell(self, r: Running, state: TrialState, value: float | None, tags: dict[str, str]) -> FrozenTrial | None:
         """Tell Optuna; the trial as Optuna has it afterwards (None when it cannot be read)."""
@@ -230,8 +255,11 @@ class TrialEvents:
             if self.pauses.never_finite(r):  # (ASHA: nothing to rank it by; it fails as a plain trial would)
                 self.finish(r, TrialState.FAIL, {
                     "hpolab.fail_reason": f"the study metric {self.metric} was never finite (NaN or inf after each of "
-                                          f"{info['epochs_run']} epochs): check {_metrics_source(info)}",
+                                          f"{info['epochs_run']} epochs): check {metrics_source(info)}",
                     "hpolab.fail_kind": "metric", "hpolab.epochs_run": str(info["epochs_run"])})
+                return
+            if info.get("own_loop") and info.get("last_checkpoint_epoch") != info["epochs_run"]:
+                self._cannot_pause(r, info)  # a resume would train and log its epochs again
                 return
             self.pauses.pause(r, info)
             return
@@ -267,18 +295,42 @@ class TrialEvents:
         tags[f"hpolab.best_{self.metric}"] = repr(best)
         if not math.isfinite(best):  # Optuna would record FAIL (a warning only): say why in both stores
             tags["hpolab.fail_reason"] = (f"the study metric {self.metric} was never finite (NaN or inf after each of "
-                                          f"{info['epochs_run']} epochs): check {_metrics_source(info)}")
+                                          f"{info['epochs_run']} epochs): check {metrics_source(info)}")
             tags["hpolab.fail_kind"] = "metric"
             self.finish(r, TrialState.FAIL, tags)
             return
         told = objective_values.optuna_values(self.spec, info.get("objectives"), best) if self.spec is not None else best
         bad = objective_values.not_finite(self.spec, told) if self.spec is not None else []
         if bad:
-            tags["hpolab.fail_reason"] = f"objective {', '.join(bad)} is not finite (NaN or inf): check {_metrics_source(info)}"
+            tags["hpolab.fail_reason"] = f"objective {', '.join(bad)} is not finite (NaN or inf): check {metrics_source(info)}"
             tags["hpolab.fail_kind"] = "metric"
             self.finish(r, TrialState.FAIL, tags)
             return
+        self._record_tie_break(r, int(info["best_epoch"]))
         self.finish(r, TrialState.COMPLETE, tags, value=told, model_info=info)
+
+    def _record_tie_break(self, r: Running, epoch: int) -> None:
+        """Its loss at its result epoch, for a tie on the study metric (ranking.tie_break)."""
+        if self.spec is not None and self.spec.is_multi_objective:
+            return
+        tie = ranking.tie_break(self.metric, {m.key: m.value for m in points_at(r.metric_points, epoch)})
+        if tie is not None:
+            try:
+                self.guard(self.storage.set_trial_system_attr, r.trial._trial_id, ranking.TIE_ATTR, tie)
+            except StudyError:
+                raise
+            except Exception:  # (reaped meanwhile: its tell says so next)
+                pass
+
+    def _cannot_pause(self, r: Running, info: dict[str, Any]) -> None:
+        """An own loop at its pause without a checkpoint of that epoch: FAIL (the study stops: every
+        trial of this loop would do the same); its epochs stay, once each, and count as trained."""
+        epoch = int(info["epochs_run"])
+        self.finish(r, TrialState.FAIL, {
+            "hpolab.fail_reason": f"train() reached its pause at epoch {epoch} without a checkpoint of that epoch: the trial "
+                                  f"scheduler ({self.spec.trial_scheduler.type}) resumes a trial from its checkpoint; pass "
+                                  "checkpoint= to trial.report every epoch (or call trial.checkpoint)",
+            "hpolab.fail_kind": "contract", "hpolab.epochs_run": str(epoch)})
 
     def on_fail(self, r: Running, info: dict[str, Any]) -> None:
         tags = {"hpolab.fail_reason": info["reason"], "hpolab.fail_kind": info["kind"], "hpolab.epochs_run": str(r.epoch)}
@@ -315,45 +367,3 @@ class TrialEvents:
                 "hpolab.fail_kind": "interrupted", "hpolab.epochs_run": str(r.epoch)}, retry="interrupted")
             return
         self.finish(r, TrialState.FAIL, {"hpolab.fail_reason": exit_reason(code), "hpolab.fail_kind": "process", "hpolab.epochs_run": str(r.epoch)})
-
-
-def _metrics_source(info: dict[str, Any]) -> str:
-    """Where a trial's metric values come from, for a fail reason."""
-    return "what the experiment's train() reports" if info.get("own_loop") else "the experiment's metrics()"
-
-
-def disagreement(frozen: FrozenTrial | None, state: TrialState, value: float | None, model_info: dict | None,
-                 retry: str | None, tags: dict[str, str]) -> tuple[TrialState, float | None, dict | None, str | None]:
-    """The tell failed, or Optuna has the trial in another state than the driver told (or cannot
-    say): (state, value, model_info, retry) to go on with. MLflow records Optuna's state (FAIL when
-    unknown or unfinished) with why in the tags, with no model and no retry (a reaped trial's retry
-    was queued by the worker that reaped it; an unrecorded one is retried when it is reaped)."""
-    actual = frozen.state if frozen is not None and frozen.state in FINISHED else TrialState.FAIL
-    by = frozen.system_attrs.get(REAPED) if frozen is not None else None
-    if frozen is not None and frozen.state == state and not by:  # it went through after all (its reply was lost)
-        return state, value, model_info, retry
-    if by:
-        why, kind = f"reaped by another worker ({by}) while it still ran here; its retry runs there", "reaped"
-    elif frozen is None or frozen.state not in FINISHED:
-        why, kind = f"Optuna could not record its end ({tags.get('hpolab.tell_error')}); recorded FAIL", "tell"
-    else:
-        why, kind = f"Optuna recorded {actual.name} (told {state.name}, value {value!r})", "tell"
-    if actual == TrialState.FAIL:
-        here = tags.get("hpolab.fail_reason")
-        tags["hpolab.fail_reason"] = why + (f" (here: {here})" if here and here != why else "")
-        tags["hpolab.fail_kind"] = kind
-    tags["hpolab.optuna_disagreed"] = f"told {state.name}, Optuna has {frozen.state.name if frozen is not None else 'unknown'}"
-    return actual, (frozen.value if actual == TrialState.COMPLETE and frozen is not None else None), None, None
-
-
-def exit_reason(code: int | None) -> str:
-    """Why a trial process that sent no result ended, from its exit code (negative: a signal)."""
-    if code is not None and code < 0:
-        name = signal.Signals(-code).name
-        reason = f"trial process killed by {name}"
-        if name == "SIGKILL":
-            reason += " (by a user, the per-trial timeout or the kernel's OOM killer: check `dmesg`)"
-        elif name == "SIGSEGV":
-            reason += " (segmentation fault in native code)"
-        return reason
-    return f"trial process exited with code {code} before reporting a result"

@@ -82,12 +82,13 @@ class Notifier:
         except queue.Full:
             self._drop("notify", f"{event}: the notification queue of {QUEUE_SIZE} is full")
 
-    def trial_finished(self, number: int, state: str, reason: str | None, trial) -> None:
-        """Progress.trial_finished's listener: trial_failed, and new_best when it is the study's best."""
+    def trial_finished(self, number: int, state: str, reason: str | None, trial, output: list[str]) -> None:
+        """Progress.trial_finished's listener: trial_failed (with the last lines the trial printed and
+        of its traceback), and new_best when it is the study's best."""
         run_id = trial.user_attrs.get("mlflow_run_id") if trial is not None else None
         if state == "FAIL":
             self.emit("trial_failed", lambda: {"trial": number, "reason": reason, "run_id": run_id, "run_link": self._run_link(run_id),
-                                               "log_tail": self._log_tail(run_id)})
+                                               "output_tail": list(output), "log_tail": self._log_tail(run_id)})
         elif state == "COMPLETE":
             self.emit("new_best", lambda: self._new_best(number, run_id))
 

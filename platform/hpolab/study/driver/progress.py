@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from hpolab.stores.trial_counts import ASIDE_TEXT, count_trials, describe, epochs_used, over_budget_note, paused_counts
 from hpolab.stores.trial_states import is_imported, last_pause, shown
@@ -15,21 +16,24 @@ from hpolab.study.objectives import ranking
 
 
 class Progress:
-    def __init__(self, spec, console: Console | None = None, quiet: bool = False):
+    def __init__(self, spec, console: Console | None = None, quiet: bool = False, trial_output: bool = True,
+                 started: float | None = None):
         self.spec = spec
         self.console = console or _console()
         self.quiet = quiet
+        self.trial_output = trial_output  # print what trials print, as `trial N | line` (study/trials/trial_output.py)
         self.best: float | None = None
         self.epochs: dict[int, int] = {}
-        self.t0 = time.monotonic()
+        self.t0 = time.monotonic() if started is None else started  # the command's start: what "elapsed" counts
         self.bar = None  # in Jupyter: a bar of finished trials, updated in place (notebook_bar.py)
-        self.listeners: list = []  # called with (number, state, reason, trial) at each trial's end (the notifications: notify.py)
+        self.listeners: list = []  # called with (number, state, reason, trial, output) at each trial's end (the notifications: notify.py)
 
     def _print(self, text: str) -> None:
         if not self.quiet:
             self.console.print(text)
 
     def begin(self, counts: dict[str, int], stores) -> None:
+        self.stores = stores  # (the end's hints name them)
         if self.console.is_jupyter and not self.quiet:
             from hpolab.study.driver.notebook_bar import NotebookBar
 
@@ -49,6 +53,11 @@ class Progress:
 
     def note(self, text: str) -> None:
         self._print(f"[yellow]{escape(text)}[/]")  # reasons may hold [brackets]: never markup
+
+    def trial_line(self, number: int, line: str) -> None:
+        """A line a trial process printed (its colours kept)."""
+        if self.trial_output and not self.quiet:
+            self.console.print(Text.assemble((f"trial {number} | ", "dim"), Text.from_ansi(line)), soft_wrap=True)
 
     def trial_started(self, number: int, params: dict[str, Any], retry_of: int | None) -> None:
         self.epochs[number] = 0
@@ -76,12 +85,13 @@ class Progress:
         return ", ".join(f"#{n}@ep{e}" for n, e in sorted(self.epochs.items())) or "none"
 
     def trial_finished(self, number: int, state: str, value: float | None, reason: str | None, counts: dict[str, int],
-                       history: dict[int, float] | None = None, trial=None) -> None:
+                       history: dict[int, float] | None = None, trial=None, output: list[str] | None = None) -> None:
         """`value`: the trial's value (COMPLETE) or last reported one; `history`: its reported values by epoch;
-        `trial`: the trial as Optuna has it (its constraints: an infeasible trial is never the best)."""
+        `trial`: the trial as Optuna has it (its constraints: an infeasible trial is never the best);
+        `output`: the last lines a failed trial printed."""
         self.epochs.pop(number, None)
         for listener in self.listeners:
-            listener(number, state, reason, trial)
+            listener(number, state, reason, trial, output or [])
         values = ""
         if isinstance(value, list):  # several objectives: all shown; best/last are the pruning metric's
             names = [o.metric for o in self.spec.objective_list]
@@ -99,6 +109,8 @@ class Progress:
             [f"(last {fmt_value(last)})" if best is not None else f"last={fmt_value(last)}"] if last is not None else [])
         val = (f" {self.spec.metric} {' '.join(shown)}" if shown else "") + values + (" (infeasible)" if infeasible else "")
         why = f" -- {escape(reason)}" if reason else ""
+        if output:
+            why += "\n        its last output:" + "".join(f"\n        | {escape(line)}" for line in output)
         running = self._running()
         if self.bar is not None:
             self.bar.update(counts["finished"], f"{counts['complete']} complete, {counts['pruned']} pruned, "
@@ -156,6 +168,9 @@ class Progress:
         counted = count_trials(trials)
         if any(counted.get(k) for k in ASIDE_TEXT):  # as `study status` says it: what the counts leave out
             self.console.print(describe(counted))
+        tie = ranking.tie_note(trials, [spec.direction])
+        if tie:
+            self.console.print(tie)
         self._print_epochs(study, spec, trials)
         self._print_elapsed(spec)
 
@@ -193,11 +208,28 @@ class Progress:
                 f"(epoch {epoch}): trial {t.number} {spec.metric} {fmt_value(t.intermediate_values[epoch])}")
 
     def _print_elapsed(self, spec) -> None:
-        self.console.print(f"elapsed {time.monotonic() - self.t0:.1f} s. Browse the runs: [bold]hpolab ui[/]   (or: hpolab study status {spec.name})")
+        stores = getattr(self, "stores", None)
+        cmd = stores.command if stores is not None else (lambda rest: f"hpolab {rest}")
+        self.console.print(f"elapsed {time.monotonic() - self.t0:.1f} s. Browse the runs: [bold]{escape(cmd('ui'))}[/]   "
+                           f"(or: {escape(cmd(f'study status {spec.name}'))})", soft_wrap=True)
 
     def _clock(self) -> str:
         s = int(time.monotonic() - self.t0)
         return f"{s // 60:02d}:{s % 60:02d}"
+
+
+def process_started() -> float:
+    """time.monotonic() when this process started (Linux's /proc), else now: what a command's
+    "elapsed" counts from (its imports, the spec check and the stores' opening included)."""
+    import os
+    from pathlib import Path
+
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.monotonic() - max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.monotonic()
 
 
 def _console() -> Console:

@@ -2,8 +2,9 @@
 
 Feasible trials first, ranked among themselves -- one objective: COMPLETE trials by value (the
 direction's way); several: by Pareto rank over the feasible trials only (non-dominated sorting: the
-front is rank 0, the front of the rest rank 1, ...), ties by the first objective, then the trial
-number. A trial that violates a constraint (Optuna's `trial.constraints`, > 0) ranks after every
+front is rank 0, the front of the rest rank 1, ...), ties by the first objective, then by the
+trial's validation loss at its result epoch (`tie_break`: recorded when it completed), then the
+trial number. A trial that violates a constraint (Optuna's `trial.constraints`, > 0) ranks after every
 feasible one, by its total violation (then as above): an infeasible trial never pushes a feasible one
 off the front, and only feasible trials are "best" -- as Optuna's own `best_trial`/`best_trials` do.
 
@@ -115,7 +116,7 @@ def ranked(trials: Iterable, directions: str | Sequence, enough: int | None = No
     if ok:  # the feasible ones, ranked among themselves only (an infeasible trial dominates nobody)
         loss = losses(ok, names)
         rank = pareto_ranks(loss, enough) if len(names) > 1 else np.zeros(len(ok))
-        out = [ok[i] for i in sorted(range(len(ok)), key=lambda i: (rank[i], loss[i, 0], ok[i].number))]
+        out = [ok[i] for i in sorted(range(len(ok)), key=lambda i: (rank[i], loss[i, 0], _tie(ok[i]), ok[i].number))]
     if enough is not None and len(out) >= enough:
         return out
     bad = [t for t in done if not feasible(t)]
@@ -123,6 +124,49 @@ def ranked(trials: Iterable, directions: str | Sequence, enough: int | None = No
         loss = losses(bad, names)
         out += [bad[i] for i in sorted(range(len(bad)), key=lambda i: (violation(bad[i]), loss[i, 0], bad[i].number))]
     return out
+
+
+TIE_ATTR = "hpolab.tie_break"  # system attr of a COMPLETE trial: {"metric", "value"}, its loss at its result epoch
+LOSS_NAMES = ("val_loss", "eval_loss", "valid_loss", "validation_loss", "loss", "test_loss")
+
+
+def tie_break(metric: str, metrics: dict[str, float]) -> dict | None:
+    """What breaks a tie on the study metric for a trial whose result epoch reported `metrics`: its
+    validation loss (lower is better: a loss's direction is known), the one named like the study
+    metric first (eval_accuracy -> eval_loss); None when the study metric is itself a loss or no
+    loss was reported (then the trial number decides, as before)."""
+    if "loss" in metric:
+        return None
+    prefix = metric.split("_", 1)[0]
+    for name in (f"{prefix}_loss", *LOSS_NAMES):
+        value = metrics.get(name)
+        if isinstance(value, (int, float)) and value == value:
+            return {"metric": name, "value": float(value)}
+    return None
+
+
+def tie_value(t) -> float | None:
+    """The loss that breaks a tie for trial `t` (None: it recorded none)."""
+    tie = (t.system_attrs or {}).get(TIE_ATTR)
+    return float(tie["value"]) if isinstance(tie, dict) and isinstance(tie.get("value"), (int, float)) else None
+
+
+def _tie(t) -> float:
+    value = tie_value(t)
+    return float("inf") if value is None else value
+
+
+def tie_note(trials: Iterable, directions: str | Sequence) -> str | None:
+    """One objective: the line saying a tie for the best value was broken by the loss (None: no tie)."""
+    names = _names(directions)
+    top = [t for t in ranked(trials, names, enough=2)[:2] if feasible(t)]
+    if len(names) > 1 or len(top) < 2 or top[0].values[0] != top[1].values[0]:
+        return None
+    a, b = ((t.system_attrs or {}).get(TIE_ATTR) for t in top)
+    if not (isinstance(a, dict) and isinstance(b, dict) and a.get("metric") == b.get("metric")) or a["value"] == b["value"]:
+        return f"trials {top[0].number} and {top[1].number} tie at {top[0].values[0]:.4g}; the lower trial number is first"
+    return (f"trials {top[0].number} and {top[1].number} tie at {top[0].values[0]:.4g}; the lower {a['metric']} "
+            f"({a['value']:.6g} vs {b['value']:.6g}) puts trial {top[0].number} first")
 
 
 def top_k(trials: Iterable, k: int, directions: str | Sequence) -> list[int]:

@@ -66,23 +66,36 @@ class FailureStreak:
     never finite, a process death, a timeout or OOM that could not be retried). Not counted: a failed
     attempt that was retried (its retry is what counts), interrupted trials (Ctrl-C, SIGTERM, a dead
     driver), a trial another worker reaped while it ran here, and one Optuna could not be told of.
-    A COMPLETE or PRUNED trial resets the streak."""
+    A COMPLETE or PRUNED trial resets the streak. One trial that broke the own-loop contract (fail
+    kind "contract": its train() calls the trial wrongly, as every trial would) is the limit at once."""
 
     def __init__(self, max_failures: int | None):
         self.max_failures = max_failures
         self.count = 0
         self.last_reason: str | None = None
+        self.contract: str | None = None  # the first contract failure: "trial N broke the own-loop contract: ..."
 
-    def record(self, state: TrialState, retried: bool, kind: str | None, reason: str | None) -> None:
+    def record(self, state: TrialState, retried: bool, kind: str | None, reason: str | None, number: int | None = None) -> None:
         if state in (TrialState.COMPLETE, TrialState.PRUNED):
             self.count = 0
         elif state == TrialState.FAIL and not retried and kind not in NOT_THE_TRIALS_FAULT:
             self.count += 1
             self.last_reason = reason
+            if kind == "contract" and self.contract is None:
+                self.contract = f"trial {number} {CONTRACT_BROKEN}: {reason}"
 
     @property
     def hit(self) -> bool:
-        return self.max_failures is not None and self.count >= self.max_failures
+        return self.contract is not None or (self.max_failures is not None and self.count >= self.max_failures)
+
+    def why(self) -> str:
+        """The line saying why the driver stops starting trials."""
+        if self.contract is not None:
+            return self.contract
+        return f"{self.count} trials failed in a row (max_failures={self.max_failures}); the last: {self.last_reason}"
+
+
+CONTRACT_BROKEN = "broke the own-loop contract"
 
 
 def epoch_budget_spent(trials, spec, in_flight: int = 0) -> bool:

@@ -21,33 +21,24 @@ retention and resume work on it unchanged. The checkpoint of a best epoch is als
 
 from __future__ import annotations
 
-import collections
 import copy
 import math
-import operator
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from hpolab.study.trials.own_loop_changes import ConfigChanges
+from hpolab.study.trials.own_loop_contract import (ContractError, EpochNumbers, TrialFailure, check_plain, model_example,
+                                                   plain_metrics, plain_params)
 from hpolab.study.trials.own_loop_reports import Reports
 from hpolab.train.checkpoint import atomic_write_bytes, link_or_write, load_checkpoint, serialize_checkpoint, unwrap_model
 from hpolab.train.device import resolve_device
 from hpolab.train.state import LoopState
 
 OWN_LOOP_FORMAT = 1  # the value of a checkpoint's "own_loop" key: the layout above
-# What torch.load(weights_only=True) reads back (retries load checkpoints as data only, running no code)
-# (exact types: it refuses subclasses, numpy's float64 among them)
-PLAIN = (str, bytes, int, float, bool, complex, type(None), torch.Tensor, torch.nn.Parameter, torch.dtype, torch.device, torch.Size)
-
-
-class TrialFailure(Exception):
-    """The trial fails with this one line (no traceback: it is the experiment's contract, not a bug)."""
-
-    def __init__(self, kind: str, reason: str):
-        super().__init__(reason)
-        self.kind = kind
+__all__ = ["OwnTrial", "TrialFailure", "run_own_loop"]
 
 
 class OwnTrial:
@@ -60,32 +51,49 @@ class OwnTrial:
         self.config: dict[str, Any] = cfg
         self.device: torch.device = resolve_device(cfg["trainer"].get("device", "auto"))
         self.dir: Path = Path(job["checkpoint_dir"])
+        self._conn = conn
         self._reports = Reports(conn, bool(job.get("pipelined_reports")))  # the driver's runner says which mode
         self._metric, self._direction = cfg["metric"], cfg["direction"]
         self._loop = LoopState()  # the routine's bookkeeping of epochs and the best one
+        self._epochs = EpochNumbers()  # how the loop counts its epochs (from 0 or from 1)
         self._best_path: Path | None = None  # best.pt, when the best epoch was checkpointed
         self._last_path: Path | None = None
+        self._last_epoch = 0  # the epoch last.pt holds
         self._model: torch.nn.Module | None = None
         self._example: torch.Tensor | None = None
+        self._model_epoch = 0  # the reported epoch whose weights trial.log_model kept
+        # The epoch of the weights the loop's model holds when it is not the last reported one: the
+        # Hugging Face callback sets it when the Trainer loaded its best checkpoint at the end.
+        self.weights_epoch: int | None = None
         self._restored: dict[str, Any] | None = None
+        self._changes = ConfigChanges(cfg, None, job.get("scheduler_keys") or ())
         if job.get("resume_from"):
             self._resume(Path(job["resume_from"]))
-        self.start_epoch: int = self._loop.epoch + 1
+        self.start_epoch: int = self._epochs.loop_epoch(self._loop.epoch + 1)
 
     # ---------------------------------------------------------------- what train() calls
 
-    def report(self, epoch: int, metrics: dict[str, float], checkpoint: dict[str, Any] | None = None) -> bool:
+    def report(self, epoch: Any, metrics: dict[str, float] | None = None, checkpoint: dict[str, Any] | None = None) -> bool:
         """Send this epoch's metrics (after saving `checkpoint`): True = stop now (own_loop_reports.py
-        says when the answer is this epoch's and when the previous one's)."""
+        says when the answer is this epoch's and when the previous one's). `trial.report(metrics)`
+        reports the epoch after the last one."""
+        if metrics is None and isinstance(epoch, dict):
+            epoch, metrics = None, epoch
         self._reports.settle()  # the previous report's write, message and answer (pipelined)
         if self._reports.stopped:
             return True
-        epoch = _epoch_number(epoch, self._loop.epoch, self.start_epoch)
-        values = _plain_metrics(metrics)
-        self._loop.record(epoch, values, values.get(self._metric, math.nan), self._direction, 0.0)
+        recorded = self._epochs.record(epoch, self._loop.epoch, self.start_epoch)
+        values = plain_metrics(metrics)
+        self._changes.check_read()  # a trial scheduler's changes the loop never looked at: refused
+        self._loop.record(recorded, values, values.get(self._metric, math.nan), self._direction, 0.0)
         write = self._writer(checkpoint) if checkpoint is not None else None  # (checked and serialized now)
-        self._reports.send(epoch, values, write)
+        self._reports.send(recorded, values, write)
         return self._reports.stopped
+
+    @property
+    def is_best(self) -> bool:
+        """Whether the last reported epoch is the best so far (call trial.log_model then to keep its weights)."""
+        return bool(self._loop.epoch and self._loop.best_epoch == self._loop.epoch)
 
     def checkpoint(self, state: dict[str, Any]) -> None:
         """last.pt (and best.pt when the last reported epoch is the best so far), written atomically."""
@@ -100,18 +108,20 @@ class OwnTrial:
         """Check and serialize `state` now (the loop changes its tensors next); the returned call
         writes it as last.pt, and as best.pt when the last reported epoch is the best so far."""
         if not isinstance(state, dict):
-            raise TypeError(f"trial.checkpoint takes a dict, got {type(state).__name__}")
-        _check_plain(state, "state")
+            raise ContractError(f"trial.checkpoint takes a dict, got {type(state).__name__}")
+        check_plain(state, "state")
         loop = self._loop
         blob = serialize_checkpoint({
             "own_loop": OWN_LOOP_FORMAT, "epoch": loop.epoch, "history": loop.history, "state": state,
             "metric": self._metric, "direction": self._direction,
             "best_value": loop.best_value, "best_epoch": loop.best_epoch,
+            "epoch_base": self._epochs.base, "config": self.config,  # (how the loop counts; what a resume changed)
         })
-        best = bool(loop.epoch and loop.best_epoch == loop.epoch)
+        best, epoch = self.is_best, loop.epoch
 
         def write() -> None:
             self._last_path = atomic_write_bytes(blob, self.dir / "last.pt")
+            self._last_epoch = epoch
             if best:
                 self._best_path = link_or_write(blob, self._last_path, self.dir / "best.pt")
 
@@ -121,12 +131,36 @@ class OwnTrial:
         """The state an earlier attempt of this trial checkpointed last (None: a first attempt)."""
         return self._restored
 
-    def log_model(self, model: torch.nn.Module, input_example: torch.Tensor) -> None:
-        """The trial's model: a CPU copy now, saved after train() returns (when the study logs models)."""
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"trial.log_model takes a torch.nn.Module, got {type(model).__name__}")
-        self._model = copy.deepcopy(unwrap_model(model)).to("cpu").eval()
-        self._example = torch.as_tensor(input_example).detach().to("cpu")
+    @property
+    def config_changes(self) -> dict[str, Any]:
+        """What this attempt's config changed from the restored checkpoint's (a trial scheduler's new
+        values, a retry's halved batch), {dotted key: new value}; {} for a first attempt."""
+        return self._changes.read()
+
+    def apply_config_changes(self, optimizer: torch.optim.Optimizer, schedulers=()) -> list[str]:
+        """Give a restored optimizer (and its LR schedulers) this attempt's trainer.lr, weight_decay,
+        momentum and betas; the keys applied (own_loop_changes.py)."""
+        return self._changes.apply(optimizer, schedulers)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        """Record params on the trial's run (what the loop used that the spec does not say: its optimizer...)."""
+        plain = plain_params(params)
+        self._reports.settle()  # one message on the pipe at a time
+        self._conn.send(("params", plain))
+
+    def log_model(self, model: torch.nn.Module, input_example: torch.Tensor, *, epoch: int | None = None) -> None:
+        """The trial's model, from the last reported epoch (or `epoch`, in the loop's numbering): a CPU
+        copy now, saved after train() returns (when the study logs models). The trial's value and the
+        metrics linked to the logged model are that epoch's."""
+        if not self._loop.epoch:
+            raise ContractError("trial.log_model before any trial.report: report the epoch the model is from first")
+        recorded = self._epochs.recorded_of(epoch) if epoch is not None else self.weights_epoch or self._loop.epoch
+        if recorded not in {int(h["epoch"]) for h in self._loop.history}:
+            raise ContractError(f"trial.log_model: epoch {epoch if epoch is not None else recorded} was not reported; give the "
+                                "epoch the model's weights are from (default: the last reported)")
+        copied = copy.deepcopy(unwrap_model(model)).to("cpu").eval() if isinstance(model, torch.nn.Module) else model
+        self._example = model_example(copied, input_example)
+        self._model, self._model_epoch = copied, recorded
 
     # ---------------------------------------------------------------- the trial process's side
 
@@ -138,7 +172,9 @@ class OwnTrial:
         for h in ckpt["history"]:
             metrics = {k: v for k, v in h.items() if k != "epoch"}
             self._loop.record(int(h["epoch"]), metrics, metrics.get(self._metric, math.nan), self._direction, 0.0)
-        self._loop.epoch = int(ckpt["epoch"])
+        self._loop.epoch = self._last_epoch = int(ckpt["epoch"])
+        self._epochs.base = ckpt.get("epoch_base")
+        self._changes = ConfigChanges(self.config, ckpt.get("config"), self._changes.scheduler_keys)
         self._restored = ckpt["state"]
         self._last_path = path
         for best in (self.dir / "best.pt", path.parent / "best.pt"):  # the best epoch came before the resume
@@ -158,46 +194,67 @@ class OwnTrial:
     def model_logged(self) -> bool:
         return self._model is not None
 
+    def _result(self) -> tuple[int, float]:
+        """The epoch the trial's result is (its logged model's, else its best by the study metric) and its value."""
+        loop = self._loop
+        if not self._model_epoch:
+            return loop.best_epoch, loop.best_value
+        at = next(h for h in loop.history if h["epoch"] == self._model_epoch)
+        value = float(at.get(self._metric, math.nan))
+        if not math.isfinite(value) and math.isfinite(loop.best_value):
+            raise TrialFailure("metric", f"the model given to trial.log_model is epoch {self._epochs.loop_epoch(self._model_epoch)}'s, "
+                                         f"whose {self._metric} is {value} (NaN or not reported); log the model of an epoch "
+                                         "with a finite value (e.g. when trial.is_best)")
+        if self._model_epoch != loop.best_epoch:  # best.pt is the result's checkpoint, or there is none
+            (self.dir / "best.pt").unlink(missing_ok=True)
+            self._best_path = None
+            if self._last_path is not None and self._last_epoch == self._model_epoch and self._last_path.is_file():
+                self._best_path = link_or_write(self._last_path.read_bytes(), self._last_path, self.dir / "best.pt")
+        return self._model_epoch, value
+
     def summary(self, pruned_by_train: bool, costs: Callable | None) -> dict[str, Any]:
         """The ("done", summary) of trial_process.train, from the reports; TrialFailure when they
         never carried the study metric (or an objective)."""
         loop, metric = self._loop, self._metric
         if not loop.history:
-            raise TrialFailure("metric", f"train() returned without reporting an epoch; call trial.report(epoch, "
-                                         f"{{'{metric}': ...}}) after each epoch")
+            raise ContractError(f"train() returned without reporting an epoch; call trial.report(epoch, "
+                                f"{{'{metric}': ...}}) after each epoch")
         if not any(metric in h for h in loop.history):
             carried = sorted({k for h in loop.history for k in h if k != "epoch"})
-            raise TrialFailure("metric", f"the reports never carried the study metric {metric}; they carried: "
-                                         f"{', '.join(carried) or 'no metrics'} (report {metric}, or set the spec's metric: to one of these)")
+            raise ContractError(f"the reports never carried the study metric {metric}; they carried: "
+                                f"{', '.join(carried) or 'no metrics'} (report {metric}, or set the spec's metric: to one of these)")
         stopped = self._reports.stopped or pruned_by_train
+        epoch, value = self._result()
         return {
-            "best_value": loop.best_value,
-            "best_epoch": loop.best_epoch,
+            "best_value": value,
+            "best_epoch": epoch,  # the result's epoch (the logged model's)
             "epochs_run": loop.epoch,
             # "returned": the loop ended before trainer.max_epochs by itself (its own early stopping)
             "stop_reason": "stopped_by_caller" if stopped else "max_epochs" if loop.epoch >= self._max_epochs() else "returned",
             "best_checkpoint": str(self._best_path) if self._best_path else None,
             "last_checkpoint": str(self._last_path) if self._last_path else None,
+            "last_checkpoint_epoch": self._last_epoch if self._last_path else None,  # (a pause needs its epoch's)
             "amp": "own loop",
             "device": str(self.device),
             "devices": 1,
             "notes": [],
-            "objectives": self._objective_values(costs, stopped) if self.config.get("objectives") else None,
+            "objectives": self._objective_values(epoch, costs, stopped) if self.config.get("objectives") else None,
             "own_loop": True,
             "model_logged": self.model_logged,
+            "model_epoch": self._model_epoch or None,
             "pruned_by_train": pruned_by_train and not self._reports.stopped,  # optuna.TrialPruned raised unasked
         }
 
     def _max_epochs(self) -> int:
         return int(self.config.get("trainer", {}).get("max_epochs", 0))
 
-    def _objective_values(self, own_costs: Callable | None, stopped: bool) -> dict[str, float]:
-        """Every reported metric at the best epoch, and the cost metrics measured on the logged model.
+    def _objective_values(self, epoch: int, own_costs: Callable | None, stopped: bool) -> dict[str, float]:
+        """Every reported metric at the result's epoch, and the cost metrics measured on the logged model.
         A stopped trial (pruned, or interrupted and retried) is told no values: what it reported is
         enough, and a loop that returned at once has logged no model to measure."""
         from hpolab.train.costs import cost_metrics
 
-        at_best = next((h for h in self._loop.history if h["epoch"] == self._loop.best_epoch), self._loop.history[-1])
+        at_best = next((h for h in self._loop.history if h["epoch"] == epoch), self._loop.history[-1])
         values = {k: float(v) for k, v in at_best.items() if k != "epoch"}
         if stopped:
             return values
@@ -253,47 +310,6 @@ def _is_trial_pruned(error: Exception) -> bool:
     run_study starts) has not imported it (~0.2 s a trial), and a loop that raised it has imported it."""
     optuna = sys.modules.get("optuna")
     return optuna is not None and isinstance(error, optuna.TrialPruned)
-
-
-def _epoch_number(epoch: Any, last: int, start: int) -> int:
-    try:
-        n = operator.index(epoch)  # an int (numpy's and 0-d integer tensors too), not a float
-    except TypeError:
-        n = 0
-    if isinstance(epoch, bool) or n < 1:
-        raise ValueError(f"trial.report: epoch must be an int >= 1 (1-based), got {epoch!r}")
-    if n <= last:
-        raise ValueError(f"trial.report: epoch {n} was reported already (the last was {last}); epochs go up, "
-                         f"and a resumed attempt starts at trial.start_epoch ({start})")
-    return n
-
-
-def _plain_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    if not isinstance(metrics, dict):
-        raise TypeError(f"trial.report: metrics must be a dict of name -> number, got {type(metrics).__name__}")
-    out = {}
-    for k, v in metrics.items():
-        try:
-            out[str(k)] = float(v)
-        except (TypeError, ValueError):
-            raise TypeError(f"trial.report: metric {k!r} is not a number ({type(v).__name__})") from None
-    out.pop("epoch", None)  # the epoch is the step, not a metric
-    return out
-
-
-def _check_plain(value: Any, where: str) -> None:
-    """Tensors, numbers, strings and containers of them: what a retry can load as data only."""
-    if type(value) in (dict, collections.OrderedDict):
-        for k, v in value.items():
-            _check_plain(k, f"{where} key")
-            _check_plain(v, f"{where}[{k!r}]")
-    elif type(value) in (list, tuple, set):
-        for i, v in enumerate(value):
-            _check_plain(v, f"{where}[{i}]")
-    elif type(value) not in PLAIN:
-        raise TypeError(f"trial.checkpoint: {where} is a {type(value).__module__}.{type(value).__name__}; a checkpoint holds "
-                        "tensors, numbers, strings and dicts/lists of them (state_dict()s; float() or torch.as_tensor "
-                        "for numpy values), which a retry loads as data only")
 
 
 def _first_tensor(out: Any) -> torch.Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from multiprocessing.connection import wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -20,6 +21,7 @@ import optuna
 from hpolab.study.trials import trial_forkserver
 from hpolab.study.trials.gpus import physical_devices, trial_indices
 from hpolab.study.trials.host_slots import HostSlots
+from hpolab.study.trials.trial_output import TrialOutput
 from hpolab.train.cpus import available_cpus, cpu_set
 
 
@@ -48,6 +50,7 @@ class Running:
     model_tags: dict[str, str] | None = None  # what logging its model put on its run (once logged)
     metric_points: list = field(default_factory=list)  # every metric point given to its run, in order (model links)
     threads: int | None = None  # its torch threads, fixed when it starts (run tag hpolab.torch_threads)
+    output: Any = None  # what its process prints (trial_output.TrialOutput)
 
     @property
     def number(self) -> int:
@@ -84,8 +87,10 @@ def runner_for(spec, project_dir: Path | None) -> "TrialRunner":
     """The runner of a study spec's trials, run from its project folder (default: the working directory)."""
     from hpolab.config.experiment import load_experiment
 
+    ts = spec.trial_scheduler
     return TrialRunner(spec.experiment, load_experiment(spec.experiment).__name__, spec.parallel, (project_dir or Path.cwd()).resolve(),
-                       export_models=spec.log_models != "none", pipelined_reports=cannot_stop_early(spec))
+                       export_models=spec.log_models != "none", pipelined_reports=cannot_stop_early(spec),
+                       scheduler_keys=tuple(ts.mutations) if ts is not None and ts.type == "pbt" else ())
 
 
 def cannot_stop_early(spec) -> bool:
@@ -107,18 +112,21 @@ class TrialRunner:
     """Starts trial processes: the forkserver context, threads per trial and the GPU of each."""
 
     def __init__(self, experiment: str, experiment_module: str, parallel: int, project_dir: Path, export_models: bool = False,
-                 pipelined_reports: bool = False):
+                 pipelined_reports: bool = False, scheduler_keys: tuple[str, ...] = ()):
         self.experiment = experiment  # the spec's experiment reference, as the child loads it
         self.experiment_module = experiment_module  # the imported module's name, preloaded
         self.parallel = parallel
         self.project_dir = project_dir
         self.export_models = export_models  # the spec logs models: a trial saves its own (child_export.py)
         self.pipelined_reports = pipelined_reports  # an own loop's reports need not wait for answers (cannot_stop_early)
+        self.scheduler_keys = scheduler_keys  # PBT's mutated keys: an own loop must read their changes (own_loop_changes.py)
         self._ctx = None
         self._n_gpus: int | None = None
         self._cpus: int | None = None
         self._retired: list[tuple[Any, int | None]] = []  # (process, gpu) of finished trials still exiting
         self.host_slots = HostSlots(cpu_set(), parallel)  # held while the driver's loop runs trials
+        self.outputs: list[TrialOutput] = []  # the trial processes' output pipes still open (trial_output.py)
+        self.show_output: Callable[[int, str], None] | None = None  # prints a trial's line on the console
 
     def retire(self, r: Running) -> None:
         """A trial that has ended (reported its result, or was killed, or died): its process exits by
@@ -212,6 +220,7 @@ class TrialRunner:
             "number": r.number,  # an own loop's trial.number and trial.params (own_loop.py)
             "params": dict(r.trial.params),
             "pipelined_reports": self.pipelined_reports,
+            "scheduler_keys": list(self.scheduler_keys),
             "checkpoint_dir": str(r.trial_dir),
             "resume_from": resume_from,
             "threads": r.threads,
@@ -222,7 +231,35 @@ class TrialRunner:
         }
         from hpolab.study.trials import trial_entry  # not trial_process: that one imports torch._dynamo (seconds)
 
+        out_read, out_write = self.context().Pipe(duplex=False)  # its stdout and stderr (trial_output.py)
         r.process, r.conn, r.lifeline = spawn_with_lifeline(
             self.context(), trial_entry.run, f"trial-{r.number}",
-            lambda conn, lifeline: (conn, lifeline, job), daemon=False)
+            lambda conn, lifeline: (conn, lifeline, job, out_write), daemon=False)
+        out_write.close()  # the child holds it now: the pipe ends when the child and its children do
+        r.output = TrialOutput(out_read, r.number, r.trial_dir, self.show_output)
+        self.outputs.append(r.output)
         r.started = time.monotonic()
+
+    def handles(self, running: Iterable[Running]) -> list:
+        """What the driver's loop waits on: the running trials' pipes and processes, and every output still open."""
+        running = list(running)
+        return [r.conn for r in running] + [r.process.sentinel for r in running] + [o.conn for o in self.outputs if not o.closed]
+
+    def keep_reading_outputs(self) -> None:
+        """After the driver's loop: a thread reads the outputs still open until they end (a trial process
+        saving its model may print more than its pipe holds)."""
+        import threading
+
+        def read() -> None:
+            while self.outputs:
+                wait([o.conn for o in self.outputs if not o.closed], timeout=1.0)
+                self.read_outputs()
+
+        if self.outputs:
+            threading.Thread(target=read, name="trial-outputs", daemon=True).start()
+
+    def read_outputs(self) -> None:
+        """Take what the trial processes printed (trial_output.py); forget the outputs that ended."""
+        for output in self.outputs:
+            output.read()
+        self.outputs = [o for o in self.outputs if not o.closed]

@@ -36,6 +36,7 @@ from hpolab.study.state.outage import passthrough
 from hpolab.study.retention.retention import Retention, tidy_finished
 from hpolab.study.state.retry import RetrySource, retry_source  # noqa: F401  (re-exported: the driver imports them here)
 from hpolab.study.trials.runner import Running
+from hpolab.study.trials.trial_output import log_files
 from hpolab.study.trials.uploads import Uploader, stage_checkpoints, upload_due
 
 MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
@@ -71,14 +72,16 @@ class TrialTracker:
         self.resumed_runs: set[str] = set()  # runs of paused trials resumed here: earlier points were logged elsewhen
         self.logged_until: dict[str, int] = {}  # run -> epochs up to it are in the run (a dead segment's): not logged again
 
-    def start_run(self, trial: optuna.Trial, config: dict[str, Any], trial_dir: Path, tags: dict[str, str]) -> str:
-        """The trial's child run with its params (on the loop), config.yaml and code file (queued first
-        on the upload thread: the trial process starts meanwhile); its id goes on the Optuna trial."""
+    def start_run(self, trial: optuna.Trial, config: dict[str, Any], trial_dir: Path, tags: dict[str, str],
+                  params: dict[str, Any] | None = None) -> str:
+        """The trial's child run with its params (`params`, default: the config's; on the loop), config.yaml
+        and code file (queued first on the upload thread: the trial process starts meanwhile); its id goes
+        on the Optuna trial."""
         if self.code is not None:  # what `hpolab reproduce` / `promote` load where the module is not importable
             tags = {**tags, **code_tags(self.code)}
         run_id = lifecycle.run_created(trial, lambda: self.mlflow_guard(tr.start_child_run, self.client, self.experiment_id,
                                                                         self.parent_run_id, self.study_name, trial.number, tags), self.guard)
-        self.mlflow_guard(tr.log_params, self.client, run_id, tr.flatten(config), new_run=True)
+        self.mlflow_guard(tr.log_params, self.client, run_id, tr.flatten(config if params is None else params), new_run=True)
         self.metrics.start(run_id)
         cfg_path = trial_dir / "config.yaml"
         import yaml
@@ -122,6 +125,7 @@ class TrialTracker:
         at every pause (each trial at each rung or PBT interval)."""
         self.flush_metrics(r.run_id)
         self.upload(r, self.stage_upload(r, force=True))
+        self.uploads.submit(f"trial {r.number}: uploading its output", self._log_output, r)  # (what it printed so far)
         landed = threading.Event()
         self.uploads.submit(f"trial {r.number}: pausing", landed.set)  # (FIFO: after its upload)
         self.metrics.forget(r.run_id)
@@ -197,6 +201,18 @@ class TrialTracker:
         self.flush_metrics(run_id)
         self.uploads.submit(f"uploading {path}", self.client.log_artifact, run_id, path, artifact_path)
 
+    def log_loop_params(self, r: Running, params: dict[str, str]) -> None:
+        """An own loop's trial.log_params, on the upload thread; a param the run has with another value
+        stays (MLflow params are write-once) and the conflict is noted."""
+        def log() -> None:
+            have = self.client.get_run(r.run_id).data.params
+            clash = sorted(k for k, v in params.items() if k in have and have[k] != tr.redact(str(v))[:tr.MAX_PARAM_LEN])
+            if clash:
+                self.note(f"trial {r.number}: trial.log_params: {', '.join(clash)} recorded already with another value; kept")
+            tr.log_params(self.client, r.run_id, {k: v for k, v in params.items() if k not in have}, new_run=True)
+
+        self.uploads.submit(f"trial {r.number}: logging its params", log)
+
     def log_text(self, run_id: str, name: str, text: str) -> None:
         self.flush_metrics(run_id)
         self.uploads.submit(f"uploading {name}", self._log_text, run_id, name, text)
@@ -267,6 +283,7 @@ class TrialTracker:
                 tags.update(tidy_finished(self.client, r.run_id, r.trial_dir))
             except Exception as e:  # its files stay; the result stands
                 self.note(f"trial {r.number}: deleting its last.pt: {type(e).__name__}: {e}")
+        self._log_output(r)
         if tags.get("hpolab.fail_kind") == "reaped":
             # Another worker reaped this trial while it ran here and closes its run too (heartbeat.py
             # reap_trial), with a worse reason ("its driver is gone"). Its close checks then writes:
@@ -274,6 +291,14 @@ class TrialTracker:
             # over it and stays; a reaper that never closes it costs this wait and no more.
             self.mlflow_guard(tr.wait_until_closed, self.client, r.run_id, REAPER_CLOSE_WAIT)
         self.close_run(r.run_id, state, tags)
+
+    def _log_output(self, r: Running) -> None:
+        """What the trial printed (trial_output.py), as its run's output.log (and output.1.log)."""
+        for path in log_files(r.trial_dir):
+            try:
+                self.client.log_artifact(r.run_id, str(path))
+            except Exception as e:  # noqa: BLE001 -- the trial's result stands; its folder keeps the file
+                self.note(f"trial {r.number}: uploading {path.name}: {type(e).__name__}: {e}")
 
     def _log_model(self, r: Running, info: dict[str, Any], saved: str | None, state: TrialState) -> dict[str, str]:
         """Log the folder the trial process saved, or (a DDP trial, or its process could not) export
@@ -301,7 +326,8 @@ class TrialTracker:
                                logged=logged)
         except Exception as e:  # the model stands; `study check --repair` links them later
             self.note(f"trial {r.number}: linking its metrics to its model failed: {e}")
-        return tags
+        # the epoch its weights are from: best.pt's (the routine), the one the own loop gave trial.log_model
+        return {**tags, "hpolab.model_epoch": str(info.get("model_epoch") or info["best_epoch"])}
 
     def _retain(self, last: bool = False) -> None:
         # one read of the study for the plan and the ranks, when a pass is due (trials_due) and at the last pass

@@ -11,7 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 
-def run(conn, lifeline, job: dict[str, Any]) -> None:
+def run(conn, lifeline, job: dict[str, Any], output=None) -> None:
+    if output is not None:  # first: whatever the trial prints goes to its log (trial_output.py)
+        from hpolab.study.trials.trial_output import capture
+
+        capture(output)
     from hpolab.study.trials import trial_process
 
     trial_process.run(conn, lifeline, job)

@@ -59,6 +59,7 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
     project_dir = job["project_dir"]
     if project_dir not in sys.path:
         sys.path.insert(0, project_dir)
+    work_in(job["checkpoint_dir"])
     devices = int(job["config"]["trainer"].get("devices", 1))
     if devices > 1:  # one process per device (DDP); this process relays between rank 0 and the driver
         from hpolab.study.trials.ranks import run_ranks
@@ -88,6 +89,17 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
         offer_export(conn, job, summary)  # the model is saved here while the driver starts the next trial
     finally:
         conn.close()
+
+
+def work_in(folder: str) -> None:
+    """The trial runs in its own folder (STORE/trials/<study>/trial-<n>): what its code writes to a
+    relative path (an `output_dir="out"`, a `save_model("best")`, Lightning's lightning_logs/) is its
+    own, never a parallel trial's. The import path keeps pointing where it did (its relative entries,
+    the working directory's "" among them, made absolute first)."""
+    here = os.getcwd()
+    sys.path[:] = [os.path.join(here, p) if not os.path.isabs(p) else p for p in sys.path]
+    os.makedirs(folder, exist_ok=True)
+    os.chdir(folder)
 
 
 class EpochAnswers:
@@ -204,18 +216,31 @@ def report(conn, work, close: bool = True) -> dict[str, Any] | None:
     (unless `close` is False: the caller still has to talk). Returns the summary sent (None: a failure)."""
     try:
         summary = work()
+        _flush_output()
         conn.send(("done", summary))
         return summary
     except TrialFailure as e:  # an own loop broke its contract (own_loop.py): the one line says how
+        _flush_output()
         conn.send(("fail", {"kind": e.kind, "reason": str(e), "traceback": ""}))
     except NonFiniteLossError as e:
+        _flush_output()
         conn.send(("fail", {"kind": "nan", "reason": str(e), "traceback": traceback.format_exc()}))
     except torch.cuda.OutOfMemoryError as e:
         summary = torch.cuda.memory_summary() if torch.cuda.is_available() else ""
         conn.send(("fail", {"kind": "oom", "reason": f"CUDA out of memory: {e}", "traceback": traceback.format_exc(), "memory_summary": summary}))
     except Exception as e:  # any error in the experiment or routine fails this trial only
+        _flush_output()
         conn.send(("fail", {"kind": "exception", "reason": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}))
     finally:
         if close:
             conn.close()
     return None
+
+
+def _flush_output() -> None:
+    """What the trial printed reaches its output pipe before its result reaches the driver (trial_output.py)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, ValueError, OSError):
+            pass
