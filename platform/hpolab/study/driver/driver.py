@@ -77,6 +77,7 @@ from hpolab.study.trials.runner import Running, TrialRunner, runner_for
 from hpolab.study.sampling.search_space import optuna_distributions
 from hpolab.study.driver.signals import StopSignals
 from hpolab.study.sampling.enqueue import enqueue_known_good
+from hpolab.study.sampling.seed_trials import seed_trial_tags, trial_config
 from hpolab.study.driver.spec_guard import check_spec, record_spec
 from hpolab.study.driver.code_guard import check_code, record_code
 from hpolab.study.objectives.stopping import NoImprovementStop
@@ -182,6 +183,7 @@ class Driver:
         if self.study.user_attrs.get(warm_start.DONE_ATTR):
             tr.set_tags(self.client, self.parent_run_id, {warm_start.DONE_ATTR: self.study.user_attrs[warm_start.DONE_ATTR]})
         self.outage.call(self.study.set_user_attr, "hpolab.budget_epochs", self.spec.budget.epochs)  # (`study status` shows it)
+        self.outage.call(self.study.set_user_attr, "hpolab.promotion", self.spec.promotion.model_dump())  # (promote's race defaults)
         self.no_improvement = NoImprovementStop(self.spec, self.study, self.client, self.parent_run_id, self.progress.note)
         retention = Retention(self.spec, self.study, lambda n: self.stores.trial_dir(self.spec.name, n))
         self.tracker = TrialTracker(self.client, self.experiment_id, self.parent_run_id, self.spec.name,
@@ -204,7 +206,7 @@ class Driver:
     def _start_trial(self, trial: optuna.Trial) -> None:
         g = self.outage.call
         src = g(retry_source, self.study, self.stores, self.spec.name, trial.number)
-        config = self.spec.resolved_config(self.experiment, trial.params)
+        config = trial_config(self.spec, self.experiment, trial)  # (a seed trial: its own config and training seed)
         config["trainer"].update(src.overrides)  # e.g. the halved micro-batch after a CUDA OOM
         if self.pauses:
             self.pauses.adjust(config, trial.user_attrs)
@@ -214,7 +216,7 @@ class Driver:
         threads = self.runner.threads_per_trial()
         tags = {**self.env_tags, "hpolab.torch_threads": str(threads),
                 "hpolab.experiment": self.spec.experiment, "hpolab.worker_seed": str(self.worker_seed),
-                "hpolab.sampler_seed": str(self.sampler_seed), **src.tags}
+                "hpolab.sampler_seed": str(self.sampler_seed), **seed_trial_tags(trial), **src.tags}
         if trial.user_attrs.get("hpolab.warm_start_from"):  # an earlier study's configuration, re-run here
             tags["hpolab.warm_start_from"] = trial.user_attrs["hpolab.warm_start_from"]
         g(trial.set_user_attr, "worker_seed", self.worker_seed)
@@ -226,7 +228,7 @@ class Driver:
             self.pauses.plan(r)  # where this segment pauses (a retry copy: at the same place as its attempt)
         self.running[trial.number] = r
         self.runner.spawn_trial(r, src.resume_from, self.running.values())
-        self.progress.trial_started(trial.number, trial.params, src.retry_of)
+        self.progress.trial_started(trial.number, trial.params or seed_trial_tags(trial), src.retry_of)
 
     def _reap(self) -> None:
         close = closing_with_backfill(self.tracker.close_run_if_open, self.client, self.study, self.stores, self.progress.note)

@@ -16,10 +16,11 @@ from hpolab.study.state.paused_mark import shown_state
 
 
 class Progress:
-    def __init__(self, spec, console: Console | None = None, quiet: bool = False):
+    def __init__(self, spec, console: Console | None = None, quiet: bool = False, summary: bool = True):
         self.spec = spec
         self.console = console or _console()
         self.quiet = quiet
+        self.summary = summary  # the table at the end (a promotion race prints its own)
         self.best: float | None = None
         self.epochs: dict[int, int] = {}
         self.t0 = time.monotonic()
@@ -109,7 +110,7 @@ class Progress:
         return "" if self.spec.is_multi_objective else f" | best {fmt_value(self.best)}"  # (a front has no one best)
 
     def end(self, study, counts: dict[str, int], spec) -> None:
-        if self.quiet:
+        if self.quiet or not self.summary:
             return
         if spec.is_multi_objective:
             from hpolab.study.objectives.ranking import front_table
