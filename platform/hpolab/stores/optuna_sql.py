@@ -39,11 +39,14 @@ Source = Path | str  # a SQLite file, or a PostgreSQL URL (pg_read.py)
 
 KNOWN_SCHEMAS = {"v3.2.0.a"}
 IMPORTED = "hpolab.imported_from"  # system attr of a trial a warm start imported (study/state/budget.py uses this one)
+# system attr of a noise probe's trial (study/objectives/noise_probe.py): the incumbent again on another
+# training seed, an extra trial that is never a result (never best, outside n_trials)
+NOISE_PROBE = "hpolab.noise_probe"
 _INF = {"INF_POS": math.inf, "INF_NEG": -math.inf}
 _INTERMEDIATE = {"NAN": math.nan, **_INF}  # an intermediate value may also be NaN
 # The trial system attrs ranking and counting (trial_counts.py) read: Optuna's constraints (its old
-# list, its named ones), IMPORTED, a retry copy's history and a released trial's mark
-_MARKS = ("constraints", IMPORTED, "retry_history", "hpolab.released", "hpolab.paused")  # (paused: a trial scheduler's)
+# list, its named ones), IMPORTED, NOISE_PROBE, a retry copy's history and a released trial's mark
+_MARKS = ("constraints", IMPORTED, NOISE_PROBE, "retry_history", "hpolab.released", "hpolab.paused")  # (paused: a trial scheduler's)
 _RANKING_KEYS = f"(key IN ({', '.join(repr(k) for k in _MARKS)}) OR key LIKE 'constraints:%')"
 
 

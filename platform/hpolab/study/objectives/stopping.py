@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 
 from hpolab.config.spec import StudySpec
 from hpolab.study.state.budget import IMPORTED
+from hpolab.study.objectives.noise import noise_floor
 from hpolab.study.objectives.ranking import feasible, front, improves, losses
 from hpolab.stores import mlflow_runs as tr
 
@@ -78,6 +79,13 @@ def results_in_order(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return sorted(done, key=lambda t: (t.datetime_complete is None, t.datetime_complete, t.number))
 
 
+def min_delta_of(rule, user_attrs) -> float:
+    """The rule's min_delta; `noise`: the study's measured noise floor (noise.py), 0 until one is measured."""
+    if rule.min_delta != "noise":
+        return float(rule.min_delta)
+    return noise_floor(user_attrs) or 0.0
+
+
 class NoImprovementStop:
     """The driver asks `should_stop()` before starting trials; it records and prints the reason once."""
 
@@ -105,14 +113,15 @@ class NoImprovementStop:
             held = f"the front: trials {', '.join(str(t.number) for t in on_front)}" if on_front else "no feasible trial yet"
             self.reason = f"stop_after_no_improvement: {streak} finished trials in a row did not join the Pareto front ({held})"
         else:
+            delta = min_delta_of(rule, self.study.user_attrs)
             streak, best_at = no_improvement_streak(one_objective_results(trials), self.spec.direction == "maximize",
-                                                    rule.min_delta, start)
+                                                    delta, start)
             if streak < rule.trials:
                 return False
             best = trials[best_at] if best_at is not None else None
             since = f"the best {self.spec.metric} {best.value:.6g} (trial {best.number})" if best else "any result"
             self.reason = (f"stop_after_no_improvement: {streak} finished trials in a row brought no improvement "
-                           f"larger than {rule.min_delta:g} over {since}")
+                           f"larger than {delta:g}{' (the noise floor)' if rule.min_delta == 'noise' else ''} over {since}")
         self.study.set_user_attr("hpolab.stop", {"reason": self.reason, "n_trials": self.spec.n_trials, "results": len(trials)})
         tr.set_tags(self.client, self.parent_run_id, {"hpolab.stop_reason": self.reason})
         self.note(f"{self.reason}: starting no new trials; running ones finish")
