@@ -129,6 +129,7 @@ def run_race(plan: Plan, client, stores, study, info, spec_of, *, command: bool 
     import optuna
 
     from hpolab.registry import race_record, race_rounds
+    from hpolab.stores.mlflow_runs import EXPERIMENT_ATTR
     from hpolab.stores.optuna_storage import open_storage
 
     storage = open_storage(stores.optuna_url)
@@ -137,6 +138,7 @@ def run_race(plan: Plan, client, stores, study, info, spec_of, *, command: bool 
     if info.objectives and companion.metric_names is None:
         companion.set_metric_names(list(info.objectives))
     companion.set_user_attr(race_record.RACE_OF, info.name)
+    companion.set_user_attr(EXPERIMENT_ATTR, info.name)  # its seed runs go in the study's experiment, under the race run
     run_id = race_record.open_race_run(client, info, plan, companion)
     result = RaceResult(plan, run_id, info.metric, info.direction, {c.label: Standing(c.label) for c in plan.candidates},
                         directions=[d.name.lower() for d in study.directions])

@@ -175,7 +175,7 @@ class Driver:
                 self.progress.note(done)
         mlflow.set_tracking_uri(self.stores.tracking_uri)  # mlflow.pytorch.log_model resolves its client from it
         self.client = tr.client_for(self.stores)
-        self.experiment_id = tr.get_or_create_experiment(self.client, self.spec.name, self.stores)
+        self.experiment_id = tr.get_or_create_experiment(self.client, tr.experiment_of(self.study), self.stores)
         self.env_tags = capture_environment(self.project_dir)
         self.parent_run_id = open_parent_run(self.client, self.experiment_id, self.study, self.spec, self.env_tags)
         record_spec(self.study, self.client, self.parent_run_id, self.spec, spec_change, self.progress.note)
