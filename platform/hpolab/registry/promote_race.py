@@ -62,6 +62,7 @@ def recorded_spec(client, study, info):
 def race_step(args, client, stores, study, info, ch, holder, *, command: bool):
     """(the challenger, None) to go on to the gate, or (None, a Decision) when the race ends the promotion."""
     from hpolab.registry import race as race_mod
+    from hpolab.registry import race_record
     from hpolab.registry.race_table import print_race
 
     if getattr(args, "no_race", False):
@@ -81,9 +82,11 @@ def race_step(args, client, stores, study, info, ch, holder, *, command: bool):
     if args.dry_run:
         print("dry run: the race is not run (it trains and records runs); the gate below judges the plain pick")
         return ch, None
-    # (the study's spec: only when seed runs are left to train; a finished race is read back without it)
-    result = race_mod.run_race(plan, client, stores, study, info, lambda: recorded_spec(client, study, info), command=command,
-                               pick=getattr(args, "pick", None))
+    # The study's spec, checked before anything is written (its experiment must import here); a finished
+    # race is read back without it.
+    spec = None if race_record.finished(client, info, plan.key) else recorded_spec(client, study, info)
+    result = race_mod.run_race(plan, client, stores, study, info, lambda: spec or recorded_spec(client, study, info),
+                               command=command, pick=getattr(args, "pick", None))
     print_race(result)
     won = result.candidate(result.winner)
     model_run = result.runs[won.label][result.model_seed()]

@@ -57,6 +57,12 @@ def open_race_run(client, info, plan, companion) -> str:
     return run_id
 
 
+def finished(client, info, key: str) -> bool:
+    """Whether the race with this key has recorded its result (then nothing is left to train)."""
+    runs = tr.find_runs(client, info.experiment_id, f"tags.`{ROLE}` = '{RACE}' and tags.`{RACE_KEY}` = '{key}'")
+    return any(r.data.tags.get(WINNER) for r in runs)
+
+
 def _new_race_run(client, info, plan) -> str:
     from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
