@@ -178,6 +178,7 @@ def test_promote_races_the_leaders_and_registers_the_winners_seed_run(store):
     assert config["seed"] == str(seed) and config["data_seed"] == "0" and float(config["trainer.lr"]) == pytest.approx(1e-2)
     assert study.user_attrs["hpolab.noise_floor"]["source"] == "race"
     _check_clean(store)
+    _noise_floor_is_shown(store, study.user_attrs["hpolab.noise_floor"]["value"])
 
     again = run_cli("--store", str(store), "promote", NAME, "--race-seeds", "4").stdout  # read back, not trained again
     assert "seed runs to train" not in again and "is already version 1" in again
@@ -193,6 +194,20 @@ def test_the_champions_configuration_winning_the_race_refuses(store):
     assert out.returncode == 3, out.stdout + out.stderr
     assert "REFUSED: the champion's configuration" in out.stdout and "wins the race" in out.stdout
     assert len(_client(store).search_model_versions(f"name = '{NAME}'")) == 1
+
+
+def _noise_floor_is_shown(store: Path, floor: float) -> None:
+    """study status says the floor, compare marks the best (and who is tied with it), the report has the
+    race's section with its plot and the floor's band on the optimisation history."""
+    status = run_cli("--store", str(store), "study", "status", NAME).stdout
+    assert f"noise floor: {floor:.4g} (sd of val_acc over training seeds" in status and "a promotion race: 9 runs of 3 configurations" in status
+    rows = json.loads(run_cli("--store", str(store), "compare", NAME, "--format", "json").stdout)
+    assert [r["tied"] for r in rows][0] == "best" and {r["tied"] for r in rows[1:]} <= {"", "yes"}
+    assert "within it of the best, marked tied" in run_cli("--store", str(store), "compare", NAME).stdout
+    out = store / "r.html"
+    run_cli("--store", str(store), "report", NAME, "--out", str(out))
+    html = out.read_text()
+    assert 'data-plot="race"' in html and "mean ± CI" in html and "within the noise floor" in html
 
 
 def _wait_for_a_finished_seed_run(store: Path, timeout: float = 300) -> None:

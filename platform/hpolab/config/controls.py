@@ -61,7 +61,7 @@ class ConvergedStop(BaseModel):
 class NoiseProbe(BaseModel):
     """`noise_probe: {seeds: 3, every: 25}`: after every `every` finished trials, the best trial so far
     is trained again on `seeds` new seeds, as extra trials marked as such (never the best, outside
-    n_trials); their spread is the study's noise floor (study/objectives/noise_probe.py)."""
+    n_trials); their spread is the study's noise floor (study/sampling/noise_probe.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from hpolab.stores import mlflow_runs as tr
 from hpolab.stores.run_roles import RACE, ROLE
-from hpolab.study.objectives.noise import NOISE_FLOOR
+from hpolab.study.objectives.noise import NOISE_FLOOR, RACE_ATTR
 
 RACE_KEY = "hpolab.race_key"
 RACE_STUDY = "hpolab.race_study"  # on the race run: its companion Optuna study
@@ -118,9 +118,11 @@ def record_result(client, run_id: str, result, study) -> None:
                                      "hpolab.race_epochs": str(result.epochs)})
     if run.info.status != "FINISHED":
         client.set_terminated(run_id, status="FINISHED")
+    study.set_user_attr(RACE_ATTR, {**compact(summary), "run_id": run_id})  # (what the report shows)
     if result.noise is not None:
         study.set_user_attr(NOISE_FLOOR, {"value": result.noise, "metric": result.metric, "source": "race", "dof": result.dof,
-                                          "configurations": len(result.standings), "seeds": len(result.seeds),
+                                          "configurations": sum(bool(s.values) for s in result.standings.values()),
+                                          "runs": sum(len(s.values) for s in result.standings.values()),
                                           "race_run_id": run_id, "at": time.strftime("%Y-%m-%d %H:%M:%S")})
 
 

@@ -39,7 +39,7 @@ Source = Path | str  # a SQLite file, or a PostgreSQL URL (pg_read.py)
 
 KNOWN_SCHEMAS = {"v3.2.0.a"}
 IMPORTED = "hpolab.imported_from"  # system attr of a trial a warm start imported (study/state/budget.py uses this one)
-# system attr of a noise probe's trial (study/objectives/noise_probe.py): the incumbent again on another
+# system attr of a noise probe's trial (study/sampling/noise_probe.py): the incumbent again on another
 # training seed, an extra trial that is never a result (never best, outside n_trials)
 NOISE_PROBE = "hpolab.noise_probe"
 _INF = {"INF_POS": math.inf, "INF_NEG": -math.inf}

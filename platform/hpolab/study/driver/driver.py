@@ -80,6 +80,7 @@ from hpolab.study.sampling.enqueue import enqueue_known_good
 from hpolab.study.sampling.seed_trials import seed_trial_tags, trial_config
 from hpolab.study.driver.spec_guard import check_spec, record_spec
 from hpolab.study.driver.code_guard import check_code, record_code
+from hpolab.study.sampling.noise_probe import NoiseProbe
 from hpolab.study.objectives.stopping import NoImprovementStop
 from hpolab.study.trials.tracker import TrialTracker, retry_source
 
@@ -185,6 +186,7 @@ class Driver:
         self.outage.call(self.study.set_user_attr, "hpolab.budget_epochs", self.spec.budget.epochs)  # (`study status` shows it)
         self.outage.call(self.study.set_user_attr, "hpolab.promotion", self.spec.promotion.model_dump())  # (promote's race defaults)
         self.no_improvement = NoImprovementStop(self.spec, self.study, self.client, self.parent_run_id, self.progress.note)
+        self.probe = NoiseProbe(self.spec, self.study, self.storage, self.progress.note)  # (noise_probe: the incumbent on new seeds)
         retention = Retention(self.spec, self.study, lambda n: self.stores.trial_dir(self.spec.name, n))
         self.tracker = TrialTracker(self.client, self.experiment_id, self.parent_run_id, self.spec.name,
                                     self.experiment, self.env_tags, self.progress.note, retention,
@@ -351,6 +353,7 @@ class Driver:
                 if not self.draining and self.outage.call(self.no_improvement.should_stop):
                     self.draining = True  # stop_after_no_improvement: no new trials; running ones finish
                     outcome.stopped = self.no_improvement.reason
+                self.outage.call(self.probe.step)
                 self._start_trials()
                 self.runner.host_slots.running(len(self.running))  # (what other drivers here count)
                 if not self.running:

@@ -1,6 +1,6 @@
 """The study's noise floor: how far its metric moves when one configuration is trained again on
 another training seed, as a promotion race (registry/race.py) or the study's noise probe
-(noise_probe.py) measured it.
+(study/sampling/noise_probe.py) measured it.
 
 Kept as the Optuna study user attr NOISE_FLOOR: {"value": the pooled standard deviation over seeds
 within each configuration (metric units), "metric", "source": "race" | "noise_probe", "dof": its
@@ -16,6 +16,7 @@ import math
 from typing import Any, Iterable, Mapping
 
 NOISE_FLOOR = "hpolab.noise_floor"
+RACE_ATTR = "hpolab.race"  # Optuna study user attr: the study's latest finished promotion race, compact (the report's)
 
 
 def noise_floor(user_attrs: Mapping[str, Any]) -> float | None:
@@ -26,14 +27,14 @@ def noise_floor(user_attrs: Mapping[str, Any]) -> float | None:
 
 
 def describe(user_attrs: Mapping[str, Any]) -> str | None:
-    """'0.0042 (sd of val_acc over training seeds; a promotion race of 3 configurations x 5 seeds)'."""
+    """'0.0042 (sd of val_acc over training seeds, 12 dof; a promotion race: 15 runs of 3 configurations)'."""
     record = user_attrs.get(NOISE_FLOOR)
     value = noise_floor(user_attrs)
     if value is None:
         return None
-    how = (f"a promotion race of {record.get('configurations')} configurations x {record.get('seeds')} seeds"
-           if record.get("source") == "race" else f"the noise probe: {record.get('runs')} runs of {record.get('configurations')} incumbents")
-    return f"{value:.4g} (sd of {record.get('metric')} over training seeds, {record.get('dof')} dof; {how})"
+    how = "a promotion race" if record.get("source") == "race" else "the noise probe"
+    return (f"{value:.4g} (sd of {record.get('metric')} over training seeds, {record.get('dof')} dof; "
+            f"{how}: {record.get('runs')} runs of {record.get('configurations')} configurations)")
 
 
 def pooled_sd(groups: Iterable[Iterable[float]]) -> tuple[float | None, int]:

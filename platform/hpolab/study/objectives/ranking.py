@@ -100,6 +100,11 @@ def within_noise(value: float, best: float, floor: float, direction: str) -> boo
     return not improves(best, value, direction, floor)
 
 
+def noise_band(best: float, floor: float, direction: str) -> tuple[float, float]:
+    """(low, high): the values within the noise floor of `best`, on its worse side (the report's band)."""
+    return (best - floor, best) if _names(direction)[0] == "maximize" else (best, best + floor)
+
+
 def losses(trials: Sequence, directions: str | Sequence) -> np.ndarray:
     """Objective values as losses (maximised ones negated): lower is better in every column."""
     signs = np.array([-1.0 if d == "maximize" else 1.0 for d in _names(directions)])

@@ -1,6 +1,6 @@
 """Seed trials: a configuration trained again on another training seed, as an ordinary trial.
 
-A promotion race (registry/race.py) and a noise probe (study/objectives/noise_probe.py) measure how
+A promotion race (registry/race.py) and a noise probe (study/sampling/noise_probe.py) measure how
 much a configuration's metric moves with the training seed alone. Each of their runs is a trial of an
 Optuna study, started by the same driver as any other: its own process, its MLflow run, heartbeats,
 retries, the budget lock. What makes it a seed trial is on the trial, from the moment it is queued
