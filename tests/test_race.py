@@ -243,3 +243,33 @@ def test_a_sigkilled_promote_resumes_its_race_and_registers_once(store):
     (exp,) = [e for e in c.search_experiments() if e.name == NAME]
     assert len(c.search_runs([exp.experiment_id], "tags.`hpolab.role` = 'race'")) == 1
     _check_clean(store)
+
+
+def test_several_objectives_race_the_pick_rule_on_the_means():
+    from types import SimpleNamespace
+
+    from hpolab.registry.race import Plan, RaceResult
+    from hpolab.registry.race_front import front_winner
+
+    # val_acc (maximize) against latency_ms (minimize), 3 seeds each: "b" is the most accurate on average,
+    # "c" the fastest; "a" is dominated by "b" on the means
+    per = {"a": {"val_acc": [0.90, 0.91, 0.92], "latency_ms": [2.0, 2.1, 2.0]},
+           "b": {"val_acc": [0.95, 0.93, 0.96], "latency_ms": [1.9, 2.0, 1.9]},
+           "c": {"val_acc": [0.85, 0.86, 0.84], "latency_ms": [1.0, 1.1, 1.0]}}
+    objectives = {c: {m: dict(zip([1, 2, 3], v)) for m, v in ms.items()} for c, ms in per.items()}
+    standings = {c: Standing(c, dict(objectives[c]["val_acc"])) for c in per}
+    info = SimpleNamespace(objectives=["val_acc", "latency_ms"], metric="val_acc")
+
+    def race():
+        return RaceResult(Plan("s", "k", "s~race-k", [], [1, 2, 3], 3), "run", "val_acc", "maximize",
+                          {c: Standing(c, dict(s.values)) for c, s in standings.items()},
+                          directions=["maximize", "minimize"], objectives=objectives)
+
+    r = race()
+    winner, why = front_winner(r, info, "max val_acc")
+    assert winner == "b" and why.startswith("--pick max val_acc over 3 seeds")
+    assert r.standings["a"].p_best == 0.0 and sum(s.p_best for s in r.standings.values()) == pytest.approx(1.0)
+    r = race()
+    assert front_winner(r, info, "min latency_ms")[0] == "c"
+    r = race()
+    assert front_winner(r, info, None)[0] in ("b", "c")  # the knee of a two-point front of the means
