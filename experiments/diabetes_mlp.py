@@ -1,8 +1,8 @@
 """Diabetes progression (scikit-learn's bundled data, real and offline): regression with a small MLP.
 
 442 patients, 10 raw clinical features (age, sex, bmi, blood pressure, six serum measurements), target:
-a quantitative measure of disease progression one year later (25..346). Split once from the seed:
-60% train, 20% val, 20% test. Features are standardized with the train split's mean/std inside
+a quantitative measure of disease progression one year later (25..346). Split once from the study's data seed
+(`data_seed`, not the training seed): 60% train, 20% val, 20% test. Features are standardized with the train split's mean/std inside
 `preprocess`, so serving takes the raw features; targets are standardized by the platform when the
 spec says `trainer.standardize_targets: true` (metrics, serving and predict stay in the target's units).
 """
@@ -28,11 +28,11 @@ MODEL_DEFAULTS = {
 }
 
 
-def _raw_and_split(data: dict, seed: int):
+def _raw_and_split(data: dict, data_seed: int):
     features, target = load_diabetes_raw()
     x = features.astype(np.float32)  # (442, 10) raw units
     y = target.astype(np.float32)  # (442,)
-    order = np.random.default_rng(seed).permutation(len(y))
+    order = np.random.default_rng(data_seed).permutation(len(y))
     n_val, n_test = round(len(y) * data["val_fraction"]), round(len(y) * data["test_fraction"])
     val, test, train = order[:n_val], order[n_val : n_val + n_test], order[n_val + n_test :]
     return x, y, (np.sort(train), np.sort(val), np.sort(test))
@@ -49,8 +49,8 @@ def _make_preprocess(x_train: np.ndarray):
     return preprocess
 
 
-def load_data(data: dict, seed: int) -> DataSplits:
-    x_raw, y, (train, val, test) = _raw_and_split(data, seed)
+def load_data(data: dict, data_seed: int) -> DataSplits:
+    x_raw, y, (train, val, test) = _raw_and_split(data, data_seed)
     preprocess = _make_preprocess(x_raw[train])
     x = preprocess(torch.from_numpy(x_raw))
     targets = torch.from_numpy(y)
@@ -67,9 +67,9 @@ def load_data(data: dict, seed: int) -> DataSplits:
     )
 
 
-def raw_test(data: dict, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(raw features float32 (N, 10), targets float32 (N,)) in the order of load_data(data, seed).test."""
-    x_raw, y, (_, _, test) = _raw_and_split(data, seed)
+def raw_test(data: dict, data_seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(raw features float32 (N, 10), targets float32 (N,)) in the order of load_data(data, data_seed).test."""
+    x_raw, y, (_, _, test) = _raw_and_split(data, data_seed)
     return x_raw[test], y[test]
 
 

@@ -1,6 +1,8 @@
 """Handwritten digits (scikit-learn's bundled 8x8 images, real and offline) with a small CNN.
 
-1,797 images of 10 classes. Split once, stratified, from the seed: 60% train, 20% val, 20% test.
+1,797 images of 10 classes. Split once, stratified, from the study's data seed (`data_seed`, not the
+training seed): 60% train, 20% val, 20% test. Every trial, every seed of a promotion race and the
+promotion gate see the same split.
 The whole dataset fits in memory, so the splits are TensorDatasets and the training routine
 indexes them directly (no DataLoader).
 """
@@ -64,15 +66,15 @@ def _stratified_split(y: np.ndarray, fractions: tuple[float, float], seed: int):
     return (np.sort(np.array(a)) for a in (train, val, test))
 
 
-def _raw_and_split(data: dict, seed: int):
+def _raw_and_split(data: dict, data_seed: int):
     images, target = load_digits()
     x_raw = images.astype(np.float32)  # (1797, 8, 8), 0..16 (integers: exact in float32)
     y = target.astype(np.int64)
-    return x_raw, y, _stratified_split(y, (data["val_fraction"], data["test_fraction"]), seed)
+    return x_raw, y, _stratified_split(y, (data["val_fraction"], data["test_fraction"]), data_seed)
 
 
-def load_data(data: dict, seed: int) -> DataSplits:
-    x_raw, y, (train_idx, val_idx, test_idx) = _raw_and_split(data, seed)
+def load_data(data: dict, data_seed: int) -> DataSplits:
+    x_raw, y, (train_idx, val_idx, test_idx) = _raw_and_split(data, data_seed)
     x = preprocess(torch.from_numpy(x_raw))
     labels = torch.from_numpy(y)
 
@@ -92,10 +94,10 @@ def load_data(data: dict, seed: int) -> DataSplits:
     )
 
 
-def raw_test(data: dict, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def raw_test(data: dict, data_seed: int) -> tuple[np.ndarray, np.ndarray]:
     """The test split as the user has it: (inputs float32 (N, 8, 8), values 0..16; labels int64 (N,)),
-    in the order of load_data(data, seed).test. preprocess(inputs) are that split's model inputs."""
-    x_raw, y, (_, _, test_idx) = _raw_and_split(data, seed)
+    in the order of load_data(data, data_seed).test. preprocess(inputs) are that split's model inputs."""
+    x_raw, y, (_, _, test_idx) = _raw_and_split(data, data_seed)
     return x_raw[test_idx], y[test_idx]
 
 

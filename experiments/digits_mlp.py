@@ -1,6 +1,6 @@
 """Handwritten digits (scikit-learn's bundled 8x8 images) with a small MLP: the multi-fidelity benchmark's task.
 
-Same data and split as digits_cnn (60% train, 20% val, 20% test, stratified from the seed), flattened to
+Same data and split as digits_cnn (60% train, 20% val, 20% test, stratified from the data seed), flattened to
 64 features in [-1, 1]. An epoch takes milliseconds, so a study's time is mostly the platform's per-trial
 cost and the benchmark can afford dozens of trials of 27 epochs. With plain SGD and a constant LR the
 configurations differ a lot (lr 1e-4 barely learns in 27 epochs, lr near 1 diverges), and slow
@@ -34,10 +34,10 @@ def preprocess(raw: torch.Tensor) -> torch.Tensor:
     return x / (PIXEL_MAX / 2) - 1.0
 
 
-def _raw_and_split(data: dict, seed: int):
+def _raw_and_split(data: dict, data_seed: int):
     images, target = load_digits()
     x_raw, y = images.astype(np.float32), target.astype(np.int64)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(data_seed)
     train, val, test = [], [], []
     for c in np.unique(y):  # stratified, like digits_cnn
         idx = rng.permutation(np.flatnonzero(y == c))
@@ -48,8 +48,8 @@ def _raw_and_split(data: dict, seed: int):
     return x_raw, y, tuple(np.sort(np.array(a)) for a in (train, val, test))
 
 
-def load_data(data: dict, seed: int) -> DataSplits:
-    x_raw, y, (train, val, test) = _raw_and_split(data, seed)
+def load_data(data: dict, data_seed: int) -> DataSplits:
+    x_raw, y, (train, val, test) = _raw_and_split(data, data_seed)
     x, labels = preprocess(torch.from_numpy(x_raw)), torch.from_numpy(y)
 
     def split(idx):
@@ -65,9 +65,9 @@ def load_data(data: dict, seed: int) -> DataSplits:
     )
 
 
-def raw_test(data: dict, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs float32 (N, 8, 8), values 0..16; labels int64 (N,)) in the order of load_data(data, seed).test."""
-    x_raw, y, (_, _, test) = _raw_and_split(data, seed)
+def raw_test(data: dict, data_seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs float32 (N, 8, 8), values 0..16; labels int64 (N,)) in the order of load_data(data, data_seed).test."""
+    x_raw, y, (_, _, test) = _raw_and_split(data, data_seed)
     return x_raw[test], y[test]
 
 

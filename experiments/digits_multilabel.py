@@ -32,17 +32,17 @@ def _labels(digit: np.ndarray) -> np.ndarray:
     return np.stack([digit % 2 == 0, digit > 4, np.isin(digit, (0, 6, 8, 9))], axis=1).astype(np.float32)
 
 
-def _raw_and_split(data: dict, seed: int):
+def _raw_and_split(data: dict, data_seed: int):
     images, target = load_digits()
     x = images.astype(np.float32)
-    order = np.random.default_rng(seed).permutation(len(x))
+    order = np.random.default_rng(data_seed).permutation(len(x))
     n_val, n_test = round(len(x) * data["val_fraction"]), round(len(x) * data["test_fraction"])
     val, test, train = order[:n_val], order[n_val : n_val + n_test], order[n_val + n_test :]
     return x, _labels(target), (np.sort(train), np.sort(val), np.sort(test))
 
 
-def load_data(data: dict, seed: int) -> DataSplits:
-    x_raw, y, (train, val, test) = _raw_and_split(data, seed)
+def load_data(data: dict, data_seed: int) -> DataSplits:
+    x_raw, y, (train, val, test) = _raw_and_split(data, data_seed)
     x, targets = preprocess(torch.from_numpy(x_raw)), torch.from_numpy(y)
 
     def split(idx):
@@ -58,9 +58,9 @@ def load_data(data: dict, seed: int) -> DataSplits:
     )
 
 
-def raw_test(data: dict, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(raw digits float32 (N, 8, 8), 0/1 labels float32 (N, 3)) in the order of load_data(data, seed).test."""
-    x_raw, y, (_, _, test) = _raw_and_split(data, seed)
+def raw_test(data: dict, data_seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(raw digits float32 (N, 8, 8), 0/1 labels float32 (N, 3)) in the order of load_data(data, data_seed).test."""
+    x_raw, y, (_, _, test) = _raw_and_split(data, data_seed)
     return x_raw[test], y[test]
 
 

@@ -1,7 +1,7 @@
 """The 8x8 digits with noisy training labels and a small MLP: a task whose best learning rate changes.
 
-Same data and stratified split as digits_mlp (60% train, 20% val, 20% test, from the seed), but a share
-`label_noise` of the *training* labels is replaced by a uniformly drawn class (fixed by the seed; val
+Same data and stratified split as digits_mlp (60% train, 20% val, 20% test, from the data seed), but a share
+`label_noise` of the *training* labels is replaced by a uniformly drawn class (fixed by the data seed; val
 and test keep their true labels). With plain SGD (no momentum) a high LR learns the clean signal fast
 but keeps jumping between noisy minibatches, and a low LR is steady but slow: a high-then-low LR
 schedule beats every constant LR (bench/multifidelity.py --pbt-task lr-decay measures it), which is
@@ -51,11 +51,11 @@ def noisy(labels: np.ndarray, share: float, rng: np.random.Generator) -> np.ndar
     return out
 
 
-def load_data(data: dict, seed: int) -> DataSplits:
+def load_data(data: dict, data_seed: int) -> DataSplits:
     if not 0.0 <= float(data["label_noise"]) < 1.0:
         raise ValueError(f"data.label_noise must be in [0, 1), got {data['label_noise']!r}")
     images, target = load_digits()
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(data_seed)
     y = target.astype(np.int64)
     train, val, test = split_indices(y, data, rng)
     x = preprocess(torch.from_numpy(images.astype(np.float32)))

@@ -11,7 +11,7 @@ started. Nothing is downloaded unless `data.download: true`: with the default, m
 files raise a FileNotFoundError naming the folder. Files that are present only gzipped (`*.gz`, as
 published) are decompressed next to themselves first, offline.
 
-Splits (fixed by the seed): val is a stratified `data.val_fraction` of the official train set, train is
+Splits (fixed by the data seed): val is a stratified `data.val_fraction` of the official train set, train is
 the rest (optionally subsampled to `data.limit_train` images for quick runs), test is the official test
 set. Train and val are two views of the same files with different transforms: train gets the geometric
 augmentation (random crop with zero padding, horizontal flip), val and test only the eval transform
@@ -168,7 +168,7 @@ def _root(data: dict) -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.fspath(data["root"]))
 
 
-def load_data(data: dict, seed: int) -> DataSplits:
+def load_data(data: dict, data_seed: int) -> DataSplits:
     from torchvision.datasets import FashionMNIST
 
     root = _root(data)
@@ -190,7 +190,7 @@ def load_data(data: dict, seed: int) -> DataSplits:
     train_plain = FashionMNIST(root, train=True, download=False, transform=eval_transform())
     test = FashionMNIST(root, train=False, download=False, transform=eval_transform())
 
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(data_seed)
     train_idx, val_idx = _stratified_split(train_plain.targets.numpy(), val_fraction, rng)
     if limit is not None and int(limit) < len(train_idx):
         train_idx = np.sort(rng.choice(train_idx, size=int(limit), replace=False))
@@ -216,9 +216,9 @@ def load_data(data: dict, seed: int) -> DataSplits:
     )
 
 
-def raw_test(data: dict, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def raw_test(data: dict, data_seed: int) -> tuple[np.ndarray, np.ndarray]:
     """The official test set as the user has it: (uint8 images (N, 28, 28), int64 labels (N,)), in the
-    order of load_data(data, seed).test (the seed does not change the test split)."""
+    order of load_data(data, data_seed).test (the data seed does not change the test split)."""
     from torchvision.datasets import FashionMNIST
 
     root = _root(data)

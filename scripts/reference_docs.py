@@ -226,10 +226,10 @@ def _spec_rows(cls, prefix: str = "", variant: str | None = None) -> list[tuple[
 # The spec page's sections: title -> the top-level keys it holds (with everything under them), in the
 # order of the page. Every top-level key is in one of them (spec_page refuses a key in none).
 SECTIONS = {
-    "The study": ["name", "experiment", "metric", "direction", "objectives", "pruning", "constraints", "seed"],
+    "The study": ["name", "experiment", "metric", "direction", "objectives", "pruning", "constraints", "seed", "data_seed"],
     "Budget and run controls": ["n_trials", "timeout", "trial_timeout", "parallel", "max_retries", "max_interrupts",
-                                "max_failures", "budget", "stop_after_no_improvement", "checkpoint_upload_every",
-                                "storage_outage_grace"],
+                                "max_failures", "budget", "stop_after_no_improvement", "stop_when_converged", "noise_probe",
+                                "checkpoint_upload_every", "storage_outage_grace"],
     "sampler, enqueue, warm_start": ["sampler", "enqueue", "warm_start"],
     "pruner": ["pruner"],
     "trial_scheduler": ["trial_scheduler"],
@@ -239,6 +239,7 @@ SECTIONS = {
     "lr_range_test": ["lr_range_test"],
     "Retention: log_models, keep_checkpoints": ["log_models", "keep_checkpoints"],
     "While it runs: notify, system_metrics": ["notify", "system_metrics"],
+    "promotion": ["promotion"],
 }
 
 

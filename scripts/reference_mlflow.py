@@ -16,6 +16,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "platform" / "hpolab"
 
 TR, PR, PROM, LR, MOD, VER = "trial run", "parent run", "promote run", "lr run", "model", "version"
+RACE = "race run"
 SA, TA = "study attr", "trial attr"
 
 # literal in the code -> (name shown, where, meaning)
@@ -101,6 +102,27 @@ NAMES = {
     "hpolab.promote_run_id": ("hpolab.promote_run_id", VER, "the promote run that registered the version"),
     "hpolab.pruned_at_epoch": ("hpolab.pruned_at_epoch", TR, "the epoch the pruner stopped the trial"),
     "hpolab.pruned_at_rung": ("hpolab.pruned_at_rung", TR, "ASHA: the rung a never-promoted trial reached (0 = the first)"),
+    "hpolab.config": ("hpolab.config", TA, "a seed trial of a promotion race: the whole config it trains (its candidate's, with its seed replaced)"),
+    "hpolab.mlflow_experiment": ("hpolab.mlflow_experiment", SA, "a promotion race's Optuna study: the MLflow experiment its runs go in (the raced study's)"),
+    "hpolab.noise_floor": ("hpolab.noise_floor", f"{SA}, {VER}", "the study's noise floor: the pooled sd of its metric over training seeds ({value, metric, source: race | noise_probe, dof, ...}; on a version: the race's value)"),
+    "hpolab.noise_probe": ("hpolab.noise_probe", TA, "a noise probe's trial: the number of the incumbent it trains again on another seed (never a result)"),
+    "hpolab.noise_probes": ("hpolab.noise_probes", SA, "the noise probe's rounds so far: [{incumbent, seeds}]"),
+    "hpolab.promotion": ("hpolab.promotion", SA, "the spec's promotion: section as the latest driver ran it (promote's race defaults)"),
+    "hpolab.race": ("hpolab.race", SA, "the study's latest finished promotion race (race.json without the seed runs' ids: what the report shows)"),
+    "hpolab.race_": ("hpolab.race_<metric>_mean, hpolab.race_<metric>_ci95", VER, "the race's mean of the winner's seeds and its 95% interval (low,high)"),
+    "hpolab.race_candidate": ("hpolab.race_candidate", f"{TA}, {TR}", "a promotion race's seed trial: the candidate it retrains (trial 19, champion v3)"),
+    "hpolab.race_epochs": ("hpolab.race_epochs", RACE, "epochs the race's seed runs trained"),
+    "hpolab.race_key": ("hpolab.race_key", RACE, "the race's identity: its candidates' configurations and seeds"),
+    "hpolab.race_model_run": ("hpolab.race_model_run", VER, "the race run whose model was registered (the winner's seed nearest its mean)"),
+    "hpolab.race_of": ("hpolab.race_of", SA, "a promotion race's Optuna study: the study it races for"),
+    "hpolab.race_p_best": ("hpolab.race_p_best", VER, "the winner's P(best): the share of bootstrap resamples of the seeds it wins"),
+    "hpolab.race_result": ("hpolab.race_result", f"{RACE}, {VER}", "the race as JSON: every candidate's seeds, values, mean, interval, P(best), round dropped"),
+    "hpolab.race_rounds_recorded": ("hpolab.race_rounds_recorded", RACE, "the rounds whose standings are logged (a resumed race logs none twice)"),
+    "hpolab.race_run_id": ("hpolab.race_run_id", VER, "the race run that chose the version's model"),
+    "hpolab.race_seed": ("hpolab.race_seed", VER, "the seed of the race run whose model was registered"),
+    "hpolab.race_seeds": ("hpolab.race_seeds", VER, "the seeds the winner raced on"),
+    "hpolab.race_study": ("hpolab.race_study", RACE, "the race's own Optuna study (<study>.race-<key>)"),
+    "hpolab.race_winner": ("hpolab.race_winner", f"{RACE}, {VER}", "the race's winner (its best mean)"),
     "hpolab.rank": ("hpolab.rank", MOD, "the trial's rank in its study (1 = best)"),
     "hpolab.raw_input_dtype": ("hpolab.raw_input_dtype", f"{PROM}, {VER}", "numpy dtype of a raw input, e.g. float32"),
     "hpolab.raw_input_shape": ("hpolab.raw_input_shape", f"{PROM}, {VER}", "shape of one raw input (JSON list, no batch axis)"),
@@ -124,10 +146,10 @@ NAMES = {
     "hpolab.retry_kinds": ("hpolab.retry_kinds", TA, "why each earlier attempt ended"),
     "hpolab.retry_of_run": ("hpolab.retry_of_run", TR, "the run of the attempt this one continues"),
     "hpolab.retry_of_trial": ("hpolab.retry_of_trial", TR, "the trial this attempt continues"),
-    "hpolab.role": ("hpolab.role", "every run", "what the run is: trial, study, promote, lr_range_test"),
+    "hpolab.role": ("hpolab.role", "every run", "what the run is: trial, study, promote, lr_range_test, race"),
     "hpolab.rung": ("hpolab.rung", f"{TA}, {TR}", "a trial scheduler: the highest rung the trial reached (0 = the first): the one it paused at, the top one once it completed there"),
     "hpolab.sampler_seed": ("hpolab.sampler_seed", TR, "the sampler's seed in this driver"),
-    "hpolab.seed": ("hpolab.seed", VER, "the trial's seed"),
+    "hpolab.seed": ("hpolab.seed", f"{VER}, {TA}, {TR}", "the trial's training seed (a seed trial's: the seed it trains, a race's or a noise probe's)"),
     "hpolab.selection_metric": ("hpolab.selection_metric", VER, "the metric the best trial was selected by"),
     "hpolab.serving_model_uri": ("hpolab.serving_model_uri", PROM, "the serving model's URI"),
     "hpolab.spec": ("hpolab.spec", SA, "the study's recorded spec"),
@@ -135,7 +157,7 @@ NAMES = {
     "hpolab.spec_version": ("hpolab.spec_version", f"{SA}, {PR}", "the number of accepted spec changes"),
     "hpolab.state": ("hpolab.state", f"{TR}, {MOD}", "the trial's state: RUNNING, PAUSED (a trial scheduler's), COMPLETE, PRUNED, FAIL"),
     "hpolab.state_repaired": ("hpolab.state_repaired", TR, "the state tag study check --repair replaced"),
-    "hpolab.stop": ("hpolab.stop", SA, "why the study stopped early (stop_after_no_improvement)"),
+    "hpolab.stop": ("hpolab.stop", SA, "why the study stopped early (stop_after_no_improvement, stop_when_converged)"),
     "hpolab.stop_reason": ("hpolab.stop_reason", f"{PR}, {TR}", "why the study (or the trial) stopped"),
     "hpolab.study": ("hpolab.study", VER, "the study the version comes from"),
     "hpolab.task": ("hpolab.task", f"{PROM}, {VER}", "classification, regression, multilabel or custom"),
@@ -191,6 +213,10 @@ METRICS = [
     "- On the parent run: `best_<metric>`; several objectives: `hypervolume` per finished trial.",
     "- On a logged model: the run's metrics of the epoch its weights come from; on a serving model and the "
     "trial's model after promotion: the gate's `test_*` metrics.",
+    "- On a promotion race's `race` run, per round (step = round), each candidate's (`trial_19`, `champion_v3`): "
+    "`<candidate>.<metric>_mean`, `<candidate>.<metric>_ci95_low`, `<candidate>.<metric>_ci95_high`, `<candidate>.p_best` "
+    "and `<candidate>.seeds`, and `noise_floor`; its seed runs are trial runs (the metrics above) named "
+    "`race-<candidate>-seed-<seed>`.",
 ]
 
 

@@ -201,7 +201,7 @@ def test_promote_and_predict_from_a_script_match_the_cli(store, tmp_path):
 
         study = hpolab.run_study("studies/digits_cnn.yaml", ["name=api-promote", "n_trials=2", "trainer.max_epochs=1",
                                  "log_models=complete"], store={str(store)!r}, progress=False)
-        p = study.promote()
+        p = study.promote(race=False)
         x = load_digits().images[:3]
         np.save({str(tmp_path / "x.npy")!r}, x)
         table = hpolab.predict(p.model_uri, x, store={str(store)!r})
@@ -226,7 +226,7 @@ def test_promote_and_predict_from_a_script_match_the_cli(store, tmp_path):
         import hpolab
         from hpolab.errors import UserError
         study = hpolab.load_study("api-promote", store={str(store)!r})
-        p = study.promote()
+        p = study.promote(race=False)
         try:
             study.promote(alias="latest")
         except UserError as e:
@@ -234,7 +234,7 @@ def test_promote_and_predict_from_a_script_match_the_cli(store, tmp_path):
         print(p.exit_code, p.promoted, p.version)
     """, tmp_path).stdout
     assert again.strip().endswith(f"0 True {version}") and "refused alias: --alias 'latest'" in again
-    assert run_cli("--store", str(store), "promote", "api-promote", "--alias", "latest", check=False).returncode == 2
+    assert run_cli("--store", str(store), "promote", "--no-race", "api-promote", "--alias", "latest", check=False).returncode == 2
 
 
 @pytest.mark.slow

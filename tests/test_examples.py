@@ -23,13 +23,20 @@ from conftest import ROOT, hpolab_env, run_cli
 EXAMPLES = ROOT / "examples"
 NOTEBOOK = EXAMPLES / "own_loop.ipynb"
 STUDY = "digits-own-loop"
-SMALL = {"n_trials": 6, "trainer.max_epochs": 3}
+SMALL = {"n_trials": 6, "trainer.max_epochs": 3, "promotion.race_seeds": 3}  # (promote races the top 3 on 3 fresh seeds)
 
 
 def _registered(store: Path):
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}").get_model_version_by_alias(STUDY, "champion")
+
+
+def _raced_winner(mv, trials: list[dict]) -> None:
+    """promote raced the top 3 trials (as compare ranks them) on fresh seeds: the version is the winner's."""
+    assert mv.tags["hpolab.race_winner"] == f"trial {mv.tags['hpolab.trial_number']}"
+    assert int(mv.tags["hpolab.trial_number"]) in [t["trial"] for t in trials[:3]]
+    assert mv.tags["hpolab.race_seeds"] == "1,2,3"  # the winner ran every seed
 
 
 def _trials(store: Path) -> list[dict]:
@@ -63,7 +70,7 @@ def test_the_script_runs_a_study_promotes_and_predicts(store):
     assert len(trials) == SMALL["n_trials"] and {t["state"] for t in trials} <= {"COMPLETE", "PRUNED"}
     assert all(t["epochs"] <= SMALL["trainer.max_epochs"] for t in trials)
     mv = _registered(store)
-    assert mv.tags["hpolab.trial_number"] == str(trials[0]["trial"])  # the best trial, as compare ranks it
+    _raced_winner(mv, trials)
     printed = re.search(r"predicted (\[[\d, ]+\]), true (\[[\d, ]+\])", out.stdout)
     assert printed and len(json.loads(printed.group(1))) == 5, out.stdout
     # the printed table: one line per trial under its header
@@ -84,13 +91,14 @@ def test_the_notebook_runs_in_a_kernel_with_a_progress_bar(store, tmp_path):
     assert not [o for o in outputs if o.output_type == "error"]
     n = SMALL["n_trials"]
     bars = [o for o in outputs if "text/html" in o.get("data", {}) and "<progress" in o.data["text/html"]]
-    assert len(bars) == 1 and f"<progress value={n} max={n}" in bars[0].data["text/html"]  # updated in place to the end
+    study_bars = [b for b in bars if f"{STUDY}.race-" not in b.data["text/html"]]  # (promote's race has its own)
+    assert len(study_bars) == 1 and f"<progress value={n} max={n}" in study_bars[0].data["text/html"]  # updated in place to the end
     trials = _trials(store)
     assert len(trials) == n
     table = next(c for c in nb.cells if "trials_df()" in c.source).outputs[0]
     assert table.output_type == "execute_result" and len(re.findall(r"<tr>\s*<th>\d+</th>", table.data["text/html"])) == n
     mv = _registered(store)
-    assert mv.tags["hpolab.trial_number"] == str(trials[0]["trial"])
+    _raced_winner(mv, trials)
     shown = next(c for c in nb.cells if c.source.startswith("predicted")).outputs[0].text
     predicted = json.loads(re.search(r"predicted (\[[\d, ]+\])", shown).group(1))
     assert len(predicted) == 5

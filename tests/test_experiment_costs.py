@@ -120,7 +120,7 @@ def test_the_experiments_cost_is_an_objective_and_promote_gates_on_it(ran, tmp_p
 
     store2 = copy_store(store, tmp_path / "store")  # promote writes; the module's store stays as it ran
     client2, _ = open_study(store2, NAME)
-    first = run_cli("--store", str(store2), "promote", NAME, "--pick", "min mmacs", cwd=tmp_path)
+    first = run_cli("--store", str(store2), "promote", "--no-race", NAME, "--pick", "min mmacs", cwd=tmp_path)
     assert "every objective" in first.stdout and "does not exist yet" in first.stdout
     v1 = client2.get_model_version_by_alias(NAME, "champion")
     small = min(trials, key=lambda t: t.values[1])
@@ -128,7 +128,7 @@ def test_the_experiments_cost_is_an_objective_and_promote_gates_on_it(ran, tmp_p
     assert float(v1.tags["hpolab.objective.mmacs"]) == pytest.approx(small.values[1])
     assert float(v1.tags["hpolab.objective.val_rmse"]) == pytest.approx(float(v1.tags["hpolab.test_rmse"]))
 
-    second = run_cli("--store", str(store2), "promote", NAME, "--pick", "min val_rmse", cwd=tmp_path, check=False)
+    second = run_cli("--store", str(store2), "promote", "--no-race", NAME, "--pick", "min val_rmse", cwd=tmp_path, check=False)
     accurate = min(trials, key=lambda t: t.values[0])
     if accurate.number == small.number:
         assert second.returncode == 0 and "already version 1" in second.stdout

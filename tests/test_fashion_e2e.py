@@ -26,7 +26,7 @@ def test_fashion_study_promote_and_predict_on_images(store, tmp_path):
     (trial,) = study.trials
     assert trial.state == optuna.trial.TrialState.COMPLETE and sorted(trial.intermediate_values) == [1, 2]
 
-    out = run_cli("--store", str(store), "promote", "fashion-mnist")
+    out = run_cli("--store", str(store), "promote", "--no-race", "fashion-mnist")
     assert "champion" in out.stdout
 
     # a folder of real PNG files, as a user would have them

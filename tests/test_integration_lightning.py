@@ -155,7 +155,7 @@ def test_a_lightning_study_prunes_and_logs_its_runs_as_the_routines(store, tmp_p
     assert np.asarray(model.predict(np.zeros((3, 64), dtype=np.float32))).shape == (3, 10)
     assert "hpolab.model_uri" not in trial_run(pruned, client).data.tags
     assert_study_check_clean(store, STUDY)
-    out = run_cli("--store", str(store), "promote", STUDY)  # the experiment's evaluate(model, "test") gates it
+    out = run_cli("--store", str(store), "promote", "--no-race", STUDY)  # the experiment's evaluate(model, "test") gates it
     assert client.get_model_version_by_alias(STUDY, "champion").run_id == trial_run(done, client).info.run_id, out.stdout
 
 

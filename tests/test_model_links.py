@@ -131,7 +131,7 @@ def test_promote_names_the_serving_model_and_links_the_test_metrics_to_it_and_th
 
     store = tmp_path / "store"
     shutil.copytree(links_store, store)
-    out = run_cli("--store", str(store), "promote", "links", check=False)
+    out = run_cli("--store", str(store), "promote", "--no-race", "links", check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     client, study, exp = _study(store, "links")
     client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}", registry_uri=f"sqlite:///{store / 'mlflow.db'}")

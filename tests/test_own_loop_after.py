@@ -134,7 +134,7 @@ def test_promote_registers_the_trials_logged_model_gated_by_evaluate_and_predict
     from hpolab.registry.exported_module import as_module
 
     store = _copy(studied, tmp_path)
-    out = run_cli("--store", str(store), "promote", STUDY)
+    out = run_cli("--store", str(store), "promote", "--no-race", STUDY)
     assert "does not exist yet: the challenger takes it" in out.stdout and "registered digits-own-loop version 1" in out.stdout, out.stdout
     v = _client(store).get_model_version_by_alias(STUDY, "champion")
     trial_run = _trial_runs(store)[int(v.tags["hpolab.trial_number"])]
@@ -154,26 +154,26 @@ def test_promote_registers_the_trials_logged_model_gated_by_evaluate_and_predict
         want = model(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
-    again = run_cli("--store", str(store), "promote", STUDY)
+    again = run_cli("--store", str(store), "promote", "--no-race", STUDY)
     assert "nothing to do" in again.stdout, again.stdout
 
 
 @pytest.mark.slow
 def test_a_worse_own_loop_challenger_is_refused_on_the_test_metric_and_force_moves_the_alias(studied, tmp_path):
     store = _copy(studied, tmp_path)
-    dry = run_cli("--store", str(store), "promote", STUDY, "--model-name", "digits", "--dry-run")
+    dry = run_cli("--store", str(store), "promote", "--no-race", STUDY, "--model-name", "digits", "--dry-run")
     assert "dry run: would register the logged model of trial" in dry.stdout and not _client(store).search_registered_models()
-    run_cli("--store", str(store), "promote", STUDY, "--model-name", "digits")
-    out = run_cli("--store", str(store), "promote", "digits-own-loop-bad", "--model-name", "digits", check=False)
+    run_cli("--store", str(store), "promote", "--no-race", STUDY, "--model-name", "digits")
+    out = run_cli("--store", str(store), "promote", "--no-race", "digits-own-loop-bad", "--model-name", "digits", check=False)
     assert out.returncode == 3, out.stdout + out.stderr
     assert "REFUSED" in out.stdout and "test acc" in out.stdout and "(maximize)" in out.stdout, out.stdout
     c = _client(store)
     assert str(c.get_model_version_by_alias("digits", "champion").version) == "1"
     assert len(c.search_model_versions("name = 'digits'")) == 1  # nothing written
-    forced = run_cli("--store", str(store), "promote", "digits-own-loop-bad", "--model-name", "digits", "--force")
+    forced = run_cli("--store", str(store), "promote", "--no-race", "digits-own-loop-bad", "--model-name", "digits", "--force")
     assert "NOT better" in forced.stdout and str(c.get_model_version_by_alias("digits", "champion").version) == "2", forced.stdout
     # the better trial already has version 1: the gate lets it back, and no version is added
-    back = run_cli("--store", str(store), "promote", STUDY, "--model-name", "digits")
+    back = run_cli("--store", str(store), "promote", "--no-race", STUDY, "--model-name", "digits")
     assert "beats champion version 2" in back.stdout and "already holds trial" in back.stdout, back.stdout
     assert str(c.get_model_version_by_alias("digits", "champion").version) == "1"
     assert len(c.search_model_versions("name = 'digits'")) == 2
@@ -182,10 +182,10 @@ def test_a_worse_own_loop_challenger_is_refused_on_the_test_metric_and_force_mov
 @pytest.mark.slow
 def test_a_routine_challenger_and_an_own_loop_champion_are_not_compared(studied, tmp_path):
     store = _copy(studied, tmp_path)
-    run_cli("--store", str(store), "promote", STUDY, "--model-name", "digits")
+    run_cli("--store", str(store), "promote", "--no-race", STUDY, "--model-name", "digits")
     run_cli("--store", str(store), "study", "run", "studies/digits_cnn.yaml", "n_trials=1", "parallel=1",
             "trainer.max_epochs=1", "pruner={type: none}")
-    out = run_cli("--store", str(store), "promote", "digits-cnn", "--model-name", "digits", check=False)
+    out = run_cli("--store", str(store), "promote", "--no-race", "digits-cnn", "--model-name", "digits", check=False)
     assert out.returncode == 3 and "it is an own-loop model, scored by its experiment's evaluate()" in out.stdout, out.stdout
 
 
@@ -235,12 +235,12 @@ def test_without_evaluate_promote_says_to_define_it_and_force_registers_the_mode
     (project / "experiments" / "no_evaluate_loop.py").write_text(code)
     (project / "studies" / "no_evaluate.yaml").write_text(NO_EVALUATE_SPEC)
     run_cli("--store", str(store), "study", "run", "studies/no_evaluate.yaml", cwd=project)
-    out = run_cli("--store", str(store), "promote", "no-evaluate", cwd=project, check=False)
+    out = run_cli("--store", str(store), "promote", "--no-race", "no-evaluate", cwd=project, check=False)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stdout + out.stderr
     line = [x for x in out.stderr.splitlines() if x.strip()][-1]
     assert "has no evaluate(model, split): define it" in line and "--force" in line, out.stderr
     assert not _client(store).search_registered_models()
-    forced = run_cli("--store", str(store), "promote", "no-evaluate", "--force", cwd=project)
+    forced = run_cli("--store", str(store), "promote", "--no-race", "no-evaluate", "--force", cwd=project)
     assert "ungated" in forced.stdout, forced.stdout
     v = _client(store).get_model_version_by_alias("no-evaluate", "champion")
     assert v.tags["hpolab.gate_metric"] == "none" and v.tags["hpolab.gate_source"] == "none"

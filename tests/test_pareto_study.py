@@ -103,11 +103,11 @@ def test_promote_picks_from_the_front_by_a_stated_rule(ran, tmp_path):
     store, stdout, study, client = ran
     front = ranking.front(study.get_trials(), ranking.directions_of(study))
     fastest = min(front, key=lambda t: t.values[1])
-    bad = run_cli("--store", str(store), "promote", NAME, "--pick", "val_acc>=1.01", cwd=tmp_path, check=False)
+    bad = run_cli("--store", str(store), "promote", "--no-race", NAME, "--pick", "val_acc>=1.01", cwd=tmp_path, check=False)
     assert bad.returncode == 2 and "no trial on the Pareto front meets it" in bad.stderr and "Traceback" not in bad.stderr
-    refused = run_cli("--store", str(store), "promote", NAME, "--metric", "val_loss", cwd=tmp_path, check=False)
+    refused = run_cli("--store", str(store), "promote", "--no-race", NAME, "--metric", "val_loss", cwd=tmp_path, check=False)
     assert refused.returncode == 2 and "state the choice with --pick" in refused.stderr
-    out = run_cli("--store", str(store), "promote", NAME, "--pick", "min latency_ms", cwd=tmp_path)
+    out = run_cli("--store", str(store), "promote", "--no-race", NAME, "--pick", "min latency_ms", cwd=tmp_path)
     assert f"chosen by --pick min latency_ms: trial {fastest.number} " in out.stdout
     version = client.get_model_version_by_alias(NAME, "champion")
     assert version.tags["hpolab.trial_number"] == str(fastest.number)

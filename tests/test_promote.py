@@ -86,7 +86,7 @@ def studied(tmp_path_factory, migrated_store) -> Path:
 def promoted(studied, tmp_path_factory):
     """The studied store after `hpolab promote digits-cnn`: (store, the CLI's completed process)."""
     store = _copy(studied, tmp_path_factory.mktemp("promoted") / "store")
-    out = run_cli("--store", str(store), "promote", "digits-cnn")
+    out = run_cli("--store", str(store), "promote", "--no-race", "digits-cnn")
     return store, out
 
 
@@ -99,7 +99,7 @@ def _promote(capsys, store: Path, *args: str) -> tuple[int, str]:
     """`hpolab promote` in this process (torch and MLflow already imported: seconds faster than the CLI)."""
     from hpolab import cli
 
-    code = cli.main(["--store", str(store), "promote", *args])
+    code = cli.main(["--store", str(store), "promote", "--no-race", *args])
     captured = capsys.readouterr()
     return code, captured.out + captured.err
 
@@ -219,7 +219,7 @@ def test_promoting_the_same_run_twice_creates_no_second_version(champion_store, 
 def test_a_worse_challenger_is_refused_force_moves_the_alias(champion_store, capsys):
     store = champion_store
     before = _registry(store)
-    refused = run_cli("--store", str(store), "promote", "digits-bad", "--model-name", "digits-cnn", check=False)
+    refused = run_cli("--store", str(store), "promote", "--no-race", "digits-bad", "--model-name", "digits-cnn", check=False)
     assert refused.returncode == 3, refused.stdout + refused.stderr  # the real exit status
     assert "REFUSED" in refused.stdout and "not better" in refused.stdout
     assert _registry(store) == before  # nothing written: no version, no run, alias unchanged
@@ -256,9 +256,9 @@ def test_bad_input_exits_2_and_failed_onnx_parity_exits_1(studied, tmp_path, mon
     from hpolab import cli
 
     store = _copy(studied, tmp_path / "store")
-    assert cli.main(["--store", str(store), "promote", "no-such-study"]) == 2
+    assert cli.main(["--store", str(store), "promote", "--no-race", "no-such-study"]) == 2
     assert "no study named 'no-such-study'" in capsys.readouterr().err
-    assert cli.main(["--store", str(store), "promote", "digits-cnn", "--metric", "val_nope_acc"]) == 2
+    assert cli.main(["--store", str(store), "promote", "--no-race", "digits-cnn", "--metric", "val_nope_acc"]) == 2
     assert "no COMPLETE trial" in capsys.readouterr().err
 
     before = _registry(store)
@@ -273,7 +273,7 @@ def test_metric_option_selects_by_another_logged_metric(studied, tmp_path, capsy
     from hpolab import cli
 
     store = _copy(studied, tmp_path / "store")
-    assert cli.main(["--store", str(store), "promote", "digits-cnn", "--metric", "val_loss", "--dry-run"]) == 0
+    assert cli.main(["--store", str(store), "promote", "--no-race", "digits-cnn", "--metric", "val_loss", "--dry-run"]) == 0
     out = capsys.readouterr().out
     c = _client(store)
     study = optuna.load_study(study_name="digits-cnn", storage=f"sqlite:///{store / 'optuna.db'}")

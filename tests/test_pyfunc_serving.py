@@ -87,7 +87,7 @@ def champions(tmp_path_factory, migrated_store) -> dict[str, tuple]:
     for task, (spec, name, module, extra) in sorted(CASES.items()):
         store = _new_store(tmp_path_factory, migrated_store, task)
         run_cli("--store", str(store), "study", "run", spec, *TINY, *extra)
-        run_cli("--store", str(store), "promote", name)
+        run_cli("--store", str(store), "promote", "--no-race", name)
         exp = importlib.import_module(f"experiments.{module}")
         x, y = exp.raw_test(exp.DATA_DEFAULTS, 0)
         tags = MlflowClient(tracking_uri=_uri(store)).get_model_version_by_alias(name, "champion").tags
@@ -303,7 +303,7 @@ def test_a_user_project_outside_the_repo_travels_too(tmp_path, store):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     run_cli("--store", str(store), "study", "run", str(project / "studies" / "iris.yaml"), cwd=elsewhere)
-    run_cli("--store", str(store), "promote", str(project / "studies" / "iris.yaml"), cwd=elsewhere)
+    run_cli("--store", str(store), "promote", "--no-race", str(project / "studies" / "iris.yaml"), cwd=elsewhere)
 
     ns: dict = {}
     exec(compile(textwrap.dedent(USER_EXPERIMENT), "iris_user", "exec"), ns)  # noqa: S102 -- the test's own text

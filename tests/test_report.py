@@ -16,7 +16,7 @@ from mlflow import MlflowClient
 from conftest import STUDY, copy_store, run_cli
 
 PLOTS = ["optimization-history", "learning-curves", "param-importances", "parallel-coordinates", "slice", "timeline", "lr-range-test"]
-SECTIONS = PLOTS + ["top-trials", "promotion"]
+SECTIONS = PLOTS + ["top-trials", "race", "promotion"]
 
 
 class Page(HTMLParser):

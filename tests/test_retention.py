@@ -177,7 +177,7 @@ def test_promote_of_a_top_k_trial_works_and_retention_keeps_a_promoted_trial(def
     from hpolab.study.retention.retention import Retention
 
     store = defaults_store
-    out = run_cli("--store", str(store), "promote", "keep", check=False)
+    out = run_cli("--store", str(store), "promote", "--no-race", "keep", check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     client, study, exp, runs = _runs(store)
     best = top_k(study.get_trials(), 1, "maximize")[0]
@@ -301,7 +301,7 @@ def test_retention_keeps_the_files_of_a_front_trial_an_infeasible_one_dominates(
         assert [a.path for a in client.list_artifacts(runs[n].info.run_id, "checkpoints")] == ["checkpoints/best.pt"]
     for n in (0, 3):
         assert client.list_artifacts(runs[n].info.run_id, "checkpoints") == []
-    out = run_cli("--store", str(store), "promote", "fixed-point", "--pick", "max val_a", cwd=FAULT_PROJECT, check=False)
+    out = run_cli("--store", str(store), "promote", "--no-race", "fixed-point", "--pick", "max val_a", cwd=FAULT_PROJECT, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "trial 1 of 2 on the front (1, 2)" in out.stdout + out.stderr, out.stdout + out.stderr
 

@@ -25,7 +25,9 @@ def test_study_promote_and_lr_find_write_only_to_the_store(tmp_path, store):
     cwd.mkdir()
     s = ["--store", str(store)]
     run_cli(*s, "study", "run", str(SPEC), "n_trials=2", "trainer.max_epochs=2", "parallel=1", cwd=cwd)
-    run_cli(*s, "promote", str(SPEC), cwd=cwd)  # a spec path names the study (and finds its experiment)
+    # a spec path names the study (and finds its experiment); its race's trials write only to the store too
+    out = run_cli(*s, "promote", str(SPEC), "--race-seeds", "2", cwd=cwd).stdout
+    assert "race winner: trial" in out, out
     run_cli(*s, "lr-find", str(SPEC), "lr_range_test.num_steps=20", cwd=cwd)
     assert sorted(p.name for p in cwd.iterdir()) == []
 

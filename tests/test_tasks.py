@@ -159,7 +159,7 @@ def test_regression_study_prunes_promotes_and_predicts_in_the_targets_units(stor
     run = client.get_run(study.best_trial.user_attrs["mlflow_run_id"])
     assert {"val_rmse", "val_mae", "val_r2", "val_loss"} <= set(run.data.metrics) and "val_acc" not in run.data.metrics
 
-    out = run_cli("--store", str(store), "promote", "diabetes-mlp")
+    out = run_cli("--store", str(store), "promote", "--no-race", "diabetes-mlp")
     assert "test_rmse" in out.stdout and "test_r2" in out.stdout
     mv = client.get_model_version_by_alias("diabetes-mlp", "champion")
     assert mv.tags["hpolab.gate_metric"] == "test_rmse" and mv.tags["hpolab.task"] == "regression"
@@ -182,7 +182,7 @@ def test_multilabel_study_prunes_promotes_and_predicts_probabilities(store, tmp_
     import experiments.digits_multilabel as ml
 
     _study_prune_promote(store, "studies/digits_multilabel.yaml", "digits-multilabel", "{type: threshold, kwargs: {lower: 0.9999}}")
-    out = run_cli("--store", str(store), "promote", "digits-multilabel")
+    out = run_cli("--store", str(store), "promote", "--no-race", "digits-multilabel")
     assert "test_map" in out.stdout
     client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
     mv = client.get_model_version_by_alias("digits-multilabel", "champion")

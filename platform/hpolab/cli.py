@@ -131,7 +131,12 @@ def _add_result_commands(sub) -> None:
     p.add_argument("--model-name", help="registered model name (default: the study name)")
     p.add_argument("--alias", default="champion", help="registry alias to move to the new version")
     p.add_argument("--force", action="store_true", help="move the alias even if the challenger is not better")
-    p.add_argument("--dry-run", action="store_true", help="print what would happen; write nothing")
+    p.add_argument("--dry-run", action="store_true", help="print what would happen (the race's plan, the plain pick's gate); write nothing")
+    p.add_argument("--race-top", type=int, metavar="K", help="race the top K trials (and the champion's configuration) "
+                   "on fresh seeds before the gate (default: the spec's promotion.race_top, 3)")
+    p.add_argument("--race-seeds", type=int, metavar="N", help="the race's seed budget: at most N seeds per candidate "
+                   "(default: the spec's promotion.race_seeds, 5)")
+    p.add_argument("--no-race", action="store_true", help="no race: promote the best trial by its value on the study's one seed")
 
     p = _command(sub, "predict", "predict with a registered model, using its experiment's preprocessing")
     p.add_argument("model_uri", help="e.g. models:/digits-cnn@champion")

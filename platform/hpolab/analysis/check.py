@@ -111,7 +111,7 @@ def check_study(name: str, stores: Stores, repair: bool = False, as_json: bool =
     for p, what in done:
         print(f"repaired: {'study' if p.trial is None else f'trial {p.trial}'}: {what}")
     if not remaining:
-        runs = sum(1 for r in s.runs.values() if is_trial_run(r.data.tags))
+        runs = sum(1 for r in s.runs.values() if is_trial_run(r.data.tags, s.name))
         print(f"study {name}: {len(s.trials)} trials, {runs} trial runs: Optuna and MLflow agree")
         return 0
     _print_table(remaining, name)

@@ -296,7 +296,7 @@ def orphan_runs(s: Study) -> list[Problem]:
     for run in s.runs.values():
         tags, run_id = run.data.tags, run.info.run_id
         n = tags.get("optuna.trial_number")
-        if n is None or not is_trial_run(tags) or run_id in linked or run.info.lifecycle_stage == "deleted" or tags.get("hpolab.orphan"):
+        if n is None or not is_trial_run(tags, s.name) or run_id in linked or run.info.lifecycle_stage == "deleted" or tags.get("hpolab.orphan"):
             continue
         number = int(n) if n.isdigit() and int(n) < len(s.trials) else None
         if number is not None and number in s.live and run.info.status == "RUNNING":

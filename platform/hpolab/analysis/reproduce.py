@@ -122,10 +122,11 @@ def _fit_segment(config: dict, trainer: dict, exp, ckpt: str, resume_from, last:
     """One trial process's fit(): seeded, data and model built, as the trial process does; stops after epoch `last`."""
     from hpolab.train import fit, seed_everything
     from hpolab.train.config import trainer_config
+    from hpolab.train.data import data_seed_of
     from hpolab.train.tasks import task_for
 
     seed_everything(config["seed"], bool(trainer.get("deterministic", False)))  # as the trial process did
-    data = exp.load_data(config["data"], config["seed"])
+    data = exp.load_data(config["data"], data_seed_of(config))
     model = exp.build_model(config["model"], data.input_shape, data.num_classes)
     return fit(trainer_config(trainer), model, data, metric=config["metric"], direction=config["direction"],
                seed=config["seed"], checkpoint_dir=ckpt, task=task_for(exp), resume_from=resume_from,

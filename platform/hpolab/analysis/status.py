@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hpolab.study.driver.progress import fmt_value
+from hpolab.stores.optuna_sql import NOISE_PROBE
 from hpolab.stores.paths import Stores, redact
 from hpolab.stores.trial_counts import count_trials, describe, epochs_used, last_reported, over_budget_note, paused_counts
 from hpolab.stores.trial_states import shown
@@ -26,7 +27,7 @@ def _print_table(name: str, stores: Stores, limit: int | None) -> int:
     read = _read_sql(name, stores)
     if read is not None and len(read[0]) == 1:
         directions, rows = read
-        return _print_trials(name, directions[0], rows, _best_row(rows, directions[0]), limit, lambda: _budget_sql(name, stores))
+        return _print_trials(name, directions[0], rows, _best_row(rows, directions[0]), limit, lambda: _attrs_sql(name, stores))
     from hpolab.stores.optuna_storage import load_study  # (here: `study list` needs no Optuna)
     from hpolab.stores.optuna_sql import TrialRow, ranking_attrs
 
@@ -42,6 +43,7 @@ def _print_table(name: str, stores: Stores, limit: int | None) -> int:
             console.print(f"the first {limit} of {len(trials)} trials shown (complete by rank, then pruned, failed, running); "
                           "--all shows every trial")
         console.print(describe(count_trials(trials)))
+        _print_noise(console, study.user_attrs)
         return 0
     from hpolab.study.objectives import ranking
 
@@ -50,7 +52,7 @@ def _print_table(name: str, stores: Stores, limit: int | None) -> int:
                      ranking_attrs(t.system_attrs)) for t in trials]
     top = ranking.best(trials, ranking.directions_of(study))  # (feasible, not imported by a warm start)
     return _print_trials(name, study.direction.name.lower(), rows, (top.number, top.value) if top is not None else None, limit,
-                         lambda: study.user_attrs.get(BUDGET_ATTR))
+                         lambda: study.user_attrs)
 
 
 def _read_sql(name: str, stores: Stores):
@@ -92,11 +94,21 @@ def steering_lines(name: str, stores: Stores) -> list[str]:
 BUDGET_ATTR = "hpolab.budget_epochs"  # study user attr: the spec's budget.epochs (the driver writes it)
 
 
-def _budget_sql(name: str, stores: Stores) -> int | None:
+def _attrs_sql(name: str, stores: Stores) -> dict:
+    """The study's user attrs (its budget.epochs, its noise floor), read with plain SQL."""
     from hpolab.stores.optuna_sql import read_studies, source
 
     studies = read_studies(source(stores.optuna_url)) or []
-    return next((s.user_attrs.get(BUDGET_ATTR) for s in studies if s.name == name), None)
+    return next((s.user_attrs for s in studies if s.name == name), {})
+
+
+def _print_noise(console: Console, attrs: dict) -> None:
+    """The study's noise floor, when a promotion race or its noise probe measured one (study/objectives/noise.py)."""
+    from hpolab.study.objectives.noise import describe as noise
+
+    said = noise(attrs)
+    if said:
+        console.print(f"noise floor: {said}")
 
 
 def epochs_line(rows: list, budget) -> str | None:
@@ -142,7 +154,7 @@ def shown_rows(rows: list, direction: str, limit: int | None) -> list:
 
 
 def _print_trials(name: str, direction: str, all_rows: list, best: tuple[int, float] | None, limit: int | None = None,
-                  budget=lambda: None) -> int:
+                  attrs=dict) -> int:
     rows = shown_rows(all_rows, direction, limit)
     params = sorted({p for r in rows for p in r.params})
     table = Table(title=f"study {name} ({direction})")
@@ -153,7 +165,7 @@ def _print_trials(name: str, direction: str, all_rows: list, best: tuple[int, fl
     for r in rows:
         table.add_row(
             Text(str(r.number)),
-            Text(shown(r)),
+            Text(shown(r) + (" (noise probe)" if r.system_attrs.get(NOISE_PROBE) else "")),
             Text(f"{r.value:.4g}" if r.value is not None else "-"),
             *[_cell(r.params.get(p)) for p in params],
             Text(str(r.steps)),
@@ -167,10 +179,12 @@ def _print_trials(name: str, direction: str, all_rows: list, best: tuple[int, fl
     summary = describe(count_trials(all_rows))  # (the budget's rule: a retried attempt or an imported trial is no result)
     top = f"best: trial {best[0]} value {best[1]:.4g}" if best is not None else "best: none yet"
     console.print(f"{summary}; {top}")
-    epochs = epochs_line(all_rows, budget())
+    study_attrs = attrs()
+    epochs = epochs_line(all_rows, study_attrs.get(BUDGET_ATTR))
     if epochs:
         console.print(epochs)
     _print_failures(console, all_rows)
+    _print_noise(console, study_attrs)
     return 0
 
 

@@ -7,12 +7,10 @@ the driver, return its Outcome. The CLI maps the Outcome to an exit code and a l
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 import hpolab.api.specs as specs
 from hpolab.api.stores import keep_tracking_uri, open_stores
@@ -50,41 +48,15 @@ def drive(spec: specs.SpecSource, overrides: list[str], stores, progress: Callab
         if early:
             (trial_forkserver.stop_before_exit if command else trial_forkserver.stop_now)()
         raise
-    from hpolab.study.trials.runner import started_runner
-
-    runner = started_runner(checked)  # (the one started early, unless the checked spec differs)
-    from hpolab.study.driver.driver import Driver
+    from hpolab.study.driver.run import run_checked
     from hpolab.study.sampling.seeds import worker_salt
 
     # `hpolab worker` joins a study that other drivers are running now: salt the sampler seed (host,
     # pid, start time, random bits: containers all run as PID 1) so workers do not propose identical trials.
     worker_seed = worker_salt() if worker else 0
-    # The spec's project (the folder holding its experiments/): trial processes import the
-    # experiment from there, whatever the working directory.
-    driver = Driver(checked, stores, progress(checked), project_dir=checked.project_dir, worker_seed=worker_seed,
-                    allow_spec_change=allow_spec_change, allow_code_change=allow_code_change, runner=runner)
-    with contextlib.nullcontext() if command else main_module_hidden():
-        outcome = driver.run()
+    outcome = run_checked(checked, stores, progress(checked), worker_seed=worker_seed, allow_spec_change=allow_spec_change,
+                          allow_code_change=allow_code_change, command=command)
     return Run(checked, outcome)
-
-
-@contextlib.contextmanager
-def main_module_hidden() -> Iterator[None]:
-    """While trials start, multiprocessing does not see the caller's main module (a script's file).
-
-    It tells each new process to import the parent's `__main__` first (spawn.get_preparation_data:
-    the forkserver's children too): a script calling run_study at its top level, without
-    `if __name__ == "__main__":`, would run again in every trial process and start a study there. A
-    trial runs hpolab's own code only; it never needs the caller's main module."""
-    main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
-    for k in saved:
-        setattr(main, k, None) if k == "__spec__" else delattr(main, k)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(main, k, v)
 
 
 def study_exit(outcome, stores=None) -> tuple[int, str | None]:

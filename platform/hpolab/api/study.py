@@ -135,9 +135,13 @@ class Study:
         return change_study(self.name, self.stores, kind, items, now)
 
     def promote(self, *, metric: str | None = None, pick: str | None = None, model_name: str | None = None,
-                alias: str = "champion", force: bool = False, dry_run: bool = False) -> "Promotion":
+                alias: str = "champion", force: bool = False, dry_run: bool = False, race: bool = True,
+                race_top: int | None = None, race_seeds: int | None = None) -> "Promotion":
         """`hpolab promote`: the best trial's model through the held-out test gate into the registry
-        (the same options and printed lines as the command).
+        (the same options and printed lines as the command). `race=False`, `race_top`, `race_seeds`:
+        --no-race, --race-top, --race-seeds (None: the spec's `promotion:`, 3 and 5 by default): the
+        race retrains the leaders on fresh seeds in trial processes before the gate; Ctrl-C during it
+        raises KeyboardInterrupt, and promote() again resumes it.
 
         Returns the Promotion decided: `.refused` when the gate kept the alias holder (the command's
         exit code 3; nothing written), else `.promoted` (or a dry run); `.version` holds the alias
@@ -145,11 +149,15 @@ class Study:
         hpolab.registry.evaluation.PromotionFailed (exit 1) when an export or its parity check fails."""
         from hpolab.registry.champion import alias_holder
         from hpolab.registry.promote import promote_study
+        from hpolab.registry.race_rounds import RaceInterrupted
         from hpolab.stores.mlflow_runs import client_for
 
         with keep_tracking_uri():
-            code = promote_study(self.name, self.stores, metric=metric, pick=pick, model_name=model_name,
-                                 alias=alias, force=force, dry_run=dry_run)
+            try:
+                code = promote_study(self.name, self.stores, metric=metric, pick=pick, model_name=model_name,
+                                     alias=alias, force=force, dry_run=dry_run, race=race, race_top=race_top, race_seeds=race_seeds)
+            except RaceInterrupted as e:
+                raise KeyboardInterrupt(str(e)) from None
             holder = alias_holder(client_for(self.stores), model_name or self.name, alias)
         return Promotion(code, model_name or self.name, alias, int(holder.version) if holder is not None else None, dry_run,
                          self.stores)

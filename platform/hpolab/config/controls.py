@@ -1,6 +1,7 @@
 """Study-level controls in the spec: `enqueue:` (known-good configurations evaluated first),
-`stop_after_no_improvement:` (stop the study when it has stopped getting better), and durations
-(`timeout: 2h`).
+`stop_after_no_improvement:` and `stop_when_converged:` (stop the study when it has stopped getting
+better), `noise_probe:` (measure the metric's noise over seeds during the study), `promotion:` (the
+defaults of `hpolab promote`'s race) and durations (`timeout: 2h`).
 
 Kept apart from spec.py so the spec stays the list of fields; this module checks the values.
 It reads the search-space entries by their `type` (float | int | categorical) and imports nothing
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -27,7 +28,15 @@ class NoImprovementStop(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     trials: int = Field(ge=1)  # finished trials in a row without an improvement
-    min_delta: float = Field(default=0.0, ge=0)  # an improvement must exceed this (metric units)
+    # an improvement must exceed this (metric units); `noise`: the study's measured noise floor (a
+    # promotion race's or noise_probe's; 0 until one is measured)
+    min_delta: float | Literal["noise"] = Field(default=0.0)
+
+    @model_validator(mode="after")
+    def _delta(self) -> "NoImprovementStop":
+        if self.min_delta != "noise" and self.min_delta < 0:
+            raise ValueError(f"min_delta must be >= 0 or noise, got {self.min_delta}")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -35,6 +44,41 @@ class NoImprovementStop(BaseModel):
         if isinstance(v, bool):
             raise ValueError("give a number of trials (stop_after_no_improvement: 5) or {trials: 5, min_delta: 0.001}")
         return {"trials": v} if isinstance(v, int) else v
+
+
+class ConvergedStop(BaseModel):
+    """`stop_when_converged: {threshold: 0.05, window: 20, min_trials: 20}`: stop the study once the
+    chance that an unseen configuration beats the incumbent by more than the noise floor is below
+    `threshold` (study/objectives/convergence.py says how it is estimated). Needs a measured noise
+    floor (noise_probe, or an earlier promotion race); until there is one the study does not stop."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    threshold: float = Field(default=0.05, gt=0, lt=1, description="stop when P(an unseen configuration beats the best by more than the noise) is below this")
+    window: int = Field(default=20, ge=3, description="the latest finished trials the estimate is made from")
+    min_trials: int = Field(default=20, ge=1, description="finished trials before the study may stop")
+
+
+class NoiseProbe(BaseModel):
+    """`noise_probe: {seeds: 3, every: 25}`: after every `every` finished trials, the best trial so far
+    is trained again on `seeds` new seeds, as extra trials marked as such (never the best, outside
+    n_trials); their spread is the study's noise floor (study/sampling/noise_probe.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seeds: int = Field(default=3, ge=1, description="new seeds per probe of the incumbent")
+    every: int = Field(default=25, ge=1, description="finished trials between probes")
+
+
+class Promotion(BaseModel):
+    """`promotion: {race: true, race_top: 3, race_seeds: 5}`: the defaults of `hpolab promote`'s race
+    (its --race-top, --race-seeds, --no-race override them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    race: bool = Field(default=True, description="race the leaders on fresh seeds before the held-out gate")
+    race_top: int = Field(default=3, ge=1, description="candidates: the top K trials (and the champion's configuration)")
+    race_seeds: int = Field(default=5, ge=2, description="the race's seed budget: seeds per candidate at most")
 
 
 def check_enqueue(search_space: Mapping[str, Any], entries: list[Any]) -> list[str]:

@@ -157,6 +157,9 @@ def objective_problems(spec, epoch_direction, costs: dict[str, str] | None = Non
     if spec.is_multi_objective and stop is not None and stop.min_delta != 0:
         problems.append("stop_after_no_improvement.min_delta: with several objectives a trial improves when it joins the "
                         "Pareto front (there is no one value to exceed); remove min_delta")
+    for key in ("stop_when_converged", "noise_probe"):  # (one noise floor, of one metric: study/objectives/noise.py)
+        if spec.is_multi_objective and getattr(spec, key) is not None:
+            problems.append(f"{key}: works on one objective's noise floor; a study of several objectives cannot use it yet")
     return problems
 
 

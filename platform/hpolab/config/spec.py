@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from hpolab.config.controls import NoImprovementStop, check_enqueue, seconds_of
+from hpolab.config.controls import ConvergedStop, NoImprovementStop, NoiseProbe, Promotion, check_enqueue, seconds_of
 from hpolab.config.messages import validation_messages
 from hpolab.config.notify import NotifyTarget
 from hpolab.config.experiment import is_own_loop, load_experiment, project_root_of
@@ -142,7 +142,8 @@ class StudySpec(_Frozen):
     max_retries: int = Field(default=1, ge=0)  # retries after a trial's own failure (OOM, trial_timeout)
     max_interrupts: int = Field(default=10, ge=0)  # retries after interrupts, dead drivers, reaps (per configuration)
     max_failures: int | None = Field(default=5, ge=1)  # stop after this many failed trials in a row (null: never)
-    seed: int = Field(default=0, description="the study's seed: the sampler's and each trial's are derived from it")
+    seed: int = Field(default=0, description="the study's seed: the sampler's and each trial's training seed are derived from it")
+    data_seed: int | None = Field(default=None, description="the seed of the data split (load_data, raw_test); fixed, so other training seeds and the promotion gate see the same splits (default: seed)")
     sampler: Named = Field(default=Named(type="tpe"), description="the Optuna sampler")
     pruner: Named = Field(default=Named(type="median"), description="the Optuna pruner (none under a trial_scheduler)")
     trial_scheduler: TrialSchedulerSpec | None = Field(default=None, description="pause and resume trials: {type: asha, ...} or {type: pbt, ...} (config/trial_scheduler.py)")
@@ -156,6 +157,9 @@ class StudySpec(_Frozen):
     enqueue: list[dict[str, Any]] = Field(default_factory=list, description="known-good configurations (search_space path -> value) evaluated first")
     warm_start: WarmStart | None = Field(default=None, description="begin from an earlier study in the same store")  # begin from an earlier study (study/sampling/warm_start.py)
     stop_after_no_improvement: NoImprovementStop | None = Field(default=None, description="stop once this many finished trials in a row brought no improvement")
+    stop_when_converged: ConvergedStop | None = Field(default=None, description="stop once an unseen configuration is unlikely to beat the best by more than the noise floor")
+    noise_probe: NoiseProbe | None = Field(default=None, description="train the best trial again on new seeds every so often: the study's noise floor")
+    promotion: Promotion = Field(default=Promotion(), description="`hpolab promote`'s defaults: its race of the leaders on fresh seeds")
     # Retention (like Ray Tune's num_to_keep, Determined's checkpoint GC): which trials log a model
     # (all = COMPLETE + PRUNED; complete = COMPLETE only; none; {top_k: N} = the N best COMPLETE), and
     # whose last.pt/best.pt (trial folder + uploaded checkpoints/) survive once the trial has finished.
@@ -227,7 +231,8 @@ class StudySpec(_Frozen):
     def resolved_config(self, experiment: ModuleType, params: dict[str, Any] | None = None) -> dict[str, Any]:
         """The full config a trial runs with: experiment defaults < spec < sampled params."""
         cfg = {
-            "seed": self.seed,
+            "seed": self.seed,  # the training seed: initial weights, data order, dropout, augmentation
+            "data_seed": self.seed if self.data_seed is None else self.data_seed,  # the split (train/data.py data_seed_of)
             "metric": self.metric,
             "direction": self.direction,
             "trainer": self.trainer_dict(),

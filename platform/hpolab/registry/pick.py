@@ -62,6 +62,38 @@ def values_of(t, names: list[str]) -> dict[str, float]:
     return {**out, **{k: v for k, v in recorded.items() if k not in out}}
 
 
+def choose(on_front: list, names: list[str], rule: Rule, directions: list[str]):
+    """The trial of `on_front` the rule takes (None: none meets its bounds)."""
+    values = {t.number: values_of(t, names) for t in on_front}
+    meets = [t for t in on_front if all(m in values[t.number] and OPS[op](values[t.number][m], v) for m, op, v in rule.bounds)]
+    if not meets:
+        return None
+    if rule.choose:
+        how, metric = rule.choose
+        return (min if how == "min" else max)(meets, key=lambda t: (values[t.number][metric], t.number))
+    return ranking.knee(meets, directions)
+
+
+def rule_for(trials: list, names: list[str], rule_text: str | None) -> Rule:
+    """The --pick rule, read against the metrics these trials recorded."""
+    return parse_rule(rule_text or "", sorted({k for t in trials for k in values_of(t, names)}))
+
+
+def picks_in_order(study, trials: list, names: list[str], rule_text: str | None, k: int) -> list:
+    """The feasible front's trials in the order the rule takes them, one after another (the first is
+    the one promote picks): at most k, fewer when no other meets the rule's bounds."""
+    directions = ranking.directions_of(study)
+    left = ranking.front(trials, directions)
+    rule, out = rule_for(left, names, rule_text), []
+    while left and len(out) < k:
+        chosen = choose(left, names, rule, directions)
+        if chosen is None:
+            break
+        out.append(chosen)
+        left = [t for t in left if t.number != chosen.number]
+    return out
+
+
 def pick_from_front(study, names: list[str], rule_text: str | None):
     """(trial, why) -- UserError naming the front when nothing on it meets the rule."""
     directions = ranking.directions_of(study)
@@ -69,17 +101,11 @@ def pick_from_front(study, names: list[str], rule_text: str | None):
     if not on_front:
         raise UserError(f"study {study.study_name!r} has no feasible COMPLETE trial to promote; run it (or relax its constraints)")
     values = {t.number: values_of(t, names) for t in on_front}
-    known = sorted({k for v in values.values() for k in v})
-    rule = parse_rule(rule_text or "", known)
-    meets = [t for t in on_front if all(m in values[t.number] and OPS[op](values[t.number][m], v) for m, op, v in rule.bounds)]
-    if not meets:
+    rule = rule_for(on_front, names, rule_text)
+    chosen = choose(on_front, names, rule, directions)
+    if chosen is None:
         shown = "; ".join(f"trial {t.number}: " + ", ".join(f"{k}={v:.4g}" for k, v in values[t.number].items()) for t in on_front)
         raise UserError(f"--pick {rule.describe()!r}: no trial on the Pareto front meets it. The front: {shown}")
-    if rule.choose:
-        how, metric = rule.choose
-        chosen = (min if how == "min" else max)(meets, key=lambda t: (values[t.number][metric], t.number))
-    else:
-        chosen = ranking.knee(meets, directions)
     why = (f"--pick {rule.describe()}" if rule_text else "the knee of the Pareto front (no --pick)") + \
         f": trial {chosen.number} of {len(on_front)} on the front ({', '.join(str(t.number) for t in on_front)}), " + \
         ", ".join(f"{k}={v:.4g}" for k, v in values[chosen.number].items())

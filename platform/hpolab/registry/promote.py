@@ -4,6 +4,11 @@ Steps (everything that can refuse or fail runs before anything is written):
 
 1. Pick the best COMPLETE trial by the study metric and direction (or `--metric`, read at each trial's
    best-checkpoint epoch). Pruned and failed trials are never candidates.
+   Then, unless `--no-race` (or the spec's `promotion: {race: false}`), race the top `--race-top`
+   trials (and the champion's configuration) on fresh paired seeds (race.py; promote_race.py): the
+   race's winner replaces the pick, its seed run nearest its mean is the model the next steps judge
+   and register, and its registered version carries the race's result as tags. The champion's
+   configuration winning the race ends the promotion (exit 3: nothing is better than the champion).
 2. Rebuild its model from `checkpoints/best.pt` and wrap it with the experiment's preprocessing
    (`serving.ServingModel`: raw inputs in, logits out). Evaluate on the experiment's raw **test**
    split, which no trial saw (trials select on val).
@@ -22,7 +27,7 @@ Steps (everything that can refuse or fail runs before anything is written):
    export/model.torchscript.pt and the test metrics. A new version of the registered model is created
    from that serving model, tagged with its lineage, and the alias moves to it.
 
-Where the steps live: selection.py (1, 2: the challenger), evaluation.py (2: the test split; 4: the
+Where the steps live: selection.py (1, 2: the challenger), promote_race.py (1: the race), evaluation.py (2: the test split; 4: the
 exports), champion.py (3: the alias holder), gate.py (3: the decision, a pure function), writer.py (5).
 This module is the command: `promote` runs the steps top to bottom.
 
@@ -33,11 +38,12 @@ moves to it if it wins), never duplicated; if it already holds the alias there i
 from __future__ import annotations
 
 import re
+import signal
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from hpolab.errors import EXIT_FAILED, EXIT_OK
+from hpolab.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
 from hpolab.registry.evaluation import PromotionFailed
 from hpolab.stores.paths import Stores
 
@@ -45,18 +51,30 @@ ALIAS_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
 def promote_cmd(args, stores: Stores) -> int:
+    from hpolab.registry.race_rounds import RaceInterrupted
+    from hpolab.study.trials.trial_forkserver import allow_fork
+
+    allow_fork()  # the race's forkserver may be a fork of this command's process (as `study run`'s is)
     try:
         return promote_study(args.name, stores, metric=args.metric, pick=getattr(args, "pick", None), model_name=args.model_name,
-                             alias=args.alias, force=bool(args.force), dry_run=bool(args.dry_run))
+                             alias=args.alias, force=bool(args.force), dry_run=bool(args.dry_run), race=not args.no_race,
+                             race_top=args.race_top, race_seeds=args.race_seeds, command=True)
     except PromotionFailed as e:
         print(f"hpolab promote: FAILED: {e}")
         return EXIT_FAILED
+    except RaceInterrupted as e:
+        print(f"hpolab promote: {e}")
+        return EXIT_TERMINATED if e.signum == signal.SIGTERM else EXIT_INTERRUPTED
 
 
 def promote_study(name: str, stores: Stores, *, metric: str | None = None, pick: str | None = None, model_name: str | None = None,
-                  alias: str = "champion", force: bool = False, dry_run: bool = False) -> int:
+                  alias: str = "champion", force: bool = False, dry_run: bool = False, race: bool = True,
+                  race_top: int | None = None, race_seeds: int | None = None, command: bool = False) -> int:
     """`hpolab promote NAME` with its options (the CLI and hpolab's Study.promote): the exit code, 0 or
-    EXIT_REFUSED (3) when the gate refuses; UserError for bad input, PromotionFailed (exit 1)."""
+    EXIT_REFUSED (3) when the gate refuses; UserError for bad input, PromotionFailed (exit 1),
+    race.RaceInterrupted after Ctrl-C or SIGTERM during the race (re-run to resume it). `race`,
+    `race_top`, `race_seeds`: --no-race, --race-top, --race-seeds (None: the spec's `promotion:`).
+    `command`: this is the `hpolab` command's own process."""
     import argparse
 
     from hpolab.errors import UserError
@@ -64,9 +82,10 @@ def promote_study(name: str, stores: Stores, *, metric: str | None = None, pick:
     if not ALIAS_RE.match(alias) or alias == "latest" or re.fullmatch(r"v\d+", alias):
         raise UserError(f"--alias {alias!r}: use letters, digits, '_' or '-' (not 'latest' or v<number>, which MLflow reserves)")
     args = argparse.Namespace(name=name, metric=metric, pick=pick, model_name=model_name, alias=alias, force=force, dry_run=dry_run,
-                              stores=stores)  # (the hints it prints name the stores)
+                              stores=stores,  # (the hints it prints name the stores)
+                              no_race=not race, race_top=race_top, race_seeds=race_seeds)
     watch = None if dry_run else ChampionWatch(name, stores, model_name or name, alias)
-    code = promote(args, stores)
+    code = promote(args, stores, command=command)
     if watch is not None and code == EXIT_OK:
         watch.notify()
     return code
@@ -105,22 +124,36 @@ class ChampionWatch:
             "model_uri": f"models:/{self.model_name}@{self.alias}"}, self.storage, self.study_id)
 
 
-def promote(args, stores: Stores) -> int:
+def promote(args, stores: Stores, command: bool = False) -> int:
     """Steps 1-5 of the module docstring; returns the exit code (EXIT_REFUSED when the gate refuses)."""
     import mlflow
 
-    from hpolab.registry import champion, evaluation, gate, own_loop_promote, selection, writer
+    from hpolab.registry import champion, promote_race, selection
     from hpolab.stores.mlflow_runs import client_for
 
     client = client_for(stores)
-    model_name, alias, dry = args.model_name or args.name, args.alias, bool(args.dry_run)
     mlflow.set_tracking_uri(stores.tracking_uri)  # the fluent model APIs resolve their client from it
 
-    # 1. the challenger, and whether its version already holds the alias (then nothing is evaluated)
+    # 1. the challenger (the race's winner, when it races), and whether its version already holds the alias
     study, info = selection.load_study(args.name, stores, client)
     metric, direction = selection.selection_metric(args.metric, info)
     ch = _challenger(args, client, study, info, metric, direction)
-    holder = champion.alias_holder(client, model_name, alias)
+    holder = champion.alias_holder(client, args.model_name or args.name, args.alias)
+    ch, ended = promote_race.race_step(args, client, stores, study, info, ch, holder, command=command)
+    if ended is not None:
+        print(ended.reason)
+        return ended.exit_code
+    code = _gate_and_write(args, stores, client, study, info, metric, ch, holder)
+    if code == EXIT_OK and ch.race is not None and not args.dry_run:
+        promote_race.tag_version(client, args.model_name or args.name, ch)
+    return code
+
+
+def _gate_and_write(args, stores: Stores, client, study, info, metric: str, ch, holder) -> int:
+    """Steps 2-5 for the challenger: the test split, the gate, the exports, the writes."""
+    from hpolab.registry import champion, evaluation, gate, own_loop_promote, selection, writer
+
+    model_name, alias, dry = args.model_name or args.name, args.alias, bool(args.dry_run)
     existing = champion.existing_version(client, model_name, ch.run_id)
     contest = gate.Contest(model_name, alias, ch.trial_number, info.name,
                            champion_version=holder.version if holder is not None else None,

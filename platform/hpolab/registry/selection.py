@@ -28,6 +28,7 @@ class Challenger:
     values: dict[str, float] = field(default_factory=dict)  # several objectives: the trial's recorded values
     bounds: tuple = ()  # several objectives: the --pick rule's bounds, checked again on the test split
     gate_values: dict[str, float] = field(default_factory=dict)  # several objectives: what the gate compared
+    race: Any = None  # (RaceResult, the winner's label, the seed of this run) when a promotion race chose it
 
 
 @dataclass
@@ -166,6 +167,7 @@ def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp
     from hpolab.registry.serving import ServingModel
     from hpolab.train import load_checkpoint, load_model_state
     from hpolab.train.config import trainer_config
+    from hpolab.train.data import data_seed_of
     from hpolab.train.tasks import task_for
 
     run = client.get_run(ch.run_id)
@@ -180,7 +182,7 @@ def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp
     ch.config = yaml.safe_load(fetch("config.yaml").read_text())
     ckpt = load_checkpoint(fetch("checkpoints/best.pt"), map_location="cpu")
     exp = exp or challenger_experiment(client, info, ch, run)
-    splits = exp.load_data(ch.config["data"], ch.config["seed"])
+    splits = exp.load_data(ch.config["data"], data_seed_of(ch.config))
     model = exp.build_model(ch.config["model"], tuple(splits.input_shape), splits.num_classes)
     load_model_state(model, ckpt["model"])
     model.eval()

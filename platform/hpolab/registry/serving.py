@@ -29,6 +29,7 @@ from torch import nn
 
 # The one implementation lives with the training routine; promote imports it from here.
 from hpolab.registry.hpolab_pyfunc import PREDICT_BATCH, forward  # noqa: F401  (PREDICT_BATCH re-exported)
+from hpolab.train.data import data_seed_of
 from hpolab.train.metrics import classification_metrics  # noqa: F401  (re-exported)
 
 
@@ -68,10 +69,10 @@ def raw_test_split(experiment: ModuleType, config: dict[str, Any], target_dtype:
     fn = getattr(experiment, "raw_test", None)
     if fn is None:
         raise UserError(
-            f"experiment {experiment.__name__} has no raw_test(data, seed): promote evaluates the raw test "
+            f"experiment {experiment.__name__} has no raw_test(data, data_seed): promote evaluates the raw test "
             "split through the experiment's preprocessing (see experiments/README.md)"
         )
-    x, y = fn(config["data"], config["seed"])
+    x, y = fn(config["data"], data_seed_of(config))
     return np.ascontiguousarray(x), (np.asarray(y, dtype=target_dtype) if target_dtype else np.asarray(y))
 
 

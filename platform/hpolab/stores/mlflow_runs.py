@@ -63,6 +63,16 @@ def _create_local_db(stores: Stores) -> None:
         SqlAlchemyStore(uri, stores.artifact_location).engine.dispose()
 
 
+# Optuna study user attr: the MLflow experiment a study's runs go in, where it is not the study's own
+# name (a promotion race's Optuna study: its seed runs sit in the raced study's experiment, registry/race.py)
+EXPERIMENT_ATTR = "hpolab.mlflow_experiment"
+
+
+def experiment_of(study) -> str:
+    """The MLflow experiment of an Optuna study's runs: its EXPERIMENT_ATTR, else its name."""
+    return study.user_attrs.get(EXPERIMENT_ATTR) or study.study_name
+
+
 def get_or_create_experiment(client: MlflowClient, name: str, stores: Stores) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:

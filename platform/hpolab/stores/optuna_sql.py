@@ -39,13 +39,16 @@ from hpolab.stores.trial_states import IMPORTED, PAUSED, RELEASED, RETRY_HISTORY
 Source = Path | str  # a SQLite file, or a PostgreSQL URL (pg_read.py)
 
 KNOWN_SCHEMAS = {"v3.2.0.a"}
+# system attr of a noise probe's trial (study/sampling/noise_probe.py): the incumbent again on another
+# training seed, an extra trial that is never a result (never best, outside n_trials)
+NOISE_PROBE = "hpolab.noise_probe"
 _INF = {"INF_POS": math.inf, "INF_NEG": -math.inf}
 _INTERMEDIATE = {"NAN": math.nan, **_INF}  # an intermediate value may also be NaN
 # The trial system attrs ranking and counting (trial_counts.py) read: Optuna's constraints (its old
-# list, its named ones), IMPORTED, a retry copy's history and a released trial's mark
+# list, its named ones), IMPORTED, NOISE_PROBE, a retry copy's history and a released trial's mark
 # (failure: a failed trial's reason and last output, study/trials/trial_output.py; tie_break: a COMPLETE
 # trial's loss, which breaks a tie on the study metric: study/objectives/ranking.py)
-_MARKS = ("constraints", IMPORTED, RETRY_HISTORY, RELEASED, PAUSED, "hpolab.failure", "hpolab.tie_break")  # (stores/trial_states.py reads them)
+_MARKS = ("constraints", IMPORTED, NOISE_PROBE, RETRY_HISTORY, RELEASED, PAUSED, "hpolab.failure", "hpolab.tie_break")  # (stores/trial_states.py reads them)
 _RANKING_KEYS = f"(key IN ({', '.join(repr(k) for k in _MARKS)}) OR key LIKE 'constraints:%')"
 
 

@@ -7,7 +7,7 @@ place that reads those marks: every reader and writer asks `state_of` (or the he
 none tests `hpolab.paused` or "RUNNING but ..." itself (tests/test_layout.py checks that).
 
     state       Optuna     marks                                         the driver's meaning
-    waiting     WAITING                                                  enqueued, or a retry copy: the next ask() takes it
+    waiting     WAITING                                                  enqueued, a retry copy or a seed trial: the next ask() takes it
     claimed     RUNNING    owner record, no user attr mlflow_run_id      a driver took it; its MLflow run is not made yet
     running     RUNNING    mlflow_run_id                                 a process trains it (dead owner: the reaper's)
     paused      RUNNING    hpolab.paused {rung, epoch}                    a trial scheduler paused it: no process, run open

@@ -36,6 +36,7 @@ def run_doctor(spec, threads: int | None = None) -> tuple[list[tuple[str, bool, 
     import torch
 
     from hpolab.config.experiment import load_experiment
+    from hpolab.train.data import data_seed_of
     from hpolab.train.tasks import task_for
 
     if threads:
@@ -45,7 +46,7 @@ def run_doctor(spec, threads: int | None = None) -> tuple[list[tuple[str, bool, 
     results: list[tuple[str, bool, str]] = []
     facts: dict[str, Any] = {}
     task = task_for(exp)
-    data = exp.load_data(cfg["data"], spec.seed)
+    data = exp.load_data(cfg["data"], data_seed_of(cfg))
     probe, targets_ok = _check_data(results, facts, data, task)
     _check_model(results, exp.build_model(cfg["model"], data.input_shape, data.num_classes), probe, data)
     if targets_ok:  # training on targets the task cannot read would only repeat that finding

@@ -35,6 +35,15 @@ class DataSplits:
     info: dict = field(default_factory=dict)  # free-form facts worth logging (sizes, source)
 
 
+def data_seed_of(config: dict) -> int:
+    """The seed an experiment splits its data with (`load_data(data, data_seed)`, `raw_test`): the
+    study's `data_seed`, fixed for the study, apart from the training seed `seed` (initial weights,
+    data order, dropout, augmentation), so that a configuration trained again on another seed (a
+    promotion race, a noise probe) and the promotion gate see the same splits. A config recorded
+    before the two were apart has only `seed`, which split its data then."""
+    return int(config.get("data_seed", config["seed"]))
+
+
 def is_in_memory(ds: Dataset) -> bool:
     return isinstance(ds, TensorDataset) and len(ds.tensors) == 2
 

@@ -64,7 +64,9 @@ def display_columns(table: StudyTable, df: pd.DataFrame) -> list[tuple[str, str]
     if table.objectives:  # several objectives: where each trial stands, and every objective
         cols += [("rank", "rank"), ("front", "front")] + [(f"objective.{n}", n) for n in table.objectives]
     cols += [(f"params.{p}", shorts[p]) for p in table.params]
-    cols += [(table.best_col, f"best {table.metric}"), (table.final_col, f"final {table.metric}"), ("epochs", "epochs")]
+    cols += [(table.best_col, f"best {table.metric}"), (table.final_col, f"final {table.metric}")]
+    cols += [(c, c.replace("_", " ")) for c in ("tied", "noise_probe") if c in df.columns]  # (a measured noise floor; a noise probe)
+    cols += [("epochs", "epochs")]
     if df["pruned_at_epoch"].notna().any():
         cols.append(("pruned_at_epoch", "pruned at"))
     cols += [("duration_s", "seconds")] + resource_columns(df)
@@ -249,3 +251,7 @@ def print_study(table: StudyTable, df: pd.DataFrame, fmt: str, state: str, out=N
         console.print(f"note: no MLflow runs found for experiment {table.name!r}; run ids, fail reasons and metrics are missing")
     for note in notes:
         console.print(f"note: {note}")
+    if table.noise_floor is not None and "tied" in table.frame.columns:
+        n = int((table.frame["tied"] == "yes").sum())
+        console.print(f"noise floor {table.noise_floor:.4g} (sd of {table.metric} over training seeds): {n} trial{'s' * (n != 1)} "
+                      "within it of the best, marked tied")

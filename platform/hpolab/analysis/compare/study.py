@@ -14,6 +14,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from hpolab.stores.optuna_sql import NOISE_PROBE
+from hpolab.study.objectives.noise import noise_floor
 from hpolab.study.objectives.objective_values import VALUES_ATTR
 from hpolab.study.objectives import ranking
 from hpolab.study.objectives.ranking import primary_direction
@@ -40,6 +42,7 @@ class StudyTable:
     objectives: list[str] = field(default_factory=list)  # several objectives: rows sort by `rank` (ranking.py)
     objective_directions: list[str] = field(default_factory=list)
     tie: dict[int, float] = field(default_factory=dict)  # trial -> its loss breaking a tie on the study metric (ranking.py)
+    noise_floor: float | None = None  # the study's measured noise floor (study/objectives/noise.py): the `tied` column
 
     @property
     def best_col(self) -> str:
@@ -209,7 +212,9 @@ def table_of(study, metric: str, runs: dict[str, tuple[dict, dict]], found: bool
         rows.append(_trial_row(t, runs.get(run_id) if run_id else None, params, metric, direction, now, models))
     objectives = list(study.metric_names or []) if len(study.directions) > 1 else []
     ranks = _pareto_columns(study, trials, rows, objectives) if objectives else []
-    base = ["trial", "state", *ranks, *[f"params.{p}" for p in params], f"best_{metric}", f"final_{metric}", "epochs",
+    floor = None if objectives else noise_floor(study.user_attrs)
+    noise = _noise_columns(trials, rows, direction, floor)
+    base = ["trial", "state", *ranks, *[f"params.{p}" for p in params], f"best_{metric}", f"final_{metric}", *noise, "epochs",
             "pruned_at_epoch", "duration_s", "fail_reason", "run_id", *MODEL_COLUMNS, "started", "finished"]
     frame = pd.DataFrame(rows)
     if frame.empty:
@@ -221,7 +226,28 @@ def table_of(study, metric: str, runs: dict[str, tuple[dict, dict]], found: bool
         frame[col] = frame[col].astype("Int64")
     directions = [d.name.lower() for d in study.directions] if objectives else []
     tie = {t.number: v for t in trials if (v := ranking.tie_value(t)) is not None}
-    return StudyTable(study.study_name, metric, direction, frame, params, found, objectives, directions, tie)
+    return StudyTable(study.study_name, metric, direction, frame, params, found, objectives, directions, tie, floor)
+
+
+def _noise_columns(trials, rows: list[dict], direction: str, floor: float | None) -> list[str]:
+    """`tied` (with a measured noise floor: "best" for the best trial, "yes" for a COMPLETE trial within
+    the noise of it, ranking.within_noise) and `noise_probe` (a noise probe's trial: the incumbent on
+    another seed, never a result), added to `rows`; the column names."""
+    from hpolab.study.objectives import ranking
+
+    cols = []
+    if floor is not None:
+        top = ranking.best(trials, [direction])
+        results = {t.number for t in ranking.ranked(trials, [direction]) if ranking.feasible(t)}  # (not a probe's, not imported)
+        for t, row in zip(trials, rows):
+            tied = top is not None and t.number in results and ranking.within_noise(t.values[0], top.value, floor, direction)
+            row["tied"] = "best" if top is not None and t.number == top.number else "yes" if tied else ""
+        cols.append("tied")
+    if any(t.system_attrs.get(NOISE_PROBE) for t in trials):
+        for t, row in zip(trials, rows):
+            row["noise_probe"] = "yes" if t.system_attrs.get(NOISE_PROBE) else ""
+        cols.append("noise_probe")
+    return cols
 
 
 def _pareto_columns(study, trials, rows: list[dict], objectives: list[str]) -> list[str]:

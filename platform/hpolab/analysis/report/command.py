@@ -26,6 +26,7 @@ from typing import Any
 from hpolab.analysis.report import html as H
 from hpolab.analysis.report.data import TOP_ROWS, ReportData, best_number, gather
 from hpolab.analysis.report.figures import plots_for, PLOTS, quiet
+from hpolab.analysis.report.race import CAPTION as RACE_CAPTION, race_section
 from hpolab.analysis.report.sql import gather_sql
 from hpolab.analysis.report.trials import model_cell, problem_trials, run_cell, top_trials, trial_row, ui_url_of
 from hpolab.stores.paths import Stores
@@ -265,7 +266,7 @@ def render(data: ReportData) -> str:
     quiet()
     parts = [_summary(data)]
     plots = plots_for(data)
-    toc = [(k, title) for k, title, _, _ in plots] + [("top-trials", "Top trials"), ("promotion", "Promotion")]
+    toc = [(k, title) for k, title, _, _ in plots] + [("top-trials", "Top trials"), ("race", "Promotion race"), ("promotion", "Promotion")]
     parts.append("<nav class=\"toc\">" + "".join(f"<a href=\"#{k}\">{H.esc(t)}</a>" for k, t in toc) + "</nav>")
     for key, title, make, caption in plots:
         try:
@@ -276,6 +277,7 @@ def render(data: ReportData) -> str:
         parts.append(H.section(key, title, html.escape(caption.format(metric=data.metric)), content))
     parts.append(H.section("top-trials", "Top trials", f"The best complete trials by {H.esc(data.metric)} ({data.direction}).",
                            top_trials(data) + problem_trials(data)))
+    parts.append(H.section("race", "Promotion race", RACE_CAPTION.format(metric=H.esc(data.metric)), race_section(data)))
     parts.append(H.section("promotion", "Promotion",
                            "Which trained model is promoted: the MLflow Model Registry entry named like the study, and the "
                            "version holding the <code>champion</code> alias with its held-out test metrics.",

@@ -33,6 +33,7 @@ class ReportData:
     table: Any = None  # hpolab.analysis.compare.study.StudyTable
     lr_test: dict[str, Any] | None = None  # {"lr": [...], "loss": [...], "smoothed": [...], "attr": {...}, "run_id": ...}
     promotion: dict[str, Any] = field(default_factory=dict)
+    race: dict[str, Any] | None = None  # the latest finished promotion race's race.json (report/race.py)
     problems: list[str] = field(default_factory=list)  # what could not be read (shown in the footer)
     ui_url: str | None = None  # the MLflow UI trials' runs and models link to (report_trials.py); None: unknown
 
@@ -81,6 +82,9 @@ def gather(study, stores: Stores | None = None, client=None) -> ReportData:
     data = ReportData(study, metric, primary_direction(study, metric), counts, client, experiment_id, parent, table, problems=problems)
     data.lr_test = _lr_test(study, client, experiment_id, problems)
     data.promotion = _promotion(study.study_name, client, problems)
+    from hpolab.analysis.report.race import read_race
+
+    data.race = read_race(study)
     return data
 
 

@@ -11,6 +11,7 @@ import warnings
 from typing import Any
 
 from hpolab.analysis.report.data import ReportData, best_number
+from hpolab.analysis.report.race import add_noise_band
 from hpolab.stores.trial_states import last_pause
 
 STATE_COLORS = {"COMPLETE": "#2b6cb0", "PRUNED": "#dd8a1a", "FAIL": "#c53030", "RUNNING": "#718096", "WAITING": "#a0aec0"}
@@ -131,6 +132,7 @@ def fig_history(data: ReportData) -> tuple[Any, str | None]:
     from optuna.visualization import plot_optimization_history
 
     fig = plot_optimization_history(data.study, **_target(data))
+    add_noise_band(fig, data)  # a measured noise floor: the values within it of the best (report/race.py)
     fig.update_layout(title=None, xaxis_title="trial number", yaxis_title=data.metric)
     fig.update_xaxes(tickformat="d", dtick=1 if len(data.study.trials) <= 20 else None)
     return fig, None
@@ -372,7 +374,8 @@ PLOTS = [
      "value, pushed 10% out). A flattening curve means the front stopped moving."),
     ("optimization-history", "Optimization history", fig_history,
      "Each dot is one complete trial's {metric} in the order the trials ran; the line is the best value so far. "
-     "A line that is still climbing (or falling, for a minimized metric) means more trials would likely help."),
+     "A line that is still climbing (or falling, for a minimized metric) means more trials would likely help. The shaded "
+     "band, once a noise floor is measured, holds the values within that noise of the best: gains inside it are seed luck."),
     ("learning-curves", "Learning curves", fig_learning_curves,
      "{metric} after every epoch, one line per trial, coloured by how the trial ended. An orange × marks where the "
      "pruner stopped a trial early because it looked unpromising at that epoch; the thick line is the best trial."),

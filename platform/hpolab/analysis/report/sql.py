@@ -14,6 +14,7 @@ from collections import Counter
 from hpolab.analysis.compare.sql import first_runs, live_models
 from hpolab.analysis.compare.study import table_of, top_numbers
 from hpolab.analysis.report.data import LR_KEYS, LR_RUN_NAME, TOP_ROWS, ReportData, lr_curve, registered
+from hpolab.analysis.report.race import read_race
 from hpolab.stores import mlflow_sql
 from hpolab.stores.paths import sqlite_file
 from hpolab.stores.paths import Stores
@@ -43,7 +44,7 @@ def gather_sql(study, stores: Stores) -> ReportData | None:
     table = table_of(study, metric, {k: (r.data.tags, r.data.metrics) for k, r in shown[1].items()}, experiment_id is not None, models)
     counts = Counter(t.state.name for t in study.get_trials())
     return ReportData(study, metric, primary_direction(study, metric), counts, None, experiment_id, runs.get(parent_id), table,
-                      lr_test=lr_test, promotion=promotion, problems=problems)
+                      lr_test=lr_test, promotion=promotion, problems=problems, race=read_race(study))
 
 
 def _lr_test(study, mlflow_db, experiment_id: str | None, problems: list[str]):

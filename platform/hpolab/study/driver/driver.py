@@ -81,8 +81,10 @@ from hpolab.study.trials.runner import Running, TrialRunner, runner_for
 from hpolab.study.sampling.search_space import optuna_distributions
 from hpolab.study.driver.signals import StopSignals
 from hpolab.study.sampling.enqueue import enqueue_known_good
+from hpolab.study.sampling.seed_trials import seed_trial_tags, trial_config
 from hpolab.study.driver.spec_guard import check_spec, record_spec
 from hpolab.study.driver.code_guard import check_code, record_code
+from hpolab.study.sampling.noise_probe import NoiseProbe
 from hpolab.study.objectives.stopping import NoImprovementStop
 from hpolab.study.trials.tracker import TrialTracker, retry_source
 from hpolab.study.trials.system_metrics import SystemMetrics
@@ -166,7 +168,7 @@ class Driver:
                 self.progress.note(done)
         mlflow.set_tracking_uri(self.stores.tracking_uri)  # mlflow.pytorch.log_model resolves its client from it
         self.client = tr.client_for(self.stores)
-        self.experiment_id = tr.get_or_create_experiment(self.client, self.spec.name, self.stores)
+        self.experiment_id = tr.get_or_create_experiment(self.client, tr.experiment_of(self.study), self.stores)
         self.env_tags = capture_environment(self.project_dir, self.experiment)  # (its packages' versions too)
         self.parent_run_id = open_parent_run(self.client, self.experiment_id, self.study, self.spec, self.env_tags)
         record_spec(self.study, self.client, self.parent_run_id, self.spec, spec_change, self.progress.note)
@@ -174,7 +176,9 @@ class Driver:
         if self.study.user_attrs.get(warm_start.DONE_ATTR):
             tr.set_tags(self.client, self.parent_run_id, {warm_start.DONE_ATTR: self.study.user_attrs[warm_start.DONE_ATTR]})
         self.outage.call(self.study.set_user_attr, "hpolab.budget_epochs", self.spec.budget.epochs)  # (`study status` shows it)
+        self.outage.call(self.study.set_user_attr, "hpolab.promotion", self.spec.promotion.model_dump())  # (promote's race defaults)
         self.no_improvement = NoImprovementStop(self.spec, self.study, self.client, self.parent_run_id, self.progress.note)
+        self.probe = NoiseProbe(self.spec, self.study, self.storage, self.progress.note)  # (noise_probe: the incumbent on new seeds)
         retention = Retention(self.spec, self.study, lambda n: self.stores.trial_dir(self.spec.name, n))
         self.tracker = TrialTracker(self.client, self.experiment_id, self.parent_run_id, self.spec.name,
                                     self.experiment, self.env_tags, self.progress.note, retention,
@@ -200,7 +204,7 @@ class Driver:
     def _start_trial(self, trial: optuna.Trial) -> None:
         g = self.outage.call
         src = g(retry_source, self.study, self.stores, self.spec.name, trial.number)
-        config = self.spec.resolved_config(self.experiment, trial.params)
+        config = trial_config(self.spec, self.experiment, trial)  # (a seed trial: its own config and training seed)
         config["trainer"].update(src.overrides)  # e.g. the halved micro-batch after a CUDA OOM
         if self.pauses:
             self.pauses.adjust(config, trial.user_attrs)
@@ -210,7 +214,7 @@ class Driver:
         threads = self.runner.threads_per_trial()
         tags = {**self.env_tags, "hpolab.torch_threads": str(threads),
                 "hpolab.experiment": self.spec.experiment, "hpolab.worker_seed": str(self.worker_seed),
-                "hpolab.sampler_seed": str(self.sampler_seed), **src.tags}
+                "hpolab.sampler_seed": str(self.sampler_seed), **seed_trial_tags(trial), **src.tags}
         if trial.user_attrs.get("hpolab.warm_start_from"):  # an earlier study's configuration, re-run here
             tags["hpolab.warm_start_from"] = trial.user_attrs["hpolab.warm_start_from"]
         g(trial.set_user_attr, "worker_seed", self.worker_seed)
@@ -225,7 +229,7 @@ class Driver:
             self.pauses.spawn(r, self.runner, src.resume_from)
         else:
             lifecycle.segment_started(lambda: self.runner.spawn_trial(r, src.resume_from, self.running.values()))
-        self.progress.trial_started(trial.number, trial.params, src.retry_of)
+        self.progress.trial_started(trial.number, trial.params or seed_trial_tags(trial), src.retry_of)
 
     def _reap(self) -> None:
         close = self.notify.watch_reaps(closing_with_backfill(self.tracker.close_run_if_open, self.client, self.study, self.stores,
@@ -335,6 +339,7 @@ class Driver:
                     outcome.stopped = self.no_improvement.reason
                 if self.control.hold():  # paused with nothing running here: wait for resume, a stop or a signal
                     continue
+                self.outage.call(self.probe.step)
                 self._start_trials()
                 self.runner.host_slots.running(len(self.running))  # (what other drivers here count)
                 if not self.running:

@@ -17,11 +17,12 @@ from hpolab.study.objectives import ranking
 
 class Progress:
     def __init__(self, spec, console: Console | None = None, quiet: bool = False, trial_output: bool = True,
-                 started: float | None = None):
+                 started: float | None = None, summary: bool = True):
         self.spec = spec
         self.console = console or _console()
         self.quiet = quiet
         self.trial_output = trial_output  # print what trials print, as `trial N | line` (study/trials/trial_output.py)
+        self.summary = summary  # the table at the end (a promotion race prints its own)
         self.best: float | None = None
         self.epochs: dict[int, int] = {}
         self.t0 = time.monotonic() if started is None else started  # the command's start: what "elapsed" counts
@@ -125,7 +126,7 @@ class Progress:
         return "" if self.spec.is_multi_objective else f" | best {fmt_value(self.best)}"  # (a front has no one best)
 
     def end(self, study, counts: dict[str, int], spec) -> None:
-        if self.quiet:
+        if self.quiet or not self.summary:
             return
         if spec.is_multi_objective:
             from hpolab.study.objectives.ranking import front_table

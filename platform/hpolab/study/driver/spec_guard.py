@@ -8,7 +8,7 @@ tags `hpolab.spec_hash`, `hpolab.spec_version`).
 Re-running with a different definition is refused (exit 2, nothing written) with the diff:
     - experiment, metric, direction: always refused; the trials would not be comparable.
       Run the spec as a new study (`--new-study NAME`).
-    - search_space, sampler, pruner, seed, trainer/model/data fixed values, lr_range_test, trial_scheduler: refused
+    - search_space, sampler, pruner, seed, data_seed, trainer/model/data fixed values, lr_range_test, trial_scheduler: refused
       unless `--allow-spec-change`; for the search space only when every value the study has
       already sampled still lies inside the new distribution (and Optuna can store it: same kind,
       same log scale, same categorical choices); for trial_scheduler only while no trial is paused
@@ -39,7 +39,7 @@ from hpolab.study.lr_test.lr_step import lr_bounds
 from hpolab.study.sampling.search_space import optuna_distributions
 
 DEFINING = ("experiment", "metric", "direction", "objectives", "pruning", "constraints", "search_space", "sampler",
-            "pruner", "seed", "trainer", "model", "data", "lr_range_test", "trial_scheduler")
+            "pruner", "seed", "data_seed", "trainer", "model", "data", "lr_range_test", "trial_scheduler")
 FIXED = ("experiment", "metric", "direction", "objectives")  # never changed in place, even with --allow-spec-change
 ONLY_IF_SET = ("objectives", "pruning", "constraints", "trial_scheduler")  # absent from a plain study's record, as before they existed
 _ABSENT = object()
@@ -57,6 +57,8 @@ def defining_spec(spec: StudySpec) -> dict[str, Any]:
     for key in ONLY_IF_SET:
         if not out[key]:
             del out[key]
+    if out["data_seed"] is None:  # (the split follows `seed`, as for studies made before data_seed existed)
+        del out["data_seed"]
     return out
 
 

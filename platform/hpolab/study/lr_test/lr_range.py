@@ -309,6 +309,7 @@ def run_lr_find(spec, stores=None, out_dir: str | Path | None = None, threads: i
 
     from hpolab.config.own_loop_checks import refuse_own_loop
     from hpolab.config.spec import load_experiment
+    from hpolab.train.data import data_seed_of
     from hpolab.train.seeding import seed_everything
     from hpolab.train.tasks import task_for
 
@@ -321,7 +322,7 @@ def run_lr_find(spec, stores=None, out_dir: str | Path | None = None, threads: i
     exp = load_experiment(spec.experiment)
     refuse_own_loop(exp, "lr-find")
     resolved = spec.resolved_config(exp)
-    data = exp.load_data(resolved["data"], spec.seed)
+    data = exp.load_data(resolved["data"], data_seed_of(resolved))
     # Seeded before the model is built: its initial weights (and so the curve) follow from the spec.
     seed_everything(spec.seed, deterministic=spec.trainer.deterministic)
     model = exp.build_model(resolved["model"], data.input_shape, data.num_classes)

@@ -29,6 +29,7 @@ from typing import Iterable, Sequence
 import numpy as np
 from rich.table import Table
 
+from hpolab.stores.optuna_sql import NOISE_PROBE
 from hpolab.stores.trial_states import is_imported
 from hpolab.study.objectives.objective_values import VALUES_ATTR
 
@@ -59,9 +60,10 @@ def violation(t) -> float:
 
 
 def _complete(trials: Iterable, n: int) -> list:
-    """This study's own COMPLETE trials (not those a warm start imported: history for the sampler only)."""
+    """This study's own COMPLETE trials (not those a warm start imported: history for the sampler only;
+    not a noise probe's: the incumbent again on another seed, a measurement of noise, never a result)."""
     return [t for t in trials if _state(t) == "COMPLETE" and t.values is not None and len(t.values) == n
-            and not is_imported(t)]
+            and not is_imported(t) and not t.system_attrs.get(NOISE_PROBE)]
 
 
 def improves(value: float, than: float | None, direction: str, min_delta: float = 0.0) -> bool:
@@ -78,6 +80,31 @@ def best_value(values: Iterable[float], direction: str) -> float | None:
         if improves(v, top, direction):
             top = v
     return top
+
+
+def scores(values, direction: str) -> np.ndarray:
+    """Values of one objective as scores, higher is better (a minimised one negated): what statistics
+    over seeds compute on (the promotion race, the noise floor, noise-aware stopping), so that only
+    this module knows which way is better. NaN stays NaN."""
+    return np.asarray(values, dtype=float) * (-1.0 if _names(direction)[0] == "minimize" else 1.0)
+
+
+def best_of(values, direction: str) -> np.ndarray:
+    """Index of the best value along the last axis (the first of equals; NaN never best, an all-NaN
+    row gives 0): the leader of a race's means, the winner of each bootstrap resample."""
+    s = scores(values, direction)
+    return np.argmax(np.where(np.isnan(s), -np.inf, s), axis=-1)
+
+
+def within_noise(value: float, best: float, floor: float, direction: str) -> bool:
+    """Whether `value` is within the noise floor of `best` (the best does not beat it by more than
+    `floor`): `compare`'s tied mark."""
+    return not improves(best, value, direction, floor)
+
+
+def noise_band(best: float, floor: float, direction: str) -> tuple[float, float]:
+    """(low, high): the values within the noise floor of `best`, on its worse side (the report's band)."""
+    return (best - floor, best) if _names(direction)[0] == "maximize" else (best, best + floor)
 
 
 def losses(trials: Sequence, directions: str | Sequence) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""`stop_after_no_improvement`: stop a study that has stopped getting better.
+"""`stop_after_no_improvement` (and `stop_when_converged`, convergence.py): stop a study that has stopped getting better.
 
 Counted are the study's finished trials that produced a result, COMPLETE and PRUNED, in the order
 they finished (FAIL trials are neither an improvement nor a miss: failures are their own matter).
@@ -22,7 +22,10 @@ import optuna
 from optuna.trial import TrialState
 
 from hpolab.config.spec import StudySpec
+from hpolab.stores.optuna_sql import NOISE_PROBE
 from hpolab.stores.trial_states import is_imported
+from hpolab.study.objectives.convergence import Convergence
+from hpolab.study.objectives.noise import noise_floor
 from hpolab.study.objectives.ranking import feasible, front, improves, losses
 from hpolab.stores import mlflow_runs as tr
 
@@ -74,20 +77,31 @@ def one_objective_results(trials: list[optuna.trial.FrozenTrial]) -> list[float 
 def results_in_order(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The COMPLETE and PRUNED trials, in the order they finished."""
     done = [t for t in study.get_trials(deepcopy=False)
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and not is_imported(t)]  # (warm start's: not results here)
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and not is_imported(t)  # (warm start's: not results here)
+            and not t.system_attrs.get(NOISE_PROBE)]  # (a noise probe's: a measurement of noise, not a result)
     return sorted(done, key=lambda t: (t.datetime_complete is None, t.datetime_complete, t.number))
 
 
+def min_delta_of(rule, user_attrs) -> float:
+    """The rule's min_delta; `noise`: the study's measured noise floor (noise.py), 0 until one is measured."""
+    if rule.min_delta != "noise":
+        return float(rule.min_delta)
+    return noise_floor(user_attrs) or 0.0
+
+
 class NoImprovementStop:
-    """The driver asks `should_stop()` before starting trials; it records and prints the reason once."""
+    """The study's stop rules (`stop_after_no_improvement`, `stop_when_converged`: convergence.py): the
+    driver asks `should_stop()` before starting trials; it records and prints the reason once."""
 
     def __init__(self, spec: StudySpec, study: optuna.Study, client, parent_run_id: str, note: Callable[[str], None]):
         self.spec, self.study, self.client, self.parent_run_id, self.note = spec, study, client, parent_run_id, note
         self.reason: str | None = None
+        self.converged = (Convergence(spec.stop_when_converged, spec.direction, spec.metric, note)
+                          if spec.stop_when_converged is not None else None)
 
     def should_stop(self) -> bool:
         rule = self.spec.stop_after_no_improvement
-        if self.reason is not None or rule is None:
+        if self.reason is not None or (rule is None and self.converged is None):
             return self.reason is not None
         record = self.study.user_attrs.get("hpolab.stop")
         if record and self.spec.n_trials <= record["n_trials"]:
@@ -98,22 +112,27 @@ class NoImprovementStop:
             return True
         trials = results_in_order(self.study)
         start = record["results"] if record else 0
-        if self.spec.is_multi_objective:
-            streak, on_front = front_streak(trials, [o.direction for o in self.spec.objective_list], start)
-            if streak < rule.trials:
-                return False
-            held = f"the front: trials {', '.join(str(t.number) for t in on_front)}" if on_front else "no feasible trial yet"
-            self.reason = f"stop_after_no_improvement: {streak} finished trials in a row did not join the Pareto front ({held})"
-        else:
-            streak, best_at = no_improvement_streak(one_objective_results(trials), self.spec.direction == "maximize",
-                                                    rule.min_delta, start)
-            if streak < rule.trials:
-                return False
-            best = trials[best_at] if best_at is not None else None
-            since = f"the best {self.spec.metric} {best.value:.6g} (trial {best.number})" if best else "any result"
-            self.reason = (f"stop_after_no_improvement: {streak} finished trials in a row brought no improvement "
-                           f"larger than {rule.min_delta:g} over {since}")
+        self.reason = (self._no_improvement(rule, trials, start) if rule is not None else None) or (
+            self.converged.reason(one_objective_results(trials), start, self.study.user_attrs) if self.converged else None)
+        if self.reason is None:
+            return False
         self.study.set_user_attr("hpolab.stop", {"reason": self.reason, "n_trials": self.spec.n_trials, "results": len(trials)})
         tr.set_tags(self.client, self.parent_run_id, {"hpolab.stop_reason": self.reason})
         self.note(f"{self.reason}: starting no new trials; running ones finish")
         return True
+
+    def _no_improvement(self, rule, trials: list, start: int) -> str | None:
+        if self.spec.is_multi_objective:
+            streak, on_front = front_streak(trials, [o.direction for o in self.spec.objective_list], start)
+            if streak < rule.trials:
+                return None
+            held = f"the front: trials {', '.join(str(t.number) for t in on_front)}" if on_front else "no feasible trial yet"
+            return f"stop_after_no_improvement: {streak} finished trials in a row did not join the Pareto front ({held})"
+        delta = min_delta_of(rule, self.study.user_attrs)
+        streak, best_at = no_improvement_streak(one_objective_results(trials), self.spec.direction == "maximize", delta, start)
+        if streak < rule.trials:
+            return None
+        best = trials[best_at] if best_at is not None else None
+        since = f"the best {self.spec.metric} {best.value:.6g} (trial {best.number})" if best else "any result"
+        return (f"stop_after_no_improvement: {streak} finished trials in a row brought no improvement "
+                f"larger than {delta:g}{' (the noise floor)' if rule.min_delta == 'noise' else ''} over {since}")

@@ -30,8 +30,8 @@ def close_orphan_runs(client, experiment_id: str, study: optuna.Study, close_run
     trials = study.get_trials(deepcopy=False)
     fixed = 0
     for run in runs:
-        if not is_trial_run(run.data.tags):
-            continue  # a promote run (it names the trial it promotes) is no trial's run: never touched here
+        if not is_trial_run(run.data.tags, study.study_name):
+            continue  # a promote run (it names the trial it promotes), another Optuna study's trial run (a race's): never touched here
         number = run.data.tags.get("optuna.trial_number")
         if number is None or not number.isdigit() or int(number) >= len(trials):
             continue

@@ -44,6 +44,9 @@ CARRIED_USER_ATTRS = {
     "hpolab.config_changes": "a trial scheduler's config changes so far (PBT): the copy resumes the same configuration",
     "hpolab.pbt_schedule": "a PBT member's schedule so far (what `hpolab reproduce` replays)",
     "hpolab.pbt_parents": "a PBT member's exploits so far (its lineage; also tagged on the copy's run)",
+    "hpolab.seed": "a seed trial's training seed (study/sampling/seed_trials.py): the copy trains the same seed",
+    "hpolab.config": "a seed trial's whole config (a promotion race's candidate): the copy trains the same configuration",
+    "hpolab.race_candidate": "which race candidate a seed trial retrains: the copy's result counts for it",
 }
 KINDS = "hpolab.retry_kinds"  # system attr: why each attempt of retry_history ended, in the same order
 # Why an attempt ended that is not the trial's fault: its retry is free (never counts against max_retries).

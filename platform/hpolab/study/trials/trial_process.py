@@ -37,6 +37,7 @@ from hpolab.study.trials.lifeline import ORPHAN_EXIT_CODE, watch_lifeline
 from hpolab.study.trials.own_loop import TrialFailure, run_own_loop
 from hpolab.train import NonFiniteLossError, fit, seed_everything
 from hpolab.train.config import trainer_config
+from hpolab.train.data import data_seed_of
 from hpolab.train.tasks import task_for
 
 
@@ -156,7 +157,7 @@ def train(job: dict[str, Any], on_epoch, ranks_of=None, stop_requested=None) -> 
     # Seed before the model is built: its initial weights come from the global RNG, which a
     # forked process would otherwise inherit unseeded (then no trial could be reproduced).
     seed_everything(cfg["seed"], bool(cfg["trainer"].get("deterministic", False)))
-    data = exp.load_data(cfg["data"], cfg["seed"])
+    data = exp.load_data(cfg["data"], data_seed_of(cfg))  # the split: the study's data seed, not the training seed
     model = exp.build_model(cfg["model"], data.input_shape, data.num_classes)
     notes: list[str] = []
     result = fit(
