@@ -48,7 +48,8 @@ def install_child_marks(folder: Path) -> None:
     """Wrap the trial process's steps (in this process: the forkserver forked from it inherits them)."""
     from hpolab.config import experiment as experiment_mod
     from hpolab.study.trials import trial_process
-    from hpolab.train import epoch as epoch_mod, loop, state
+    from hpolab.train import epoch as epoch_mod
+    from hpolab.train import loop, state
 
     run = trial_process.run
 
