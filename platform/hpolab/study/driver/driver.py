@@ -234,10 +234,14 @@ class Driver:
     def _reap(self) -> None:
         close = self.notify.watch_reaps(closing_with_backfill(self.tracker.close_run_if_open, self.client, self.study, self.stores,
                                                               self.progress.note))  # (worker_lost)
+        # One read of every trial for both (each read fetches every unfinished trial, a paused one too):
+        # a trial reaped here queues its own retry copy, so the read from before the reap serves the owed ones.
+        trials = self.study.get_trials(deepcopy=False)
         self._dead_claimed = reap_dead_trials(self.study, self.storage, self.running, self.retry, close, self.progress.note,
-                                              self.outage.call, self.beat_watch, self.pauses.put_back if self.pauses else None)
+                                              self.outage.call, self.beat_watch, self.pauses.put_back if self.pauses else None,
+                                              trials=trials)
         self.pruning.close_orphans(self.study)  # several objectives: a dead driver's companion trials
-        lifecycle.owed_retries(self.study, self.study.get_trials(deepcopy=False), self.retry, self.outage.call)
+        lifecycle.owed_retries(self.study, trials, self.retry, self.outage.call)
 
     def _start_trials(self) -> None:
         """Start trials while there are free slots and the budget allows."""
