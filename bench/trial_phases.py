@@ -88,7 +88,10 @@ def install_child_marks(folder: Path) -> None:
 
 
 class Segments:
-    """The driver's marks per segment: claim, start (fresh or resumed), spawn, first epoch message."""
+    """The driver's marks per segment: claim, fork, start (fresh or resumed), go, first epoch message.
+
+    Where the runner forks a trial's process before its segment starts (TrialRunner.prepare/_fork) the
+    fork and the "go" are two marks; where spawn_trial forks and starts at once, both are its call."""
 
     def __init__(self) -> None:
         self.list: list[dict] = []
@@ -99,7 +102,7 @@ class Segments:
         self.claim = (t0, t1)
 
     def started(self, kind: str):
-        """Marks the segment its spawn opened (the start's wrapper returns after the spawn) fresh or resumed."""
+        """Marks the segment its fork opened (the start's wrapper returns after the fork) fresh or resumed."""
         def mark(rec, args, t0: float, t1: float) -> None:
             number = args[1].number if kind == "fresh" else args[1].trial.number
             seg = self._open(number)
@@ -107,10 +110,19 @@ class Segments:
                 seg.update(kind=kind, start=t0)
         return mark
 
-    def spawn(self, rec, args, t0: float, t1: float) -> None:
+    def fork(self, rec, args, t0: float, t1: float) -> None:
         claim = self.claim or (t0, t0)
-        self.list.append({"number": args[1].number, "kind": None, "claim": claim[0], "claimed": claim[1], "spawn": t0, "spawned": t1})
+        self.list.append({"number": args[1].number, "kind": None, "claim": claim[0], "claimed": claim[1], "fork": t0, "forked": t1})
         self.claim = None
+
+    def go(self, rec, args, t0: float, t1: float) -> None:
+        seg = self._open(args[1].number)
+        if seg is None or "go" in seg:  # (spawn_trial forked and started at once)
+            self.fork(rec, args, t0, t1)
+            seg = self.list[-1]
+            seg["go"] = t1
+        else:
+            seg["go"] = t0
 
     def first_epoch(self, rec, args, t0: float, t1: float) -> None:
         seg = self._open(args[1].number)
@@ -127,16 +139,18 @@ class Segments:
 # (label, from mark, to mark): driver marks and the trial process's ("c." prefix)
 PHASES = [
     ("claim (budget lock, ask or claim_paused)", "claim", "claimed"),
-    ("claimed -> spawn: run or run state, config, checkpoint", "claimed", "spawn"),
-    ("spawn call on the driver (fork request, pipes)", "spawn", "spawned"),
-    ("fork -> trial process entry", "spawn", "c.entry"),
+    ("claimed -> fork (config; a resume: checkpoint; without a prepared fork: the run too)", "claimed", "fork"),
+    ("fork call on the driver (fork request, pipes)", "fork", "forked"),
+    ("forked -> go (run made or run state, segment_started)", "forked", "go"),
+    ("fork -> trial process entry", "fork", "c.entry"),
     ("entry -> data (experiment lookup, config, seed)", "c.entry", "c.data_start"),
     ("data: experiment.load_data", "c.data_start", "c.data_end"),
     ("model: experiment.build_model", "c.model_start", "c.model_end"),
     ("fit set-up (device, batches, optimizer, schedule)", "c.fit_start", "c.set_up_end"),
     ("checkpoint load (torch.load)", "c.restore_start", "c.checkpoint_loaded"),
     ("model, optimizer, RNG state from it", "c.checkpoint_loaded", "c.restore_end"),
-    ("-> first batch", "c.last_set_up", "c.first_batch"),
+    ("set up -> first batch (waits for go)", "c.last_set_up", "c.first_batch"),
+    ("go -> first batch", "go", "c.first_batch"),
     ("first epoch (train + evaluate + last.pt)", "c.first_batch", "c.sent"),
     ("first epoch message -> driver", "c.sent", "first_epoch"),
     ("CLAIM -> FIRST EPOCH STARTS (first batch)", "claim", "c.first_batch"),
@@ -161,7 +175,7 @@ def timeline(segments: Segments, folder: Path) -> dict[str, dict[str, float]]:
         if "first_epoch" not in seg or i == 0:
             continue
         marks = dict(seg)
-        near = [c for c in children if c["number"] == seg["number"] and seg["spawn"] <= c["marks"]["entry"] <= seg["first_epoch"]]
+        near = [c for c in children if c["number"] == seg["number"] and seg["fork"] <= c["marks"]["entry"] <= seg["first_epoch"]]
         if near:
             m = near[0]["marks"]
             marks.update({f"c.{k}": v for k, v in m.items()})

@@ -218,17 +218,22 @@ class Driver:
         if trial.user_attrs.get("hpolab.warm_start_from"):  # an earlier study's configuration, re-run here
             tags["hpolab.warm_start_from"] = trial.user_attrs["hpolab.warm_start_from"]
         g(trial.set_user_attr, "worker_seed", self.worker_seed)
-        run_id = self.tracker.start_run(trial, config, trial_dir, tags, recorded_config(self.spec, config, self.experiment))
-        r = Running(trial=trial, run_id=run_id, config=config, trial_dir=trial_dir, threads=threads)
-        if src.resume_from:
-            self.tracker.carry_over_history(r, src.resume_from, self.spec.metric, self.pruning.report)
-        if self.pauses:
-            self.pauses.plan(r)  # where this segment pauses (a retry copy: at the same place as its attempt)
-        self.running[trial.number] = r
-        if self.pauses:
-            self.pauses.spawn(r, self.runner, src.resume_from)
-        else:
-            lifecycle.segment_started(lambda: self.runner.spawn_trial(r, src.resume_from, self.running.values()))
+        r = Running(trial=trial, run_id="", config=config, trial_dir=trial_dir, threads=threads)
+        # Its process builds its data and model while the run is made; it trains once its segment starts.
+        self.runner.prepare(r, src.resume_from, [*self.running.values(), r])
+        try:
+            r.run_id = self.tracker.start_run(trial, config, trial_dir, tags, recorded_config(self.spec, config, self.experiment))
+            if src.resume_from:
+                self.tracker.carry_over_history(r, src.resume_from, self.spec.metric, self.pruning.report)
+            if self.pauses:
+                self.pauses.plan(r)  # where this segment pauses (a retry copy: at the same place as its attempt)
+            self.running[trial.number] = r
+            if self.pauses:
+                self.pauses.spawn(r, self.runner, src.resume_from)
+            else:
+                lifecycle.segment_started(lambda: self.runner.spawn_trial(r, src.resume_from, self.running.values()))
+        finally:
+            self.runner.discard(r)  # (a start that did not happen: its prepared process ends; a no-op once started)
         self.progress.trial_started(trial.number, trial.params or seed_trial_tags(trial), src.retry_of)
 
     def _reap(self) -> None:
