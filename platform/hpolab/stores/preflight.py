@@ -72,8 +72,8 @@ def require_existing(stores: Stores, optuna: bool = True, tracking: bool = True)
     for url, what, used in ((stores.optuna_url, "Optuna storage", optuna), (stores.tracking_uri, "MLflow tracking store", tracking)):
         db = sqlite_file(url) if used else None
         if db is not None and not db.exists():
-            raise UserError(f"no {what} at {db}: nothing has run with this store; give the --store (or --storage / "
-                            "--tracking-uri) the study ran with")
+            raise UserError(f"no {what} at {db}: nothing has run with this store; run a study first, or give the --store "
+                            "(or --storage / --tracking-uri) the study ran with")
 
 
 def connect_args_for(url) -> dict:
