@@ -83,13 +83,9 @@ def runs_of_trials(client, experiment_id: str | None, trials: Iterable) -> dict[
     ids = sorted({t.user_attrs["mlflow_run_id"] for t in trials if t.user_attrs.get("mlflow_run_id")})
     if client is None or experiment_id is None or not ids:
         return {}
-    from hpolab.stores.mlflow_runs import find_runs
+    from hpolab.stores.mlflow_runs import runs_by_id
 
-    out = {}
-    for i in range(0, len(ids), 100):
-        chunk = ", ".join(f"'{r}'" for r in ids[i:i + 100])
-        out.update({r.info.run_id: r for r in find_runs(client, experiment_id, f"attributes.run_id IN ({chunk})")})
-    return out
+    return runs_by_id(client, experiment_id, ids)
 
 
 def logged_models(client, experiment_id: str | None) -> dict[str, str] | None:
