@@ -70,7 +70,6 @@ class TrialTracker:
         self.code = code  # the experiment's ExperimentCode: code/<module>.py on every trial run (None: no file)
         self.metrics = MetricBatches()  # epochs not yet handed to the upload thread, per run
         self.resumed_runs: set[str] = set()  # runs of paused trials resumed here: earlier points were logged elsewhen
-        self.logged_until: dict[str, int] = {}  # run -> epochs up to it are in the run (a dead segment's): not logged again
 
     def start_run(self, trial: optuna.Trial, config: dict[str, Any], trial_dir: Path, tags: dict[str, str],
                   params: dict[str, Any] | None = None) -> str:
@@ -132,11 +131,7 @@ class TrialTracker:
         if r.awaits_export:
             answer_child(r.conn, r.lifeline, False)
         else:
-            for c in (r.conn, r.lifeline):
-                try:
-                    c.close()
-                except OSError:
-                    pass
+            r.close_pipes()
         if not landed.wait(PAUSE_UPLOAD_WAIT):
             self.note(f"trial {r.number}: its checkpoint upload is still queued after {PAUSE_UPLOAD_WAIT:g} s; marked paused "
                       "anyway (a worker on another host that resumes it may find an older checkpoint)")
@@ -150,14 +145,14 @@ class TrialTracker:
         self.metrics.start(r.run_id)
         self.resumed_runs.add(r.run_id)
         if logged > r.epoch:
-            self.logged_until[r.run_id] = logged
+            r.logged_until = logged
         if params:
             self.log_epoch(r, r.epoch + 1, params)
 
     def log_epoch(self, r: Running, epoch: int, metrics: dict[str, float]) -> None:
         """Batched (metric_batches.py): written from the upload thread, not on the driver's loop.
         Kept on `r` too: its model's metric links are made from them (model_links.points_at)."""
-        if epoch <= self.logged_until.get(r.run_id, 0):
+        if epoch <= r.logged_until:
             return  # (the run has this epoch from a segment whose driver died: its values stay)
         r.metric_points += self.metrics.add(r.run_id, epoch, metrics)
         if self.metrics.due(r.run_id):
