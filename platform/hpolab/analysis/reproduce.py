@@ -24,12 +24,11 @@ def _load_run(client, run_id: str, stores) -> tuple:
     from mlflow.exceptions import MlflowException
 
     from hpolab.errors import UserError
-    from hpolab.stores.paths import redact
 
     try:
         run = client.get_run(run_id)
     except MlflowException as e:
-        raise UserError(f"no run {run_id} in {redact(stores.tracking_uri)} ({e.message}); is --store/--tracking-uri right?") from None
+        raise UserError(f"no run {run_id} in {stores.tracking_shown} ({e.message}); is --store/--tracking-uri right?") from None
     with tempfile.TemporaryDirectory() as tmp:
         try:
             path = client.download_artifacts(run_id, "config.yaml", tmp)

@@ -21,7 +21,7 @@ from hpolab.study.objectives import ranking
 from hpolab.study.objectives.ranking import primary_direction
 from hpolab.stores.trial_states import shown
 from hpolab.stores.model_links import study_models
-from hpolab.stores.paths import Stores, sqlite_file
+from hpolab.stores.paths import Stores
 
 MODEL_COLUMNS = ("model_id", "model_name", "model_uri")  # the trial's logged model (trial_model)
 
@@ -296,9 +296,7 @@ def tracking_client(stores: Stores):
     """An MlflowClient, or None when the local MLflow database does not exist (reading must not create it)."""
     from hpolab.stores.mlflow_runs import client_for
 
-    uri = stores.tracking_uri
-    db = sqlite_file(uri)
-    if db is not None and not db.exists():
+    if stores.tracking_db is not None and not stores.tracking_db.exists():
         return None
     return client_for(stores)
 

@@ -145,7 +145,7 @@ class Driver:
         # Start the forkserver (imports torch + the experiment, and warms the model export when the
         # spec logs models: seconds) while we open the stores; the CLI has started it already.
         self.runner.start_forkserver()
-        self.storage = make_storage(self.stores.optuna_url, self.spec.max_retries)
+        self.storage = make_storage(self.stores, self.spec.max_retries)
         self.storage.heartbeat_stale_trial_callback = self.retry  # (if anything calls fail_stale_trials)
         directions = [o.direction for o in self.spec.objective_list]
         source = warm_start.check_source(self.storage, self.spec)  # refused before the study exists
