@@ -171,8 +171,8 @@ def _gate_and_write(args, stores: Stores, client, study, info, metric: str, ch, 
         exp, splits, model, serving, bound = selection.load_challenger(client, stores, info, ch, tmp, exp)  # 2. on the test split
         ev = evaluation.evaluate_challenger(exp, ch.config, splits, model, serving, bound)
         # 3. the alias holder on the same split, and the gate (on the study metric's test counterpart)
-        gate_name = gate.gate_metric(metric, info.metric, ev.metrics)
-        directions = _test_directions(bound, ch.config)
+        gate_name = gate.gate_metric((metric, info.metric), ev.metrics) or "loss"  # (a task's evaluation always has its loss)
+        directions = gate.directions(ev.metrics, gate_name, _declared_directions(bound, ch.config), info.direction)
         held, why_not = (champion.evaluate_holder(holder, model_name, info.experiment, ch.config, ev.x_raw, ev.y, bound, ev.fingerprint)
                          if holder is not None else (None, None))
         _print_table(info, ch, ev.metrics, alias, holder, held, len(ev.x_raw))
@@ -253,13 +253,13 @@ def _print_registered(model_name: str, version, alias: str, previous, stores: St
           f"or  {stores.command(f'predict models:/{model_name}@{alias} INPUT.npy')}")
 
 
-def _test_directions(bound, config: dict) -> dict[str, str]:
-    """The task's test metrics -> maximize | minimize (val_rmse -> rmse ...), loss always minimized."""
+def _declared_directions(bound, config: dict) -> dict[str, str]:
+    """The task's metric directions by val_ name: what the gate reads, as an own loop's METRIC_DIRECTIONS
+    (classification's test evaluation always has macro_f1, its epochs only when imbalance is on)."""
     from hpolab.train.config import trainer_config
 
     val = bound.task.metric_directions(trainer_config(config["trainer"]))
-    return {"loss": "minimize", **{k.removeprefix("val_"): v for k, v in val.items() if not k.startswith("val_recall_")},
-            **({"macro_f1": "maximize"} if bound.task.name == "classification" else {})}
+    return {**val, **({"val_macro_f1": "maximize"} if bound.task.name == "classification" else {})}
 
 
 def _print_table(info, ch, test: dict, alias: str, holder, held: dict | None, n: int) -> None:
