@@ -46,7 +46,7 @@ from optuna.trial import TrialState
 
 from hpolab.errors import StudyError
 from hpolab.config.spec import StudySpec, load_experiment
-from hpolab.config.own_loop_checks import recorded_config
+from hpolab.config.training_loop import recorded_config
 from hpolab.config.experiment_code import code_of
 from hpolab.stores.optuna_storage import make_storage
 from hpolab.stores.paths import Stores, ensure_local
