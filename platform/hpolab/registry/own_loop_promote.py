@@ -81,14 +81,10 @@ def promote_own_loop(args, client, info, ch, exp, holder, existing, contest, tmp
     if not decision.promote:
         return decision.exit_code
     previous = holder.version if holder is not None else None
-    if existing is not None:
-        if not dry:
-            from hpolab.registry.writer import move_alias_to_existing
+    if existing is not None:  # (as for the routine: writer.py)
+        from hpolab.registry.writer import move_to_existing
 
-            move_alias_to_existing(client, model_name, alias, existing.version, previous)
-        print(f"{model_name} version {existing.version} already holds trial {ch.trial_number} (run {ch.run_id}): no new version; "
-              f"{'dry run: would move' if dry else 'moved'} @{alias} to it")
-        return EXIT_OK
+        return move_to_existing(client, model_name, alias, existing.version, previous, ch.trial_number, ch.run_id, dry)
     example = _input_example(uri, tmp)
     exports, skipped = export_or_skip(model, example, tmp)
     if dry:

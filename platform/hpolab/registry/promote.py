@@ -185,7 +185,7 @@ def _gate_and_write(args, stores: Stores, client, study, info, metric: str, ch, 
 
         previous = holder.version if holder is not None else None
         if existing is not None:  # idempotent: this trial already has a version (with its exports)
-            return _move_to_existing(client, model_name, alias, existing, previous, ch, dry)
+            return writer.move_to_existing(client, model_name, alias, existing.version, previous, ch.trial_number, ch.run_id, dry)
 
         # 4. exports + parity, still nothing written
         exports = evaluation.export_and_check(ev, tmp)
@@ -230,20 +230,6 @@ def _gate_every_objective(study, info, ch, test: dict, holder, held: dict | None
               + (f", {contest.alias} {'-' if other is None else f'{other:.4g}'}" if holder is not None else ""))
     bound_values = go.gate_values([m for m, _, _ in ch.bounds], test, ch.values)  # constrained metrics too
     return go.decide(ch.gate_values, theirs, directions, ch.bounds, force, contest, bound_values)
-
-
-def _move_to_existing(client, model_name: str, alias: str, existing, previous, ch, dry: bool) -> int:
-    """The challenger's trial already has a version: move the alias to it (no new version, no exports)."""
-    from hpolab.registry import writer
-
-    if dry:
-        print(f"dry run: would move @{alias} to the existing version {existing.version} of {model_name} "
-              f"(trial {ch.trial_number}, run {ch.run_id}) from {previous or 'nobody'}; nothing was written")
-        return EXIT_OK
-    writer.move_alias_to_existing(client, model_name, alias, existing.version, previous)
-    print(f"{model_name} version {existing.version} already holds trial {ch.trial_number} (run {ch.run_id}): "
-          f"no new version; @{alias} -> version {existing.version}" + (f" (was version {previous})" if previous else ""))
-    return EXIT_OK
 
 
 def _print_registered(model_name: str, version, alias: str, previous, stores: Stores) -> None:
