@@ -186,6 +186,35 @@ def test_a_resumed_segment_does_not_log_the_epochs_its_run_already_has(store, tm
         tracker.uploads.close()
 
 
+@pytest.mark.parametrize("kind, checkpointed, pauses", [
+    ("routine", 2, True),  # (fit writes last.pt every epoch: the trial process says so)
+    ("own loop", 2, True),
+    ("own loop", 1, False),  # its last trial.checkpoint is older than its pause: a resume would train epoch 2 again
+    ("own loop", None, False),
+])
+def test_a_trial_pauses_at_its_rung_only_with_a_checkpoint_of_that_epoch_whichever_its_loop(tmp_path, kind, checkpointed, pauses):
+    from hpolab.study.driver.events import TrialEvents
+    from hpolab.study.trials.runner import Running, TrialRunner
+
+    seen = []
+
+    class Recording(TrialEvents):
+        def finish(self, r, state, tags, *args, **kwargs):
+            seen.append((state, tags.get("hpolab.fail_kind")))
+
+    info = {"epochs_run": 2, "stop_reason": "stopped_by_caller", "last_checkpoint_epoch": checkpointed, "best_epoch": 2,
+            **({"own_loop": True} if kind == "own loop" else {})}
+    scheduler = SimpleNamespace(pausing=lambda r, i: True, never_finite=lambda r: False,
+                                pause=lambda r, i: seen.append(("paused", i["epochs_run"])))
+    spec = SimpleNamespace(trial_scheduler=SimpleNamespace(type="asha"), pruner=SimpleNamespace(type="none"),
+                           objective_list=[SimpleNamespace(metric="val_acc")], is_multi_objective=False)
+    r = Running(trial=SimpleNamespace(number=0), run_id="run", config={}, trial_dir=tmp_path)
+    events = Recording(None, None, {0: r}, None, TrialRunner("x", "x", 1, tmp_path), None, "val_acc", None, None,
+                       stopping=lambda: False, aborting=lambda: False, spec=spec, pauses=scheduler)
+    events.on_done(r, info)
+    assert seen == ([("paused", 2)] if pauses else [(TrialState.FAIL, "contract")])
+
+
 def test_a_failed_tell_never_leaves_mlflow_saying_complete():
     from hpolab.study.driver.end_reasons import disagreement
 

@@ -250,7 +250,7 @@ class TrialEvents:
                                           f"{info['epochs_run']} epochs): check {metrics_source(info)}",
                     "hpolab.fail_kind": "metric", "hpolab.epochs_run": str(info["epochs_run"])})
                 return
-            if info.get("own_loop") and info.get("last_checkpoint_epoch") != info["epochs_run"]:
+            if info.get("last_checkpoint_epoch") != info["epochs_run"]:  # (a loop that did not checkpoint this epoch)
                 self._cannot_pause(r, info)  # a resume would train and log its epochs again
                 return
             self.pauses.pause(r, info)
@@ -264,7 +264,7 @@ class TrialEvents:
         }
         if info["best_checkpoint"]:
             self.tracker.log_file(r.run_id, info["best_checkpoint"], "checkpoints")
-        elif info.get("own_loop") and info["best_epoch"]:  # (study check then expects no best.pt)
+        elif info["best_epoch"]:  # (study check then expects no best.pt; the routine checkpoints every best epoch)
             tags["hpolab.best_checkpoint_missing"] = f"train() did not call trial.checkpoint at its best epoch ({info['best_epoch']})"
         if info.get("pruned_by_train") and r.pruned_at is None:  # an own loop raised optuna.TrialPruned itself
             r.pruned_at = int(info["epochs_run"])
@@ -315,8 +315,9 @@ class TrialEvents:
                 pass
 
     def _cannot_pause(self, r: Running, info: dict[str, Any]) -> None:
-        """An own loop at its pause without a checkpoint of that epoch: FAIL (the study stops: every
-        trial of this loop would do the same); its epochs stay, once each, and count as trained."""
+        """A loop at its pause without a checkpoint of that epoch (only an own loop can: the routine writes
+        last.pt every epoch): FAIL (the study stops: every trial of this loop would do the same); its
+        epochs stay, once each, and count as trained."""
         epoch = int(info["epochs_run"])
         self.finish(r, TrialState.FAIL, {
             "hpolab.fail_reason": f"train() reached its pause at epoch {epoch} without a checkpoint of that epoch: the trial "
