@@ -40,7 +40,8 @@ from hpolab.study.trials.trial_output import log_files
 from hpolab.study.trials.uploads import Uploader, stage_checkpoints, upload_due
 
 MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
-# An own training loop's model (study/trials/own_loop.py) is the copy trial.log_model kept in its process
+# A model that cannot be rebuilt from its checkpoint (an own training loop's, study/trials/own_loop.py: the
+# trial says so by not sending "model_from_checkpoint") is the copy trial.log_model kept in its process
 NO_OWN_MODEL = "train() logged no model (call trial.log_model(model, input_example))"
 OWN_MODEL_LOST = "no model is logged (an own training loop's model is only in its process)"
 PAUSE_UPLOAD_WAIT = 300.0  # seconds a pause waits for its checkpoint's upload (behind the jobs queued before it)
@@ -240,7 +241,7 @@ class TrialTracker:
         self.metrics.forget(r.run_id)
         if model_info is not None:
             skip = self.retention.skip_model(state, r.number) if self.retention else (None if state == TrialState.COMPLETE else "not COMPLETE")
-            if not skip and model_info.get("own_loop") and not model_info.get("model_logged"):
+            if not skip and not model_info.get("model_from_checkpoint") and not model_info.get("model_logged"):
                 skip = tags["hpolab.model_skipped"] = NO_OWN_MODEL  # (nothing to rebuild it from)
             if skip:
                 if state == TrialState.COMPLETE:  # a COMPLETE trial without a model says why
@@ -256,7 +257,7 @@ class TrialTracker:
         if child is None:
             self.uploads.submit(label, self._log_model_then_close, r, model_info, tags, state, None)
         else:
-            then = OWN_MODEL_LOST if model_info.get("own_loop") else "exporting it from its checkpoint here"
+            then = "exporting it from its checkpoint here" if model_info.get("model_from_checkpoint") else OWN_MODEL_LOST
 
             def on_problem(why: str) -> None:
                 self.note(f"trial {r.number}: {why}")
@@ -304,7 +305,7 @@ class TrialTracker:
         try:
             if saved is not None:
                 tags = log_saved_model(saved, r.run_id, name, model_tags)
-            elif info.get("own_loop"):  # its model existed only in its process: no checkpoint rebuilds it
+            elif not info.get("model_from_checkpoint"):  # its model existed only in its process: no checkpoint rebuilds it
                 return {"hpolab.model_error": info.get("export_problem") or f"its process did not save the model; {OWN_MODEL_LOST}"}
             else:
                 tags = log_trial_model(self.experiment, r.config, info, r.run_id, self.env_tags, name, model_tags)
