@@ -82,6 +82,10 @@ def demo_study(store: Path, quick: bool, port: int) -> None:
         raise SystemExit(f"hpolab promote exited {promoted.returncode}:\n{promoted.stdout[-2000:]}\n{promoted.stderr[-2000:]}")
 
 
+# the study's own trial runs: a promotion race's seed runs are trials too, of its own study (`<study>.race-<key>`)
+TRIAL_RUNS = f"tags.hpolab.role = 'trial' and tags.`optuna.study` = '{STUDY}'"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -136,13 +140,13 @@ def _toggle_columns(page, names: list[str]) -> None:
 
 
 def shoot_runs(page, url: str, exp_id: str, trials: list[str], params: list[str], path: Path) -> None:
-    """The trial runs (searched by their `hpolab.role` tag), best val_acc first, with the sampled params."""
+    """The study's trial runs (searched by their `hpolab.role` and `optuna.study` tags), best val_acc first, with the sampled params."""
     from urllib.parse import quote
 
     from playwright.sync_api import expect
 
     # workflowType=machine_learning: MLflow 3's "Model training" view (it opens experiments in its GenAI view)
-    search = quote("tags.hpolab.role = 'trial'")
+    search = quote(TRIAL_RUNS)
     page.goto(f"{url}/#/experiments/{exp_id}/runs?workflowType=machine_learning"
               f"&orderByKey={quote('metrics.`val_acc`')}&orderByAsc=false&searchFilter={search}")
     expect(page.get_by_role("link", name=trials[0], exact=True)).to_be_visible()
@@ -227,7 +231,7 @@ def screenshots(store: Path, out: Path, port: int) -> list[Path]:
     exp_id = client.get_experiment_by_name(STUDY).experiment_id
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{store / 'optuna.db'}")
     # the table sorts the trial runs by their latest val_acc (the last epoch's): the runs that share the top value
-    runs = client.search_runs([exp_id], "tags.hpolab.role = 'trial'", max_results=1000)
+    runs = client.search_runs([exp_id], TRIAL_RUNS, max_results=1000)
     top = max(r.data.metrics.get("val_acc", float("-inf")) for r in runs)
     ranked = [r.info.run_name for r in runs if r.data.metrics.get("val_acc") == top]
     params = [f"{p}" for p in study.best_trial.params]

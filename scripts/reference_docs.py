@@ -279,7 +279,9 @@ def spec_page() -> str:
     if sorted(top) != sorted(placed):
         raise SystemExit(f"scripts/reference_docs.py SECTIONS: add {sorted(set(top) - set(placed))}, "
                          f"drop {sorted(set(placed) - set(top))}")
-    lines = [HEADER.format(src="hpolab.config.spec.StudySpec"), "# Study spec reference\n",
+    # (front matter first: a search for a key, `early_stopping_patience`, finds this page before the
+    # guides that use its words, `stopping early`; Material's search.boost)
+    lines = ["---\nsearch:\n  boost: 4\n---\n", HEADER.format(src="hpolab.config.spec.StudySpec"), "# Study spec reference\n",
              "Every key of a study spec (YAML), with its type, default and meaning. Nested keys are written with "
              "dots, as in `key=value` overrides (`trainer.lr=0.01`); `[]` marks an item of a list, `<key>` a key "
              "you choose. A key that takes one of several kinds of mapping lists each kind's keys under its "

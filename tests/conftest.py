@@ -29,6 +29,43 @@ def _no_store_env(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _stacks_of_a_stuck_test(request):
+    """A minute before pytest-timeout fails a test, print the Python stacks of every process the test
+    started that is still alive (py-spy), into the failure report: a stuck test is most often waiting on
+    a command that never exits, and the test's own stack does not say where that command is stuck."""
+    limit = float(request.config.getini("timeout") or 0)
+    marker = request.node.get_closest_marker("timeout")
+    if marker and marker.args:
+        limit = float(marker.args[0])
+    if limit <= 120:
+        yield
+        return
+    import threading
+
+    timer = threading.Timer(limit - 60, _print_descendant_stacks)
+    timer.daemon = True
+    timer.start()
+    yield
+    timer.cancel()
+
+
+def _print_descendant_stacks() -> None:
+    parents = {pid: ppid for pid, (ppid, _, _) in live_processes().items()}
+    mine, added = {os.getpid()}, True
+    while added:
+        found = {pid for pid, ppid in parents.items() if ppid in mine} - mine
+        mine |= found
+        added = bool(found)
+    spy = Path(sys.executable).with_name("py-spy")
+    for pid in sorted(mine - {os.getpid()}):
+        cmdline = live_processes().get(pid, (0, 0, "(gone)"))[2]
+        print(f"--- stuck test: process {pid} (parent {parents.get(pid)}): {cmdline[:300]}", file=sys.stderr, flush=True)
+        if spy.exists():
+            out = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+            print(out.stdout + out.stderr, file=sys.stderr, flush=True)
+
+
+@pytest.fixture(autouse=True)
 def _repo_experiments_package():
     # A test that loads a temp project's `experiments` package leaves it in sys.modules; a later test in
     # the same process (pytest-xdist puts modules together in any order) that imports this repository's

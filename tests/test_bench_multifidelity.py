@@ -125,13 +125,13 @@ def test_the_lr_decay_task_redraws_only_training_labels():
 
     exp = load_experiment("digits_noisy_mlp", ROOT)
     data = {"val_fraction": 0.4, "test_fraction": 0.1}
-    clean, noisy = exp.load_data({**data, "label_noise": 0.0}, seed=3), exp.load_data({**data, "label_noise": 0.6}, seed=3)
+    clean, noisy = exp.load_data({**data, "label_noise": 0.0}, data_seed=3), exp.load_data({**data, "label_noise": 0.6}, data_seed=3)
     for part in ("val", "test"):  # the same images and true labels
         assert all((a == b).all() for a, b in zip(getattr(clean, part).tensors, getattr(noisy, part).tensors))
     changed = (clean.train.tensors[1] != noisy.train.tensors[1]).float().mean().item()
     assert 0.45 < changed < 0.63  # 60% redrawn, a tenth of those to their own class again
     with pytest.raises(ValueError, match="label_noise"):
-        exp.load_data({**data, "label_noise": 1.0}, seed=3)
+        exp.load_data({**data, "label_noise": 1.0}, data_seed=3)
 
 
 @pytest.mark.slow

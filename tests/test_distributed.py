@@ -91,7 +91,7 @@ def test_four_workers_share_one_study_on_postgres_and_an_mlflow_server(postgres,
 def test_four_workers_through_the_grpc_storage_proxy(postgres, mlflow_server, tmp_path):
     """`hpolab storage-proxy` in front of PostgreSQL; four workers on grpc:// share one study, and
     the budget stays exact without a database lock (trials over budget are given back unrun)."""
-    from hpolab.study.state.budget import RELEASED
+    from hpolab.stores.trial_states import RELEASED
 
     database = f"postgresql+psycopg2://{postgres}/optuna"
     with storage_proxy(database, tmp_path) as grpc:  # stopped with SIGTERM (docker stop): a clean exit, asserted

@@ -79,7 +79,7 @@ def test_fixture_files_are_what_torchvision_reads(fmnist):
 
 def test_load_data_splits(fmnist):
     root, arrays = fmnist
-    splits = fm.load_data(_data(root), seed=0)
+    splits = fm.load_data(_data(root), data_seed=0)
     assert isinstance(splits, DataSplits)
     assert splits.num_classes == 10 and splits.input_shape == (1, 28, 28)
     assert splits.class_names == tuple(FashionMNIST.classes)
@@ -103,31 +103,31 @@ def test_load_data_splits(fmnist):
 
 def test_split_is_fixed_by_seed(fmnist):
     root, _ = fmnist
-    a, b, c = (fm.load_data(_data(root), seed=s) for s in (0, 0, 1))
+    a, b, c = (fm.load_data(_data(root), data_seed=s) for s in (0, 0, 1))
     assert a.val.indices == b.val.indices and a.train.indices == b.train.indices
     assert a.val.indices != c.val.indices
 
 
 def test_limit_train_subsamples_train_only(fmnist):
     root, _ = fmnist
-    full = fm.load_data(_data(root), seed=3)
-    small = fm.load_data(_data(root, limit_train=20), seed=3)
+    full = fm.load_data(_data(root), data_seed=3)
+    small = fm.load_data(_data(root, limit_train=20), data_seed=3)
     assert len(small.train) == 20 and small.info["n_train"] == 20
     assert small.val.indices == full.val.indices
     assert set(small.train.indices) <= set(full.train.indices)
     with pytest.raises(ValueError, match="limit_train"):
-        fm.load_data(_data(root, limit_train=0), seed=3)
+        fm.load_data(_data(root, limit_train=0), data_seed=3)
 
 
 def test_train_view_is_augmented_and_switchable(fmnist):
     root, arrays = fmnist
-    plain = fm.load_data(_data(root, augment=False), seed=0)
+    plain = fm.load_data(_data(root, augment=False), data_seed=0)
     j = plain.train.indices[0]
     expected = fm.preprocess(torch.from_numpy(arrays["train_x"][j : j + 1]))[0]
     assert torch.equal(plain.train[0][0], expected)
 
     torch.manual_seed(0)
-    aug = fm.load_data(_data(root, augment=True, crop_padding=2, hflip=True), seed=0)
+    aug = fm.load_data(_data(root, augment=True, crop_padding=2, hflip=True), data_seed=0)
     assert aug.train.indices == plain.train.indices
     draws = [aug.train[0][0] for _ in range(20)]
     assert all(d.shape == (1, 28, 28) and d.dtype == torch.float32 for d in draws)
@@ -142,26 +142,26 @@ def test_train_view_is_augmented_and_switchable(fmnist):
 
 def test_missing_files_without_download_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError) as err:
-        fm.load_data(_data(tmp_path / "nowhere"), seed=0)
+        fm.load_data(_data(tmp_path / "nowhere"), data_seed=0)
     msg = str(err.value)
     assert "nowhere" in msg and "download=true" in msg and "train-images-idx3-ubyte" in msg
 
     _write_fashion_mnist(tmp_path / "partial")
     (tmp_path / "partial" / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
     with pytest.raises(FileNotFoundError, match="t10k-labels-idx1-ubyte"):
-        fm.load_data(_data(tmp_path / "partial"), seed=0)
+        fm.load_data(_data(tmp_path / "partial"), data_seed=0)
 
 
 def test_gzipped_files_are_used_offline(tmp_path):
     arrays = _write_fashion_mnist(tmp_path, gz=True)
-    splits = fm.load_data(_data(tmp_path), seed=0)
+    splits = fm.load_data(_data(tmp_path), data_seed=0)
     assert len(splits.test) == N_TEST
     assert [splits.test[i][1] for i in range(N_TEST)] == arrays["test_y"].tolist()
 
 
 def test_preprocess_matches_the_eval_dataset_transform(fmnist):
     root, arrays = fmnist
-    splits = fm.load_data(_data(root), seed=0)
+    splits = fm.load_data(_data(root), data_seed=0)
     raw = torch.from_numpy(arrays["test_x"])  # (N, 28, 28) uint8
     batch = fm.preprocess(raw)
     assert batch.shape == (N_TEST, 1, 28, 28) and batch.dtype == torch.float32
@@ -209,7 +209,7 @@ def test_short_fit_end_to_end(fmnist):
 
     root, _ = fmnist
     torch.manual_seed(0)
-    data = fm.load_data(_data(root), seed=0)
+    data = fm.load_data(_data(root), data_seed=0)
     model = fm.build_model({**fm.MODEL_DEFAULTS, "arch": "small_cnn", "channels": 8}, data.input_shape, data.num_classes)
     cfg = TrainConfig(max_epochs=1, batch_size=16, device="cpu")
     result = fit(cfg, model, data, metric="val_acc", direction="maximize", seed=0)

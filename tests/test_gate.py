@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from hpolab.errors import EXIT_OK, EXIT_REFUSED
@@ -99,8 +100,88 @@ def test_already_champion_is_nothing_to_do():
 
 
 def test_the_gate_metric_follows_the_selection_metric():
-    assert gate_metric("val_acc", "val_acc") == "acc"
-    assert gate_metric("val_loss", "val_acc") == "loss"
-    assert gate_metric("val_macro_f1", "val_loss") == "macro_f1"
-    assert gate_metric("val_top5", "val_loss") == "loss"  # no test counterpart: the study's metric
-    assert gate_metric("val_top5", "val_top5") == "acc"
+    assert gate_metric(("val_acc", "val_acc"), CHAMP) == "acc"
+    assert gate_metric(("val_loss", "val_acc"), CHAMP) == "loss"
+    assert gate_metric(("val_macro_f1", "val_loss"), CHAMP) == "macro_f1"
+    assert gate_metric(("val_top5", "val_loss"), CHAMP) == "loss"  # no test counterpart: the study's metric
+    assert gate_metric(("val_top5", "val_top5"), CHAMP) is None
+
+
+# ---------------------------------------------------------------- one gate for the routine and an own loop
+
+# The same study (val_rmse, minimized) as each kind of experiment gives it to the gate: the routine's task
+# evaluation (split-agnostic names, the task's metric directions) and an own loop's evaluate(model, "test")
+# (its own names, its METRIC_DIRECTIONS).
+KINDS = {
+    "routine": ({"loss": 0.30, "rmse": 50.0, "mae": 40.0, "r2": 0.40, "n": 89},
+                {"val_loss": "minimize", "val_rmse": "minimize", "val_mae": "minimize", "val_r2": "maximize"}),
+    "own loop": ({"test_r2": 0.40, "test_rmse": 50.0, "test_loss": 0.30, "epochs": 7},
+                 {"val_rmse": "minimize", "val_r2": "maximize"}),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_gate_reads_either_kind_of_experiment_the_same_way(kind):
+    from hpolab.registry.gate import directions
+
+    test, declared = KINDS[kind]
+    gate = gate_metric(("val_rmse",), test)
+    assert gate == {"routine": "rmse", "own loop": "test_rmse"}[kind]
+    d = directions(test, gate, declared, "minimize")
+    loss = {"routine": "loss", "own loop": "test_loss"}[kind]
+    r2 = {"routine": "r2", "own loop": "test_r2"}[kind]
+    assert list(d)[:2] == [gate, loss] and d[gate] == "minimize" and d[r2] == "maximize"
+    assert not {"n", "epochs"} & set(d)  # a count has no direction: shown, never decides
+
+    def vs(**changes):
+        return decide({**test, **changes}, test, gate, False, CONTEST, d)
+
+    assert vs(**{gate: 49.0}).promote and vs(**{gate: 51.0, r2: 0.9}).outcome == REFUSE
+    assert vs(**{loss: 0.20}).promote and "tied:" in vs(**{loss: 0.20}).reason  # a tie goes to the lower loss
+    assert vs(**{loss: 0.40}).outcome == REFUSE
+    with_study_direction = directions(test, gate, {}, "minimize")  # (nothing declared: the study's direction)
+    assert with_study_direction[gate] == "minimize" and list(with_study_direction)[1] == loss
+
+
+# ---------------------------------------------------------------- what an evaluate() may return
+
+
+def test_the_gate_metric_is_the_test_counterpart_evaluate_returns():
+    from hpolab.registry.gate import candidates, gate_metric
+
+    assert candidates("val_acc") == ["test_acc", "acc", "val_acc"]
+    assert gate_metric("val_acc", {"loss": 0.3, "acc": 0.9}) == "acc"  # split-agnostic names
+    assert gate_metric("val_acc", {"acc": 0.9, "test_acc": 0.8}) == "test_acc"  # an explicit test_ name first
+    assert gate_metric("accuracy", {"accuracy": 0.9}) == "accuracy"
+    assert gate_metric("val_acc", {"val_loss": 0.3}) is None
+
+
+def test_an_evaluate_result_without_the_gate_metric_is_one_clear_line():
+    from hpolab.errors import UserError
+    from hpolab.registry.gate import checked_metrics
+
+    with pytest.raises(UserError, match=r"returned loss; the gate needs 'test_acc' or 'acc' or 'val_acc'"):
+        checked_metrics({"loss": 0.3}, "x", "val_acc")
+    with pytest.raises(UserError, match="must return a dict"):
+        checked_metrics(0.9, "x", "val_acc")
+    with pytest.raises(UserError, match="'acc': 'high', not a number"):
+        checked_metrics({"acc": "high"}, "x", "val_acc")
+    assert checked_metrics({"acc": np.float32(0.5)}, "x", "val_acc") == {"acc": 0.5}
+
+
+def test_the_gate_decides_on_the_returned_metric_in_the_study_direction_and_breaks_ties_on_the_loss():
+    from hpolab.registry import gate
+    from hpolab.registry.gate import directions
+
+    d = directions({"acc": 0.9, "loss": 0.3, "f1": 0.8}, "acc", {"val_acc": "maximize", "val_loss": "minimize"}, "maximize")
+    assert list(d) == ["acc", "loss"]  # f1: no declared direction, never decides
+    contest = gate.Contest("m", "champion", 3, "s", champion_version="1")
+    better = gate.decide({"acc": 0.91, "loss": 0.5}, {"acc": 0.90, "loss": 0.1}, "acc", False, contest, d, prefix="test ")
+    assert better.promote and "test acc 0.9100 vs 0.9000 (maximize)" in better.reason
+    tie = gate.decide({"acc": 0.9, "loss": 0.5}, {"acc": 0.9, "loss": 0.1}, "acc", False, contest, d, prefix="test ")
+    assert not tie.promote and tie.exit_code == 3 and "tied: test loss" in tie.reason
+    # a minimized study metric: lower wins
+    lo = directions({"test_loss": 0.2}, "test_loss", None, "minimize")
+    assert gate.decide({"test_loss": 0.2}, {"test_loss": 0.3}, "test_loss", False, contest, lo, prefix="").promote
+
+

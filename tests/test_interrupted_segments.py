@@ -48,8 +48,8 @@ def test_a_driver_still_running_a_put_back_trial_learns_it_lost_it():
         ({1: 0.5}, {}, {OWNER_ATTR: other}),
     )
     assert put_back_reason(mine) is None
-    assert put_back_reason(put_back).startswith(PUT_BACK)
-    assert put_back_reason(claimed).startswith(PUT_BACK) and str(other["pid"]) in put_back_reason(claimed)
+    assert put_back_reason(put_back).put_back and put_back_reason(put_back).why.startswith(PUT_BACK)
+    assert put_back_reason(claimed).put_back and str(other["pid"]) in put_back_reason(claimed).why
 
 
 def test_a_trial_put_back_max_interrupts_times_is_reaped_as_any_trial():

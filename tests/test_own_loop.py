@@ -154,3 +154,19 @@ def test_an_experiment_without_train_or_build_model_is_told_what_to_define(tmp_p
     assert out.returncode == 2
     assert ("experiment: half defines neither train(config, trial) (your own training loop) nor build_model and "
             "load_data (the platform's routine); define one of them (see experiments/README.md)") in out.stderr + out.stdout
+
+
+@pytest.mark.parametrize("spec, wrong", [
+    ("studies/digits_cnn.yaml", "metric: 'val_f1' is not a metric of task classification"),  # the built-in loop's task
+    (EXAMPLE, "metric: 'val_f1' is not in the METRIC_DIRECTIONS of experiment digits_own_loop"),  # an own loop's declaration
+])
+def test_a_one_metric_spec_with_constraints_has_its_metric_checked_whichever_the_loop(spec, wrong):
+    """The spec checks are one path over the loop's declaration: a constraint does not switch off the check
+    of the study metric (it did for an own loop)."""
+    from hpolab.config.spec import SpecError, load_spec
+
+    constraint = "constraints=[{metric: params, max: 1000000000}]"
+    load_spec(ROOT / spec, [constraint])  # (fine as it is)
+    with pytest.raises(SpecError) as e:
+        load_spec(ROOT / spec, [constraint, "metric=val_f1"])
+    assert wrong in str(e.value), str(e.value)

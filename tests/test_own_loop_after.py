@@ -27,45 +27,6 @@ BAD = ["name=digits-own-loop-bad", "n_trials=1", "parallel=1", "trainer.max_epoc
 # ------------------------------------------------------------------ the gate's rules (no training)
 
 
-def test_the_gate_metric_is_the_test_counterpart_evaluate_returns():
-    from hpolab.registry.own_loop_gate import candidates, gate_metric
-
-    assert candidates("val_acc") == ["test_acc", "acc", "val_acc"]
-    assert gate_metric("val_acc", {"loss": 0.3, "acc": 0.9}) == "acc"  # split-agnostic names
-    assert gate_metric("val_acc", {"acc": 0.9, "test_acc": 0.8}) == "test_acc"  # an explicit test_ name first
-    assert gate_metric("accuracy", {"accuracy": 0.9}) == "accuracy"
-    assert gate_metric("val_acc", {"val_loss": 0.3}) is None
-
-
-def test_an_evaluate_result_without_the_gate_metric_is_one_clear_line():
-    from hpolab.errors import UserError
-    from hpolab.registry.own_loop_gate import checked_metrics
-
-    with pytest.raises(UserError, match=r"returned loss; the gate needs 'test_acc' or 'acc' or 'val_acc'"):
-        checked_metrics({"loss": 0.3}, "x", "val_acc")
-    with pytest.raises(UserError, match="must return a dict"):
-        checked_metrics(0.9, "x", "val_acc")
-    with pytest.raises(UserError, match="'acc': 'high', not a number"):
-        checked_metrics({"acc": "high"}, "x", "val_acc")
-    assert checked_metrics({"acc": np.float32(0.5)}, "x", "val_acc") == {"acc": 0.5}
-
-
-def test_the_gate_decides_on_the_returned_metric_in_the_study_direction_and_breaks_ties_on_the_loss():
-    from hpolab.registry import gate
-    from hpolab.registry.own_loop_gate import directions
-
-    d = directions({"acc": 0.9, "loss": 0.3, "f1": 0.8}, "acc", "maximize", {"val_acc": "maximize", "val_loss": "minimize"})
-    assert list(d) == ["acc", "loss"]  # f1: no declared direction, never decides
-    contest = gate.Contest("m", "champion", 3, "s", champion_version="1")
-    better = gate.decide({"acc": 0.91, "loss": 0.5}, {"acc": 0.90, "loss": 0.1}, "acc", False, contest, d, prefix="test ")
-    assert better.promote and "test acc 0.9100 vs 0.9000 (maximize)" in better.reason
-    tie = gate.decide({"acc": 0.9, "loss": 0.5}, {"acc": 0.9, "loss": 0.1}, "acc", False, contest, d, prefix="test ")
-    assert not tie.promote and tie.exit_code == 3 and "tied: test loss" in tie.reason
-    # a minimized study metric: lower wins
-    lo = directions({"test_loss": 0.2}, "test_loss", "minimize", None)
-    assert gate.decide({"test_loss": 0.2}, {"test_loss": 0.3}, "test_loss", False, contest, lo, prefix="").promote
-
-
 def test_a_model_that_does_not_export_is_skipped_with_its_reason(tmp_path):
     import torch
 

@@ -8,12 +8,13 @@ resume's changes when `model.changes=apply`; lightning_user.py logs the same fro
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
 
-from conftest import open_study, run_cli, trial_run
+from conftest import hpolab_env, open_study, run_cli, trial_run
 
 PROJECT = Path(__file__).parent / "own_loop_project"
 
@@ -45,6 +46,14 @@ def test_pbt_gives_the_explored_learning_rate_to_the_restored_optimizer(store, s
     trained = _history(client, t, "opt_lr")
     assert trained[2] == pytest.approx(new_lr), (trained, new_lr)  # what the schedule records is what it trained with
     assert _history(client, t, "pbt.trainer.lr") == {2: pytest.approx(new_lr)}
+    if "tiny" in spec:  # its replay: the schedule stretch by stretch, the new lr given to the optimizer restored in between
+        replay = run_cli("--store", str(store), "reproduce", t.user_attrs["mlflow_run_id"], cwd=PROJECT,
+                         env={**hpolab_env(), "COLUMNS": "300"})
+        assert "replaying its schedule" in replay.stdout and "reproduced: identical" in replay.stdout, replay.stdout
+        header = next(line for line in replay.stdout.splitlines() if "opt_lr original" in line).replace("┃", "│")
+        column = [c.strip() for c in header.split("│")].index("opt_lr original") + 1  # (its "reproduced" column)
+        epoch2 = next(line for line in replay.stdout.splitlines() if re.match(r"\W*2\s*│", line))
+        assert float(epoch2.split("│")[column]) == pytest.approx(new_lr, rel=1e-5), replay.stdout
 
 
 def test_a_loop_that_never_reads_the_changes_of_a_pbt_resume_is_refused_with_one_line(store):

@@ -19,6 +19,7 @@ from hpolab.study.objectives.pbt_explore import explore, perturb
 from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR
 from hpolab.stores.trial_states import PAUSED as PAUSED_ATTR
 from hpolab.stores.paths import Stores
+from hpolab.train.checkpoint import load_checkpoint, save_checkpoint
 
 LR = FloatDistribution(1e-4, 1e-1, log=True)
 
@@ -50,12 +51,19 @@ def scheduler(tmp_path, **kw) -> Pbt:
     return Pbt(spec(**kw), stores)
 
 
-def with_last_pt(pbt: Pbt, trials, content=b"ckpt") -> None:
+def with_last_pt(pbt: Pbt, trials, content="ckpt") -> None:
+    """Each member's last.pt as the training routine writes it: its weights (here a marker) and its own
+    record (history, best value and epoch, early stopping); best.pt a file of its own."""
     for t in trials:
         d = pbt.trial_dir(t.number)
         d.mkdir(parents=True, exist_ok=True)
-        (d / "last.pt").write_bytes(content + str(t.number).encode())
+        save_checkpoint({"model": f"{content}{t.number}", "history": [{"epoch": 1, "member": t.number}],
+                         "best_value": float(t.number), "best_epoch": 1, "early_stopping": {"member": t.number}}, d / "last.pt")
         (d / "best.pt").write_bytes(b"best" + str(t.number).encode())
+
+
+def weights(path) -> str:
+    return load_checkpoint(path, map_location="cpu")["model"]
 
 
 def test_pauses_at_each_interval_boundary_below_max_epochs(tmp_path):
@@ -88,17 +96,20 @@ def test_a_boundary_waits_for_the_whole_population_then_the_worst_copies_the_bes
     assert first.number == 0 and first.config_changes == {} and first.params == {"pbt.trainer.lr": 0.01}
     assert first.checkpoint == pbt.trial_dir(0) / "last.pt" and first.tags == {}
     # every member's checkpoint of epoch 2 is kept before any of them resumes past it
-    assert all((pbt.trial_dir(i) / "pbt_epoch_2.pt").read_bytes() == b"ckpt" + str(i).encode() for i in range(4))
+    assert all(weights(pbt.trial_dir(i) / "pbt_epoch_2.pt") == f"ckpt{i}" for i in range(4))
     # member 3 (0.3) is the bottom quarter: it copies member 1 (0.9, the top quarter) at epoch 2
     worst = pbt.next_resume([t for t in trials if t.number in (1, 2, 3)] + [member(0, {1: 0.4, 2: 0.5, 3: 0.6})])
     assert worst.number == 1  # paused longest: the lowest number first
     decision = pbt.decide(members_of(trials), 3, 2)
     assert decision.donor == 1 and decision.values["trainer.lr"] in (pytest.approx(0.016), pytest.approx(0.025))
     resume = pbt.resume_for(members_of(trials)[3], trials[3], decision)
-    assert resume.checkpoint == pbt.trial_dir(1) / "pbt_epoch_2.pt"
-    assert (pbt.trial_dir(3) / "last.pt").read_bytes() == b"ckpt1"  # a retry of its next segment resumes the exploit
-    # its best.pt is the donor's of epoch 2 (the checkpoint's best value and epoch are the donor lineage's)
-    assert (pbt.trial_dir(3) / "best.pt").read_bytes() == b"best1" == (pbt.trial_dir(1) / "pbt_epoch_2_best.pt").read_bytes()
+    # it resumes from its own last.pt, which took the donor's weights and training state at epoch 2 (a
+    # retry of its next segment resumes the exploit) and kept its own record: a member is one run
+    assert resume.checkpoint == pbt.trial_dir(3) / "last.pt" and resume.source == pbt.trial_dir(1) / "pbt_epoch_2.pt"
+    own = load_checkpoint(pbt.trial_dir(3) / "last.pt", map_location="cpu")
+    assert own["model"] == "ckpt1" and own["history"] == [{"epoch": 1, "member": 3}] and own["best_value"] == 3.0
+    assert own["early_stopping"] == {"member": 3}
+    assert (pbt.trial_dir(3) / "best.pt").read_bytes() == b"best3"  # its own best model: what its run logged
     assert resume.config_changes == {"trainer.lr": decision.values["trainer.lr"]}
     assert resume.tags == {PARENTS_TAG: "1@2", EXPLOITED_TAG: "1@2"}
     assert resume.params == {"pbt.trainer.lr": decision.values["trainer.lr"]}

@@ -404,3 +404,25 @@ def test_study_delete_warns_of_the_promoted_version_whose_source_run_it_deletes(
     assert len(warnings) == 1 and "digits-cnn version 1 has its source run in deleted MLflow experiment" in warnings[0], out.stderr
     assert "registered models and their versions are kept" in out.stdout
     assert str(_client(store).get_model_version("digits-cnn", "1").version) == "1"  # kept
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_a_trial_that_already_has_a_version_gets_the_alias_back_without_a_new_one(store, capsys, dry):
+    """The one move to an existing version that promote takes for every experiment (routine or own loop)."""
+    from hpolab.errors import EXIT_OK
+    from hpolab.registry.writer import TAG_PREVIOUS, move_to_existing
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}", registry_uri=f"sqlite:///{store / 'mlflow.db'}")
+    client.create_registered_model("m")
+    for _ in range(2):
+        client.create_model_version("m", source=(store / "artifacts").as_uri())
+    client.set_registered_model_alias("m", "champion", "2")
+    assert move_to_existing(client, "m", "champion", "1", "2", 3, "r" * 32, dry) == EXIT_OK
+    out = capsys.readouterr().out
+    holder = str(client.get_model_version_by_alias("m", "champion").version)
+    if dry:
+        assert holder == "2" and out.startswith("dry run: would move @champion to the existing version 1 of m"), out
+    else:
+        assert holder == "1" and client.get_model_version("m", "1").tags[TAG_PREVIOUS] == "2"
+        assert out.strip() == f"m version 1 already holds trial 3 (run {'r' * 32}): no new version; @champion -> version 1 (was version 2)"
+    assert len(client.search_model_versions("name = 'm'")) == 2

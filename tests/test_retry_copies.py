@@ -85,8 +85,9 @@ def test_a_repair_that_reaps_the_copy_is_named_as_its_reaper(store):
     study._storage.set_trial_user_attr(t._trial_id, "mlflow_run_id", "1" * 32)  # (running: its run was made)
     out = run_cli("--store", str(store), "study", "check", "rc", "--repair", check=False)
     assert f"repaired: trial {t.number}: marked FAIL" in out.stdout, out.stdout + out.stderr
-    reason = lost_reason(study._storage, SimpleNamespace(trial=SimpleNamespace(_trial_id=t._trial_id)))
-    assert "hpolab study check --repair" in reason and f"pid {os.getpid()}:" not in reason, reason
+    lost = lost_reason(study._storage, SimpleNamespace(trial=SimpleNamespace(_trial_id=t._trial_id)))
+    assert not lost.put_back, lost  # (reaped: its run is closed FAIL here)
+    assert "hpolab study check --repair" in lost.why and f"pid {os.getpid()}:" not in lost.why, lost
 
 
 # ---------------------------------------------------------------- interrupts are retried, up to max_interrupts

@@ -275,3 +275,33 @@ def test_a_store_that_is_a_file_is_one_line_and_exit_2(tmp_path):
         assert out.stderr.strip() == f"hpolab: --store {file}: is a file, not a folder; pass a folder (it holds optuna.db, mlflow.db " \
                                      "and artifacts/; it is created if it does not exist)", out.stderr
     assert file.read_text() == "not a store"
+
+
+@pytest.mark.parametrize("storage, tracking, kinds", [
+    (None, None, ("embedded", "embedded")),
+    ("sqlite:///{other}/optuna.db?timeout=30", "sqlite:///{other}/mlflow.db", ("sqlite", "sqlite")),
+    (CLOSED_PG, f"https://hpolab:{PASSWORD}@mlflow.example.com", ("database", "server")),
+    ("grpc://127.0.0.1:1", "file:///{other}/mlruns", ("grpc", "other")),
+])
+def test_the_stores_are_resolved_once_into_one_value(tmp_path, storage, tracking, kinds):
+    """What every layer reads of the store URLs (their SQLite files, redacted forms and kinds) is in the
+    resolved value, and the hint command built from it names only what is not the store's own."""
+    from hpolab.stores.paths import resolve_stores
+
+    other = tmp_path / "shared"
+    fill = (lambda u: u.format(other=other) if u else None)
+    stores = resolve_stores(str(tmp_path / "s"), fill(storage), fill(tracking))
+    assert (stores.optuna_kind, stores.tracking_kind) == kinds
+    assert PASSWORD not in stores.optuna_shown + stores.tracking_shown + stores.describe() + stores.command("study list")
+    if kinds[0] == "embedded":
+        assert (stores.optuna_db, stores.tracking_db) == (tmp_path / "s" / "optuna.db", tmp_path / "s" / "mlflow.db")
+        assert stores.command("study list") == f"hpolab --store {tmp_path / 's'} study list"
+    elif kinds[0] == "sqlite":
+        assert (stores.optuna_db, stores.tracking_db) == (other / "optuna.db", other / "mlflow.db")
+        assert stores.artifact_location == (other / "artifacts").as_uri()
+        assert "--storage" in stores.command("x") and "--tracking-uri" in stores.command("x")
+    else:
+        assert (stores.optuna_db, stores.tracking_db, stores.artifact_location) == (None, None, None)
+    if kinds == ("database", "server"):
+        assert stores.optuna_shown == CLOSED_PG.replace(PASSWORD, "***")
+        assert stores.tracking_shown == "https://hpolab:***@mlflow.example.com"

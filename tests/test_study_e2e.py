@@ -20,7 +20,7 @@ def _stores(store):
 @pytest.mark.slow
 def test_study_run_end_to_end(store):
     out = run_cli("--store", str(store), "study", "run", "studies/digits_cnn.yaml", *TINY)
-    assert "hpolab ui" in out.stdout
+    assert f"hpolab --store {store} ui" in out.stdout  # (the hint names the store it was given)
 
     client, study = _stores(store)
     trials = study.get_trials()

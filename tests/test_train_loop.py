@@ -322,7 +322,7 @@ def test_evaluate_in_memory_and_dataset_agree_and_restore_mode():
 def test_digits_cnn_learns():
     from experiments import digits_cnn
 
-    data = digits_cnn.load_data(dict(digits_cnn.DATA_DEFAULTS), seed=0)
+    data = digits_cnn.load_data(dict(digits_cnn.DATA_DEFAULTS), data_seed=0)
     seed_everything(0)
     model = digits_cnn.build_model(dict(digits_cnn.MODEL_DEFAULTS), data.input_shape, data.num_classes)
     result = fit(TrainConfig(max_epochs=8, optimizer="adamw", lr=3e-3, device="cpu"), model, data, seed=0)

@@ -107,7 +107,7 @@ def test_trials_run_from_a_fork_of_the_command_or_from_a_new_interpreter(store, 
     assert "COMPLETE" in out.read_text()
 
 
-def test_a_forkserver_other_code_started_first_is_replaced_by_one_with_the_trials_preload():
+def test_a_forkserver_other_code_started_first_is_replaced_by_one_with_the_trials_preload(monkeypatch):
     """A driver run in a process that used a forkserver context before (a notebook, a test): multiprocessing
     keeps one forkserver per process and would give the trials that one, without torch and the experiment
     preloaded, so that every trial imported them itself (seconds each: test_driver_fds took 34 s instead
@@ -117,6 +117,9 @@ def test_a_forkserver_other_code_started_first_is_replaced_by_one_with_the_trial
 
     from hpolab.study.trials import trial_forkserver
 
+    # as in a notebook: no `hpolab` command ran in this process (one run in-process earlier in this
+    # pytest worker, hpolab.cli.main, allows a forked server for the rest of the process)
+    monkeypatch.setattr(trial_forkserver, "_fork_allowed", False)
     first = mp.get_context("forkserver").Process(target=time.sleep, args=(0,))
     first.start()
     first.join(120)

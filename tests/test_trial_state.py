@@ -115,6 +115,106 @@ def test_a_result_sent_just_before_the_exit_is_not_missed(tmp_path):
     assert seen == [("fail", "boom")]
 
 
+def _lost_trial(tmp_path, lost):
+    from hpolab.study.trials.runner import Running
+
+    parent, child = Pipe(duplex=True)
+    life_read, life_write = Pipe(duplex=False)
+    r = Running(trial=SimpleNamespace(number=0), run_id="run", config={}, trial_dir=tmp_path, conn=parent, lifeline=life_write)
+    r.lost = lost
+    return r, child, life_read
+
+
+@pytest.mark.parametrize("put_back", [True, False])
+def test_a_lost_trial_is_stopped_here_and_ended_only_when_it_was_not_put_back(tmp_path, put_back):
+    """What a lost trial becomes follows its kind, not the words of its reason: a reaped trial whose
+    reason reads like a put-back one is still closed FAIL here."""
+    from hpolab.study.driver.events import TrialEvents
+    from hpolab.study.driver.heartbeat import PUT_BACK
+    from hpolab.study.trials.runner import Lost, TrialRunner
+
+    ended, notes = [], []
+
+    class Recording(TrialEvents):
+        def finish(self, r, state, tags, *args, **kwargs):
+            ended.append((state, tags["hpolab.fail_reason"]))
+            self.running.pop(r.number)
+
+    why = f"{PUT_BACK} (its heartbeats were stale); it resumes there"
+    r, child, life_read = _lost_trial(tmp_path, Lost(why, put_back=put_back))
+    running = {0: r}
+    tracker = SimpleNamespace(metrics=SimpleNamespace(forget=lambda run_id: None))
+    events = Recording(None, None, running, tracker, TrialRunner("x", "x", 1, tmp_path), SimpleNamespace(note=notes.append),
+                       "val_acc", None, None, stopping=lambda: False, aborting=lambda: False)
+    events.handle(r)
+    assert running == {}
+    if put_back:
+        assert ended == [] and notes == [f"trial 0: {why}; stopped here"]
+        assert r.conn.closed and r.lifeline.closed
+        assert life_read.poll(1) and child.poll(1)  # (the child's ends see EOF: its process exits)
+    else:
+        assert ended == [(TrialState.FAIL, why)] and notes == []
+
+
+def test_closing_a_trials_pipes_twice_or_without_pipes_is_harmless(tmp_path):
+    r, _, _ = _lost_trial(tmp_path, None)
+    r.close_pipes()
+    r.close_pipes()
+    assert r.conn.closed and r.lifeline.closed
+    r.conn = r.lifeline = None
+    r.close_pipes()
+
+
+def test_a_resumed_segment_does_not_log_the_epochs_its_run_already_has(store, tmp_path):
+    """A dead driver's segment logged epochs up to 4: the worker that resumes the trial at epoch 3 logs from 5."""
+    from hpolab.study.trials.runner import Running
+    from hpolab.study.trials.tracker import TrialTracker
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
+    tracker = TrialTracker(client, "0", "parent", "s", None, {}, note=print)
+    r = Running(trial=SimpleNamespace(number=0), run_id="run", config={}, trial_dir=tmp_path, epoch=3)
+    other = Running(trial=SimpleNamespace(number=1), run_id="other", config={}, trial_dir=tmp_path, epoch=3)
+    tracker.resume(r, {}, {}, logged=4)
+    tracker.metrics.start(other.run_id)
+    try:
+        for epoch in (4, 5):
+            tracker.log_epoch(r, epoch, {"val_acc": 0.5})
+            tracker.log_epoch(other, epoch, {"val_acc": 0.5})
+        assert [m.step for m in r.metric_points] == [5]
+        assert [m.step for m in other.metric_points] == [4, 5]
+    finally:
+        tracker.uploads.close()
+
+
+@pytest.mark.parametrize("kind, checkpointed, pauses", [
+    ("routine", 2, True),  # (fit writes last.pt every epoch: the trial process says so)
+    ("own loop", 2, True),
+    ("own loop", 1, False),  # its last trial.checkpoint is older than its pause: a resume would train epoch 2 again
+    ("own loop", None, False),
+])
+def test_a_trial_pauses_at_its_rung_only_with_a_checkpoint_of_that_epoch_whichever_its_loop(tmp_path, kind, checkpointed, pauses):
+    from hpolab.study.driver.events import TrialEvents
+    from hpolab.study.trials.runner import Running, TrialRunner
+
+    seen = []
+
+    class Recording(TrialEvents):
+        def finish(self, r, state, tags, *args, **kwargs):
+            seen.append((state, tags.get("hpolab.fail_kind")))
+
+    info = {"epochs_run": 2, "stop_reason": "stopped_by_caller", "last_checkpoint_epoch": checkpointed, "best_epoch": 2,
+            **({"own_loop": True} if kind == "own loop" else {})}
+    scheduler = SimpleNamespace(pausing=lambda r, i: True, never_finite=lambda r: False,
+                                pause=lambda r, i: seen.append(("paused", i["epochs_run"])))
+    spec = SimpleNamespace(trial_scheduler=SimpleNamespace(type="asha"), pruner=SimpleNamespace(type="none"),
+                           objective_list=[SimpleNamespace(metric="val_acc")], is_multi_objective=False)
+    r = Running(trial=SimpleNamespace(number=0), run_id="run", config={}, trial_dir=tmp_path)
+    events = Recording(None, None, {0: r}, None, TrialRunner("x", "x", 1, tmp_path), None, "val_acc", None, None,
+                       stopping=lambda: False, aborting=lambda: False, spec=spec, pauses=scheduler)
+    events.on_done(r, info)
+    assert seen == ([("paused", 2)] if pauses else [(TrialState.FAIL, "contract")])
+
+
 def test_a_failed_tell_never_leaves_mlflow_saying_complete():
     from hpolab.study.driver.end_reasons import disagreement
 

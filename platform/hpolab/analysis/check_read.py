@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial
 
 from hpolab.stores import mlflow_sql, model_links_read, optuna_sql
 from hpolab.stores.model_links import study_models
-from hpolab.stores.paths import Stores, sqlite_file
+from hpolab.stores.paths import Stores
 
 
 @dataclass
@@ -77,7 +77,7 @@ def read_study(name: str, stores: Stores) -> Study:
 
 
 def _read_sql(name: str, stores: Stores) -> Study | None:
-    optuna_db, mlflow_db = sqlite_file(stores.optuna_url), sqlite_file(stores.tracking_uri)
+    optuna_db, mlflow_db = stores.optuna_db, stores.tracking_db
     if optuna_db is None or mlflow_db is None or not optuna_db.is_file():
         return None
     study = optuna_sql.read_study(optuna_db, name)

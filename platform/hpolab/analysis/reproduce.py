@@ -2,10 +2,14 @@
 
 The run's `config.yaml` artifact is the complete resolved config (seed included), `env.*` tags
 say what it ran on and `hpolab.torch_threads` how many CPU threads it used (the order of float
-reductions depends on it; replayed up to the CPUs available now, said when fewer). The retrained
-per-epoch metrics are compared with the run's history:
-same seed + same environment (+ `trainer.deterministic` on a GPU) => identical numbers. Nothing is
-written to the stores. Exit 0 when every compared value matches within --tolerance, 1 otherwise.
+reductions depends on it; replayed up to the CPUs available now, said when fewer). Every experiment
+is trained again the same way: its `train(config, trial)` (an own loop's, or the built-in routine's:
+train/builtin.py) in this process, seeded as the trial process seeded it, with a LocalTrial
+(replay_trial.py) that records its reports and stops it after the epochs the run logged. Every metric
+it reports that the run has is compared with the run's history per epoch (timing excepted):
+same seed + same environment (+ `trainer.deterministic` on a GPU) => identical numbers. A PBT
+member's schedule is replayed stretch by stretch (reproduce_pbt.py). Nothing is written to the
+stores. Exit 0 when every compared value matches within --tolerance, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import math
 import tempfile
 from pathlib import Path
 
-COMPARED = ("train_loss", "val_loss")  # + the run's study metric (val_acc, val_rmse, val_map, ...)
 ENV_KEYS = ("env.python", "env.torch", "env.cuda", "env.cudnn", "env.gpu", "env.numpy", "env.git_commit", "env.git_dirty")
 
 
@@ -24,12 +27,11 @@ def _load_run(client, run_id: str, stores) -> tuple:
     from mlflow.exceptions import MlflowException
 
     from hpolab.errors import UserError
-    from hpolab.stores.paths import redact
 
     try:
         run = client.get_run(run_id)
     except MlflowException as e:
-        raise UserError(f"no run {run_id} in {redact(stores.tracking_uri)} ({e.message}); is --store/--tracking-uri right?") from None
+        raise UserError(f"no run {run_id} in {stores.tracking_shown} ({e.message}); is --store/--tracking-uri right?") from None
     with tempfile.TemporaryDirectory() as tmp:
         try:
             path = client.download_artifacts(run_id, "config.yaml", tmp)
@@ -65,16 +67,14 @@ _MACHINE = ("env.platform", "env.hostname", "env.executable", "env.cuda_availabl
             "env.mlflow", "env.hpolab", "env.torchvision")
 
 
-def _history(client, run_id: str, config: dict) -> tuple[tuple[str, ...], dict[str, dict[int, float]], int]:
-    """The compared metrics, the run's history of each by epoch, and how many epochs it logged."""
+def _epochs(client, run_id: str, config: dict) -> int:
+    """How many epochs the run logged (of its study metric); UserError when none."""
     from hpolab.errors import UserError
 
-    compared = tuple(dict.fromkeys((*COMPARED, config["metric"])))
-    history = {m: {h.step: h.value for h in client.get_metric_history(run_id, m)} for m in compared}
-    epochs = max(history["val_loss"], default=0)
+    epochs = max((h.step for h in client.get_metric_history(run_id, config["metric"])), default=0)
     if epochs == 0:
-        raise UserError(f"run {run_id} logged no epochs: nothing to compare")
-    return compared, history, epochs
+        raise UserError(f"run {run_id} logged no epoch of {config['metric']}: nothing to compare")
+    return epochs
 
 
 def _experiment(client, run, experiment: str, allow_change: bool, console):
@@ -96,59 +96,69 @@ def _experiment(client, run, experiment: str, allow_change: bool, console):
     return found.module
 
 
-def _retrain(config: dict, tags: dict[str, str], exp, epochs: int, console, schedule=None):
-    """fit() again with the run's config, seed and thread count, for the run's number of epochs. A PBT
-    member's `schedule` is replayed (reproduce_pbt.py): one fit per stretch of the same values, each
-    resuming from the previous one's checkpoint with the next values, as the member's segments did."""
+def _retrain(run, stores, config: dict, exp, epochs: int, console, schedule=None):
+    """The experiment's train(config, trial) again with the run's config, seed and thread count, for the
+    run's number of epochs: the LocalTrial with its reports. A PBT member's `schedule` is replayed one
+    stretch of the same values after the other, each resuming from the previous one's checkpoint with
+    the next values, as the member's segments did."""
+    import optuna
     import torch
 
+    from hpolab.analysis.replay_trial import LocalTrial, sampled_params
     from hpolab.analysis.reproduce_pbt import apply, segments
+    from hpolab.config.experiment import train_of
+    from hpolab.train import seed_everything
 
-    trainer = {**config["trainer"], "inject_nan_at_step": None, "inject_oom_at_step": None}
+    tags = run.data.tags
     if tags.get("hpolab.trainer_overrides"):
         console.print(f"  [yellow]note[/]: this attempt ran with {tags['hpolab.trainer_overrides']} (after a CUDA OOM); "
                       "epochs it carried over from an earlier attempt were trained without it")
+    train = train_of(exp)
+    if tags.get("hpolab.resumed_after_epoch") and not getattr(train, "resumes_exactly", False):  # (the routine's do)
+        console.print(f"  [yellow]note[/]: this attempt resumed after epoch {tags['hpolab.resumed_after_epoch']}; the "
+                      "reproduction trains from scratch (random streams after the resume differ, so may the numbers)")
     torch.set_num_threads(_threads(int(tags.get("hpolab.torch_threads", "1")), console))
-    result = None
-    with tempfile.TemporaryDirectory() as ckpt:
+    config = {**config, "trainer": {**config["trainer"], "inject_nan_at_step": None, "inject_oom_at_step": None}}
+    with tempfile.TemporaryDirectory(prefix="hpolab-reproduce-") as folder:
+        trial = LocalTrial(int(tags.get("optuna.trial_number", "0")), sampled_params(run, stores), config, Path(folder))
         for first, last, values in segments(schedule or [], epochs):
-            apply(config, trainer, values, first, console)
-            resume_from = Path(ckpt) / "last.pt" if result is not None else None
-            result = _fit_segment(config, trainer, exp, ckpt, resume_from, last)
-    return result
+            config = {**config, "trainer": dict(config["trainer"]), **{k: dict(config[k]) for k in ("model", "data") if k in config}}
+            apply(config, config["trainer"], values, first, console)
+            trial.stretch(config, last)
+            seed_everything(config["seed"], bool(config["trainer"].get("deterministic", False)))  # as the trial process did
+            try:
+                train(config, trial)
+            except optuna.TrialPruned:
+                pass
+    return trial
 
 
-def _fit_segment(config: dict, trainer: dict, exp, ckpt: str, resume_from, last: int):
-    """One trial process's fit(): seeded, data and model built, as the trial process does; stops after epoch `last`."""
-    from hpolab.train import fit, seed_everything
-    from hpolab.train.config import trainer_config
-    from hpolab.train.data import data_seed_of
-    from hpolab.train.tasks import task_for
+def _compared(client, run, trial, exploit: int | None) -> tuple[tuple[str, ...], dict[str, dict[int, float]]]:
+    """The metrics the replay reported that the run has (timing excepted), and the run's history of
+    each; after a PBT member's first `exploit` only its lr (reproduce_pbt.py says why)."""
+    from hpolab.analysis.replay_trial import TIMING
 
-    seed_everything(config["seed"], bool(trainer.get("deterministic", False)))  # as the trial process did
-    data = exp.load_data(config["data"], data_seed_of(config))
-    model = exp.build_model(config["model"], data.input_shape, data.num_classes)
-    return fit(trainer_config(trainer), model, data, metric=config["metric"], direction=config["direction"],
-               seed=config["seed"], checkpoint_dir=ckpt, task=task_for(exp), resume_from=resume_from,
-               on_epoch=lambda epoch, _metrics: epoch >= last)
+    reported = dict.fromkeys(k for row in trial.history for k in row if k != "epoch" and k not in TIMING)
+    compared = tuple(m for m in reported if m in run.data.metrics)
+    history = {m: {h.step: h.value for h in client.get_metric_history(run.info.run_id, m)} for m in compared}
+    if exploit is not None:
+        history = {m: (h if m == "lr" else {e: v for e, v in h.items() if e <= exploit}) for m, h in history.items()}
+    return compared, history
 
 
-def _pbt_schedule(stores, tags: dict[str, str], compared: tuple[str, ...], history: dict, console):
-    """A PBT member's schedule (None for other runs); its history after the first exploit is left out
-    of the comparison, its `lr` added (reproduce_pbt.py says why)."""
+def _pbt_schedule(stores, tags: dict[str, str], console):
+    """A PBT member's (schedule, first exploit epoch); (None, None) for other runs."""
     from hpolab.analysis.reproduce_pbt import describe, first_exploit, member_schedule
 
     schedule = member_schedule(stores, tags)
     if not schedule:
-        return None
+        return None, None
     console.print(f"  PBT member: replaying its schedule from scratch ({describe(schedule)})")
     exploit = first_exploit(tags)
     if exploit is not None:
         console.print(f"  it exploited {tags.get('hpolab.pbt_parents')} (member@epoch): those weights are not copied, so after "
                       f"epoch {exploit} the replay trains its own and only lr is compared")
-        for m in compared:
-            history[m] = {e: v for e, v in history[m].items() if e <= exploit}
-    return schedule
+    return schedule, exploit
 
 
 def _threads(recorded: int, console) -> int:
@@ -165,7 +175,7 @@ def _threads(recorded: int, console) -> int:
     return cpus
 
 
-def _compare_table(title: str, compared: tuple[str, ...], history: dict[str, dict[int, float]], result):
+def _compare_table(title: str, compared: tuple[str, ...], history: dict[str, dict[int, float]], reported: list[dict]):
     """The side-by-side table (original vs reproduced per epoch) and the largest absolute difference."""
     from rich.table import Table
 
@@ -175,13 +185,13 @@ def _compare_table(title: str, compared: tuple[str, ...], history: dict[str, dic
         table.add_column(f"{m} original", justify="right")
         table.add_column("reproduced", justify="right")
     worst = 0.0
-    for h in result.history:
+    for h in reported:
         e = int(h["epoch"])
         row = [str(e)]
         for m in compared:
             orig = history[m].get(e)
             new = h.get(m)
-            if orig is not None and new is not None:
+            if orig is not None and new is not None and not (orig == new or math.isnan(orig) and math.isnan(new)):
                 worst = max(worst, abs(orig - new) if math.isfinite(orig) and math.isfinite(new) else math.inf)
             row += [f"{orig:.6g}" if orig is not None else "-", f"{new:.6g}" if new is not None else "-"]
         table.add_row(*row)
@@ -206,21 +216,12 @@ def reproduce_cmd(args, stores) -> int:
     # Same epochs as the original: a pruned or early-stopped trial ran fewer than max_epochs. It keeps
     # its configured max_epochs (the LR schedule is a function of it) and stops after those epochs.
     exp = _experiment(client, run, experiment, bool(getattr(args, "allow_code_change", False)), console)
-    from hpolab.config.experiment import is_own_loop
+    epochs = _epochs(client, args.run_id, config)
+    schedule, exploit = _pbt_schedule(stores, tags, console)
+    trial = _retrain(run, stores, config, exp, epochs, console, schedule)
+    compared, history = _compared(client, run, trial, exploit)
 
-    if is_own_loop(exp):  # its train(config, trial) again (reproduce_own_loop.py)
-        from hpolab.analysis.reproduce_own_loop import reproduce_own_loop
-
-        threads = _threads(int(tags.get("hpolab.torch_threads", "1")), console)
-        compared, history, result = reproduce_own_loop(client, stores, run, config, exp, console, threads)
-    else:
-        compared, history, epochs = _history(client, args.run_id, config)
-        schedule = _pbt_schedule(stores, tags, compared, history, console)
-        if schedule:  # the LR the optimizer used: the schedule replayed
-            compared, history["lr"] = (*compared, "lr"), {h.step: h.value for h in client.get_metric_history(args.run_id, "lr")}
-        result = _retrain(config, tags, exp, epochs, console, schedule)
-
-    table, worst = _compare_table(f"{run.info.run_name}: original vs reproduced", compared, history, result)
+    table, worst = _compare_table(f"{run.info.run_name}: original vs reproduced", compared, history, trial.history)
     console.print(table)
     ok = worst <= args.tolerance
     verdict = "identical" if worst == 0 else f"max abs difference {worst:.3g}"

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from hpolab.study.driver.progress import fmt_value
 from hpolab.stores.optuna_sql import NOISE_PROBE
-from hpolab.stores.paths import Stores, redact
+from hpolab.stores.paths import Stores
 from hpolab.stores.trial_counts import count_trials, describe, epochs_used, last_reported, over_budget_note, paused_counts
 from hpolab.stores.trial_states import shown
 
@@ -220,9 +220,9 @@ def print_study_list(stores: Stores) -> int:
     rows = list_studies(stores, ranking.front, ranking.best)
     console = Console(highlight=False, width=200 if not Console().is_terminal else None)
     if not rows:
-        console.print(f"no studies in {redact(stores.optuna_url)}; start one with: hpolab study run studies/digits_cnn.yaml")
+        console.print(f"no studies in {stores.optuna_shown}; start one with: hpolab study run studies/digits_cnn.yaml")
         return 0
-    table = Table(title=f"studies in {redact(stores.optuna_url)}")
+    table = Table(title=f"studies in {stores.optuna_shown}")
     for col in ("study", "direction", "metric", "complete", "pruned", "fail", "running", "paused", "best", "last activity"):
         table.add_column(col, justify="left" if col in ("study", "direction", "metric", "last activity") else "right")
     for r in rows:

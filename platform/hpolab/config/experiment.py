@@ -151,6 +151,16 @@ def is_own_loop(module: ModuleType) -> bool:
     return callable(getattr(module, "train", None)) and not hasattr(module, "build_model")
 
 
+def train_of(module: ModuleType):
+    """The experiment's `train(config, trial)`: its own, or the platform's routine over its data, model
+    and task (train/builtin.py)."""
+    if is_own_loop(module):
+        return module.train
+    from hpolab.train.builtin import builtin_train
+
+    return builtin_train(module)
+
+
 def locate_experiment(name: str, search_from: str | Path) -> tuple[Path, str] | None:
     """Where load_experiment(name, search_from) imports the experiment from, found without importing
     anything: (project root, module name), or None when it is not a file of a project's

@@ -18,9 +18,9 @@ from hpolab.config.controls import ConvergedStop, NoImprovementStop, NoiseProbe,
 from hpolab.config.messages import validation_messages
 from hpolab.config.notify import NotifyTarget
 from hpolab.config.experiment import is_own_loop, load_experiment, project_root_of
-from hpolab.config.own_loop_checks import own_loop_problems
+from hpolab.config.training_loop import loop_problems
 from hpolab.config.overrides import apply_overrides, parse_overrides  # noqa: F401  (tests import it from here)
-from hpolab.config.objectives import Constraint, Objective, Pruning, WarmStart, declared_costs, experiment_cost_problems, fill_primary, measured_metrics, objective_problems
+from hpolab.config.objectives import Constraint, Objective, Pruning, WarmStart, declared_costs, fill_primary, measured_metrics
 from hpolab.config.samplers import check_named
 from hpolab.config.trial_scheduler import Budget, TrialSchedulerSpec, default_pruner_under_scheduler, trial_scheduler_problems
 from hpolab.errors import SpecError
@@ -297,27 +297,7 @@ def _check_experiment(spec: StudySpec, search_from: Path | None = None) -> tuple
                 f"search_space.{path}: from_lr_range_test needs the range test; set lr_range_test.enabled: true "
                 "(or give low/high)"
             )
-    return exp, problems + (own_loop_problems(spec, exp) if own else _check_task(spec, exp))
-
-
-def _check_task(spec: StudySpec, exp: ModuleType) -> list[str]:
-    """metric + direction against the experiment's task, and trainer options foreign to it."""
-    from hpolab.train.tasks import metric_problems, task_for
-
-    try:
-        task = task_for(exp)
-    except ValueError as e:
-        return [f"experiment: {e}"]
-    def direction_of(metric: str) -> str | None:
-        return "minimize" if metric == "train_loss" else task.direction_of(metric, spec.trainer)
-
-    problems = []
-    if spec.objectives or spec.constraints:  # (a one-metric study without constraints never measures costs)
-        problems += experiment_cost_problems(exp, direction_of)
-        problems += objective_problems(spec, direction_of, declared_costs(exp))
-    if not spec.objectives:
-        problems += metric_problems(task, spec.trainer, spec.metric, spec.direction)
-    return problems + task.check_config(spec.trainer)
+    return exp, problems + loop_problems(spec, exp)
 
 
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> StudySpec:
@@ -343,7 +323,7 @@ def spec_from_mapping(raw: Any, source: str, overrides: dict[str, Any] | None = 
         spec = StudySpec.model_validate(raw)
     except ValidationError as e:
         raise SpecError(source, validation_messages(e)) from None
-    spec._trainer_keys = frozenset(raw.get("trainer") or {})  # (an own loop's runs record only these: own_loop_checks.py)
+    spec._trainer_keys = frozenset(raw.get("trainer") or {})  # (an own loop's runs record only these: training_loop.py)
     exp, problems = _check_experiment(spec, search_from=search_from)
     problems += check_named(spec)
     problems += check_enqueue(spec.search_space, spec.enqueue)

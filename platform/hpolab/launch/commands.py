@@ -90,7 +90,7 @@ def record_code(stores, spec) -> None:
     from hpolab.study.driver.code_guard import record_at_launch
 
     module = load_experiment(spec.experiment)  # load_spec imported it from the spec's project (the import check)
-    study = optuna.create_study(storage=make_storage(stores.optuna_url), study_name=spec.name,
+    study = optuna.create_study(storage=make_storage(stores), study_name=spec.name,
                                 directions=[o.direction for o in spec.objective_list],
                                 load_if_exists=True)
     record_at_launch(study, code_of(module, spec.experiment))

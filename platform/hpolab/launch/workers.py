@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpolab.errors import UserError
-from hpolab.stores.paths import DEFAULT_STORE, Stores, default_urls, redact, resolve_stores
+from hpolab.stores.paths import DEFAULT_STORE, Stores, redact, resolve_stores
 
 STORE_VARS = ("OPTUNA_STORAGE", "MLFLOW_TRACKING_URI", "HPOLAB_STORE")
 # Passed to workers through the scheduler's environment (never written into a script or manifest).
@@ -72,14 +72,14 @@ def follow_flags(stores: Stores, cwd: Path) -> tuple[str, list[str]]:
     notes: list[str] = []
     if stores.root != (cwd / DEFAULT_STORE).resolve():
         flags += ["--store", shlex.quote(str(stores.root))]
-    optuna_default, tracking_default = default_urls(stores.root)
-    for flag, var, url, default in (("--storage", "OPTUNA_STORAGE", stores.optuna_url, optuna_default),
-                                    ("--tracking-uri", "MLFLOW_TRACKING_URI", stores.tracking_uri, tracking_default)):
-        if url == default:
+    for flag, var, url, kind, shown in (("--storage", "OPTUNA_STORAGE", stores.optuna_url, stores.optuna_kind, stores.optuna_shown),
+                                        ("--tracking-uri", "MLFLOW_TRACKING_URI", stores.tracking_uri, stores.tracking_kind,
+                                         stores.tracking_shown)):
+        if kind == "embedded":
             continue
         if has_secret(url):
             flags += [flag, f'"${var}"']
-            notes.append(f"{var} is {redact(url)} with its password")
+            notes.append(f"{var} is {shown} with its password")
         else:
             flags += [flag, shlex.quote(url)]
     return "".join(f" {f}" for f in flags), notes
@@ -94,8 +94,8 @@ def check_shared(stores: Stores, single_node: bool, how: str) -> None:
     """Refuse node-local stores for workers that may land on several nodes (`how`: the flag allowing it)."""
     if single_node:
         return
-    local = [f"{name} {redact(url)}" for name, url in
-             (("Optuna storage", stores.optuna_url), ("MLflow tracking", stores.tracking_uri)) if node_local(url)]
+    local = [f"{name} {shown}" for name, url, shown in (("Optuna storage", stores.optuna_url, stores.optuna_shown),
+                                                         ("MLflow tracking", stores.tracking_uri, stores.tracking_shown)) if node_local(url)]
     if local:
         raise UserError(f"{' and '.join(local)} {'is' if len(local) == 1 else 'are'} local to one machine (SQLite locks "
                         f"do not hold across nodes or network filesystems); {MULTI_NODE_FIX}; or {how}")
@@ -145,12 +145,11 @@ def prepare_stores(stores: Stores) -> None:
     """Create the stores' tables once, here, before N workers start together and race to migrate
     a fresh database (two processes upgrading one new MLflow SQLite DB at once fail)."""
     from hpolab.stores import mlflow_runs
-    from hpolab.stores.grpc_proxy import is_grpc_url
     from hpolab.stores.optuna_storage import make_storage
     from hpolab.stores.paths import ensure_local
 
     ensure_local(stores)
-    if not is_grpc_url(stores.optuna_url):
-        storage = make_storage(stores.optuna_url)
+    if stores.optuna_kind != "grpc":
+        storage = make_storage(stores)
         getattr(getattr(storage, "engine", None), "dispose", lambda: None)()
     mlflow_runs.client_for(stores).search_experiments(max_results=1)

@@ -1,26 +1,28 @@
-"""The promotion gate as a pure function: test metrics in, a decision with its reason out.
+"""The promotion gate as pure functions: test metrics in, a decision with its reason out, the same for
+every experiment (the routine's task evaluation and an own loop's `evaluate(model, "test")` alike).
 
 No stores, no MLflow, no models: `decide` sees the challenger's and the alias holder's metrics on the
 same held-out test split (dicts such as {"acc": 0.97, "loss": 0.11, "macro_f1": 0.96}) and the
-names and versions it needs for the message. The challenger must be strictly better on the gate
-metric; an exact tie is decided by a second test metric (TIE_BREAK). `--force` turns a refusal into
-a promotion, with the reason saying so.
+names and versions it needs for the message. Which returned metric gates (`gate_metric`): the study
+metric's test counterpart, for `val_<x>` the first of `test_<x>`, `<x>` (names that do not depend on
+the split, as the routine's evaluation returns them) and `val_<x>`; for a metric without the `val_`
+prefix `test_<name>`, then the name itself. Directions (`directions`): what the experiment declares
+for the `val_` counterpart (its task's metric directions, or an own loop's METRIC_DIRECTIONS), else a
+name holding "loss" is minimized; names of unknown direction are shown but never decide. The
+challenger must be strictly better on the gate metric; an exact tie is decided by a second test
+metric (`tie_break`: a loss first). `--force` turns a refusal into a promotion, with the reason saying so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from hpolab.errors import EXIT_OK, EXIT_REFUSED
+from hpolab.errors import EXIT_OK, EXIT_REFUSED, UserError
 
-# Classification's names (the defaults). Other tasks pass their own directions (train/tasks/, val_ prefix
-# dropped): val_* metric a study selects on -> the test metric that gates promotion, and its direction
-TEST_METRIC_FOR = {"val_acc": "acc", "val_loss": "loss", "val_macro_f1": "macro_f1"}
+# Classification's test metrics and directions: decide's default (the tests' fabricated metrics).
 TEST_DIRECTION = {"acc": "maximize", "loss": "minimize", "macro_f1": "maximize"}
-# An exact tie on the gate metric (likely with accuracy on a small test set, e.g. two models at
-# 100 %) is decided by a second test metric, so a perfect champion does not freeze the alias forever.
-TIE_BREAK = {"acc": "loss", "macro_f1": "loss", "loss": "acc"}
 
 PROMOTE = "promote"
 REFUSE = "refuse"
@@ -54,26 +56,66 @@ class Decision:
         return EXIT_REFUSED if self.outcome == REFUSE else EXIT_OK
 
 
-def gate_metric(selection_metric: str, study_metric: str, test_metrics: Mapping[str, float] | None = None) -> str:
-    """The test metric that gates promotion: the one matching the selection metric, else the study's.
+def candidates(metric: str) -> list[str]:
+    """The names a test evaluation may give the metric's counterpart, in the order they are looked for."""
+    if metric.startswith("val_"):
+        x = metric[len("val_"):]
+        return [f"test_{x}", x, metric]
+    return [f"test_{metric}", metric]
 
-    With `test_metrics` (any task: val_rmse -> rmse when "rmse" is among them), else loss; without,
-    the classification names (TEST_METRIC_FOR), else acc."""
-    if test_metrics is not None:
-        for m in (selection_metric, study_metric):
-            if m.startswith("val_") and m[len("val_"):] in test_metrics:
-                return m[len("val_"):]
-        return "loss"
-    return TEST_METRIC_FOR.get(selection_metric) or TEST_METRIC_FOR.get(study_metric) or "acc"
+
+def gate_metric(metrics: str | Sequence[str], test: Iterable[str]) -> str | None:
+    """The test metric that gates: the first counterpart among `test`'s names of the first of `metrics`
+    (the selection metric, then the study's) that has one; None when none has."""
+    names = set(test)
+    for metric in [metrics] if isinstance(metrics, str) else metrics:
+        found = next((n for n in candidates(metric) if n in names), None)
+        if found is not None:
+            return found
+    return None
+
+
+def checked_metrics(returned: Any, experiment: str, study_metric: str) -> dict[str, float]:
+    """An experiment's evaluate(model, "test") result as {name: float}, with a gate metric in it;
+    UserError naming what is wrong."""
+    where = f"experiment {experiment}: evaluate(model, \"test\")"
+    want = " or ".join(repr(n) for n in candidates(study_metric))
+    if not isinstance(returned, Mapping) or not returned:
+        raise UserError(f"{where} returned {type(returned).__name__}; it must return a dict of metric name -> float, "
+                        f"with {want} in it")
+    out: dict[str, float] = {}
+    for k, v in returned.items():
+        try:
+            out[str(k)] = float(v)
+        except (TypeError, ValueError):
+            raise UserError(f"{where} returned {k!r}: {v!r}, not a number") from None
+    if gate_metric(study_metric, out) is None:
+        raise UserError(f"{where} returned {', '.join(sorted(out))}; the gate needs {want} "
+                        f"(the test counterpart of the study metric {study_metric})")
+    return out
+
+
+def directions(test: Iterable[str], gate: str, declared: Mapping[str, str] | None, study_direction: str) -> dict[str, str]:
+    """{name: maximize | minimize} of the test metrics whose direction is known, the gate first (its
+    declared direction, else the study's), then losses (the tie-break takes the first other name).
+    `declared`: directions by `val_` name (a task's metric_directions, an own loop's METRIC_DIRECTIONS)."""
+    declared = dict(declared or {})
+
+    def known(name: str) -> str | None:
+        x = name.removeprefix("test_")
+        d = declared.get(f"val_{x}") or declared.get(name) or ("minimize" if "loss" in name else None)
+        return d if d in ("maximize", "minimize") else None
+
+    out = {gate: known(gate) or study_direction}
+    rest = {name: d for name in test if name != gate and (d := known(name)) is not None}
+    out.update(sorted(rest.items(), key=lambda kv: "loss" not in kv[0]))  # a loss breaks ties first
+    return out
 
 
 def tie_break(gate: str, directions: Mapping[str, str]) -> str:
-    """The second test metric that decides an exact tie on `gate` (loss, or for a loss gate the task's first other metric)."""
-    if gate in TIE_BREAK and TIE_BREAK[gate] in directions:
-        return TIE_BREAK[gate]
-    if gate != "loss" and "loss" in directions:
-        return "loss"
-    return next((m for m in directions if m != gate), gate)
+    """The second test metric that decides an exact tie on `gate`: a loss, else the first other metric."""
+    others = [m for m in directions if m != gate]
+    return next((m for m in others if "loss" in m), others[0] if others else gate)
 
 
 def better(challenger: Mapping[str, float], holder: Mapping[str, float], gate: str,

@@ -8,8 +8,8 @@ only the experiment knows its held-out split and metrics. So:
 1. The challenger (picked as for any study) is the trial run's logged MLflow model, loaded as it is
    (mlflow.pytorch.load_model on its models:/ URI), not rebuilt. No logged model: exit 2 (train() must
    call trial.log_model and the study keep models: log_models).
-2. `evaluate(model, "test")` scores it; own_loop_gate.py says which returned metric gates and in
-   which direction. The alias holder is evaluated the same way when it was promoted through the same
+2. `evaluate(model, "test")` scores it; gate.py says which returned metric gates and in which
+   direction, as for the routine. The alias holder is evaluated the same way when it was promoted through the same
    experiment's evaluate() (tag hpolab.gate_source = evaluate), else it is not comparable (exit 3
    unless --force, as for the routine). Without `evaluate`: exit 2 with one line saying to define it;
    `--force` then registers the trial's logged model ungated (what `mlflow.register_model` would do),
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from hpolab.errors import EXIT_OK, UserError
-from hpolab.registry import gate, own_loop_gate
+from hpolab.registry import gate
 from hpolab.registry.champion import TAG_TRIAL_RUN
 from hpolab.registry.evaluation import PromotionFailed
 
@@ -55,7 +55,7 @@ def promote_own_loop(args, client, info, ch, exp, holder, existing, contest, tmp
     evaluate = getattr(exp, EVALUATE, None)
     if not callable(evaluate) and not force:
         raise UserError(f"experiment {info.experiment} has no evaluate(model, split): define it (returning e.g. "
-                        f"{{{own_loop_gate.candidates(info.metric)[0]!r}: ...}} for split \"test\") so promote can gate on "
+                        f"{{{gate.candidates(info.metric)[0]!r}: ...}} for split \"test\") so promote can gate on "
                         "held-out data, or pass --force to register the trial's logged model ungated")
     ch.run_tags = dict(client.get_run(ch.run_id).data.tags)
     ch.config = _trial_config(client, ch, tmp)
@@ -64,9 +64,8 @@ def promote_own_loop(args, client, info, ch, exp, holder, existing, contest, tmp
     test, held, directions, gate_name = {}, None, {}, None
     if callable(evaluate):
         test = _evaluate(evaluate, model, info)
-        gate_name = own_loop_gate.gate_metric(info.metric, test)
-        declared = getattr(exp, "METRIC_DIRECTIONS", None)
-        directions = own_loop_gate.directions(test, gate_name, info.direction, declared)
+        gate_name = gate.gate_metric(info.metric, test)
+        directions = gate.directions(test, gate_name, getattr(exp, "METRIC_DIRECTIONS", None), info.direction)
         why_not = None
         if holder is not None:
             held, why_not = _evaluate_holder(holder, model_name, info, evaluate, gate_name)
@@ -82,14 +81,10 @@ def promote_own_loop(args, client, info, ch, exp, holder, existing, contest, tmp
     if not decision.promote:
         return decision.exit_code
     previous = holder.version if holder is not None else None
-    if existing is not None:
-        if not dry:
-            from hpolab.registry.writer import move_alias_to_existing
+    if existing is not None:  # (as for the routine: writer.py)
+        from hpolab.registry.writer import move_to_existing
 
-            move_alias_to_existing(client, model_name, alias, existing.version, previous)
-        print(f"{model_name} version {existing.version} already holds trial {ch.trial_number} (run {ch.run_id}): no new version; "
-              f"{'dry run: would move' if dry else 'moved'} @{alias} to it")
-        return EXIT_OK
+        return move_to_existing(client, model_name, alias, existing.version, previous, ch.trial_number, ch.run_id, dry)
     example = _input_example(uri, tmp)
     exports, skipped = export_or_skip(model, example, tmp)
     if dry:
@@ -161,7 +156,7 @@ def _evaluate(evaluate, model, info) -> dict[str, float]:
             returned = evaluate(model, "test")
     except Exception as e:  # noqa: BLE001 -- the experiment's code: its error, one line
         raise PromotionFailed(f"experiment {info.experiment}: evaluate(model, \"test\") raised {type(e).__name__}: {e}") from e
-    return own_loop_gate.checked_metrics(returned, info.experiment, info.metric)
+    return gate.checked_metrics(returned, info.experiment, info.metric)
 
 
 def _evaluate_holder(holder, model_name: str, info, evaluate, gate_name: str):
@@ -225,7 +220,7 @@ def export_or_skip(model, example: np.ndarray | None, folder: Path):
 
 def _print_table(ch, info, test: dict, alias: str, holder, held) -> None:
     names = list(test)
-    print(f"held-out test split: the experiment's evaluate(model, \"test\") (gate: {own_loop_gate.gate_metric(info.metric, test)})")
+    print(f"held-out test split: the experiment's evaluate(model, \"test\") (gate: {gate.gate_metric(info.metric, test)})")
     # the trial's value of the study metric, then evaluate()'s test metrics ("test " before each when a name is the study metric's)
     shown = [f"test {k}" for k in names] if info.metric in names else names
     print(f"  {'':28s} {info.metric:>10s} " + " ".join(f"{k:>12s}" for k in shown))

@@ -138,7 +138,6 @@ def _model_tags(client, uri: str, stores: Stores) -> tuple[dict[str, str], str]:
     from mlflow.exceptions import MlflowException
 
     from hpolab.errors import UserError
-    from hpolab.stores.paths import redact
 
     m = re.fullmatch(r"models:/([^/@]+)(?:@([^/]+)|/(\d+))?", uri)
     if not m:
@@ -153,7 +152,7 @@ def _model_tags(client, uri: str, stores: Stores) -> tuple[dict[str, str], str]:
             lm = client.get_logged_model(name)
             return dict(lm.tags), f"logged model {name}"
     except MlflowException as e:  # (not found: in the store that was looked in, named with how to name another)
-        raise UserError(f"{uri}: {e.message} in the MLflow store {redact(stores.tracking_uri)}; is --store / --tracking-uri "
+        raise UserError(f"{uri}: {e.message} in the MLflow store {stores.tracking_shown}; is --store / --tracking-uri "
                         "the study's?") from e
     tags = dict(mv.tags)
     # The logged model carries the serving tags too (the SQLite registry keeps its id in `source` only).

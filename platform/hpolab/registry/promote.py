@@ -171,8 +171,8 @@ def _gate_and_write(args, stores: Stores, client, study, info, metric: str, ch, 
         exp, splits, model, serving, bound = selection.load_challenger(client, stores, info, ch, tmp, exp)  # 2. on the test split
         ev = evaluation.evaluate_challenger(exp, ch.config, splits, model, serving, bound)
         # 3. the alias holder on the same split, and the gate (on the study metric's test counterpart)
-        gate_name = gate.gate_metric(metric, info.metric, ev.metrics)
-        directions = _test_directions(bound, ch.config)
+        gate_name = gate.gate_metric((metric, info.metric), ev.metrics) or "loss"  # (a task's evaluation always has its loss)
+        directions = gate.directions(ev.metrics, gate_name, _declared_directions(bound, ch.config), info.direction)
         held, why_not = (champion.evaluate_holder(holder, model_name, info.experiment, ch.config, ev.x_raw, ev.y, bound, ev.fingerprint)
                          if holder is not None else (None, None))
         _print_table(info, ch, ev.metrics, alias, holder, held, len(ev.x_raw))
@@ -185,7 +185,7 @@ def _gate_and_write(args, stores: Stores, client, study, info, metric: str, ch, 
 
         previous = holder.version if holder is not None else None
         if existing is not None:  # idempotent: this trial already has a version (with its exports)
-            return _move_to_existing(client, model_name, alias, existing, previous, ch, dry)
+            return writer.move_to_existing(client, model_name, alias, existing.version, previous, ch.trial_number, ch.run_id, dry)
 
         # 4. exports + parity, still nothing written
         exports = evaluation.export_and_check(ev, tmp)
@@ -232,20 +232,6 @@ def _gate_every_objective(study, info, ch, test: dict, holder, held: dict | None
     return go.decide(ch.gate_values, theirs, directions, ch.bounds, force, contest, bound_values)
 
 
-def _move_to_existing(client, model_name: str, alias: str, existing, previous, ch, dry: bool) -> int:
-    """The challenger's trial already has a version: move the alias to it (no new version, no exports)."""
-    from hpolab.registry import writer
-
-    if dry:
-        print(f"dry run: would move @{alias} to the existing version {existing.version} of {model_name} "
-              f"(trial {ch.trial_number}, run {ch.run_id}) from {previous or 'nobody'}; nothing was written")
-        return EXIT_OK
-    writer.move_alias_to_existing(client, model_name, alias, existing.version, previous)
-    print(f"{model_name} version {existing.version} already holds trial {ch.trial_number} (run {ch.run_id}): "
-          f"no new version; @{alias} -> version {existing.version}" + (f" (was version {previous})" if previous else ""))
-    return EXIT_OK
-
-
 def _print_registered(model_name: str, version, alias: str, previous, stores: Stores) -> None:
     print(f"registered {model_name} version {version}; @{alias} -> version {version}"
           + (f" (was version {previous})" if previous else ""))
@@ -253,13 +239,13 @@ def _print_registered(model_name: str, version, alias: str, previous, stores: St
           f"or  {stores.command(f'predict models:/{model_name}@{alias} INPUT.npy')}")
 
 
-def _test_directions(bound, config: dict) -> dict[str, str]:
-    """The task's test metrics -> maximize | minimize (val_rmse -> rmse ...), loss always minimized."""
+def _declared_directions(bound, config: dict) -> dict[str, str]:
+    """The task's metric directions by val_ name: what the gate reads, as an own loop's METRIC_DIRECTIONS
+    (classification's test evaluation always has macro_f1, its epochs only when imbalance is on)."""
     from hpolab.train.config import trainer_config
 
     val = bound.task.metric_directions(trainer_config(config["trainer"]))
-    return {"loss": "minimize", **{k.removeprefix("val_"): v for k, v in val.items() if not k.startswith("val_recall_")},
-            **({"macro_f1": "maximize"} if bound.task.name == "classification" else {})}
+    return {**val, **({"val_macro_f1": "maximize"} if bound.task.name == "classification" else {})}
 
 
 def _print_table(info, ch, test: dict, alias: str, holder, held: dict | None, n: int) -> None:

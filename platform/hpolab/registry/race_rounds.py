@@ -67,7 +67,7 @@ def queue(companion, storage, result, wanted: list[tuple[str, int]]) -> int:
 def outcomes(companion, info) -> dict[tuple[str, int], tuple[str, Any, Any]]:
     """(candidate, seed) -> ("ok", value, trial) | ("failed", reason, trial); pairs still to run are absent."""
     from hpolab.registry.pick import values_of
-    from hpolab.stores.trial_counts import retried_numbers
+    from hpolab.stores.trial_states import retried_numbers
 
     trials = companion.get_trials(deepcopy=False)
     retried = retried_numbers(trials)

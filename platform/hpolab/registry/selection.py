@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpolab.stores.paths import Stores, redact
+from hpolab.stores.paths import Stores
 from hpolab.study.objectives.ranking import feasible, primary_direction
 
 
@@ -54,7 +54,7 @@ def load_study(name: str, stores: Stores, client):
     except Exception:
         parent = None
     if parent is None:
-        raise UserError(f"study {name!r} has no MLflow parent run in {redact(stores.tracking_uri)}; is --tracking-uri the one the study used?")
+        raise UserError(f"study {name!r} has no MLflow parent run in {stores.tracking_shown}; is --tracking-uri the one the study used?")
     p = parent.data.params
     metric = p.get("metric", "val_acc")  # several objectives: the one pruned on (the best checkpoint's)
     info = StudyInfo(

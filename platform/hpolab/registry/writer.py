@@ -40,6 +40,22 @@ def move_alias_to_existing(client, model_name: str, alias: str, version: str, pr
     client.set_registered_model_alias(model_name, alias, version)
 
 
+def move_to_existing(client, model_name: str, alias: str, version: str, previous: str | None, trial: int, run_id: str,
+                     dry: bool) -> int:
+    """The challenger's trial already has a version (any experiment's promote): the alias moves to it,
+    no new version and no exports; what happened (or would, `dry`) printed. Returns the exit code."""
+    from hpolab.errors import EXIT_OK
+
+    if dry:
+        print(f"dry run: would move @{alias} to the existing version {version} of {model_name} "
+              f"(trial {trial}, run {run_id}) from {previous or 'nobody'}; nothing was written")
+        return EXIT_OK
+    move_alias_to_existing(client, model_name, alias, version, previous)
+    print(f"{model_name} version {version} already holds trial {trial} (run {run_id}): "
+          f"no new version; @{alias} -> version {version}" + (f" (was version {previous})" if previous else ""))
+    return EXIT_OK
+
+
 def write_version(client, model_name: str, alias: str, info: StudyInfo, ch: Challenger, ev: Evaluation, exports: Exports,
                   gate: str, selection_metric: str, previous: str | None) -> str:
     """Promote run + serving model + exports + a new registered version holding `alias`; returns the version."""

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 from hpolab.stores.mlflow_sql import ModelFacts, RunData, RunFacts, RunInfo
 
 TIMEOUT_S = 30  # per request (MLflow's client: 120 s and 7 retries, for a study riding out a restart)
+RUN_IDS_PER_SEARCH = 100  # run ids per `attributes.run_id IN (...)` filter (a search filter's length is bounded)
 PAGE = 1000  # runs/search and logged-models/search: MLflow's largest page for runs with their data
 _NOT_HANDLED = ("MLFLOW_TRACKING_AUTH", "MLFLOW_WORKSPACE")
 
@@ -147,11 +148,20 @@ def search_runs(rest: Rest, experiment: str, filter_string: str = "", deleted: b
         body["page_token"] = page["next_page_token"]
 
 
-def runs_by_id(rest: Rest, experiment: str, run_ids: list[str]) -> dict[str, RunFacts]:
-    """These runs of the experiment (active ones), one search per 100 ids."""
-    ids, out = sorted(set(run_ids)), {}
-    for i in range(0, len(ids), 100):
-        out.update(search_runs(rest, experiment, "attributes.run_id IN ({})".format(", ".join(f"'{r}'" for r in ids[i:i + 100]))))
+def run_id_filters(run_ids: Iterable[str]) -> Iterator[tuple[int, str]]:
+    """MLflow search filters naming these runs, RUN_IDS_PER_SEARCH ids each, with how many ids each names
+    (each id once): the one form of the search by id, for MlflowClient (mlflow_runs.runs_by_id) and REST."""
+    ids = sorted(set(run_ids))
+    for i in range(0, len(ids), RUN_IDS_PER_SEARCH):
+        chunk = ids[i:i + RUN_IDS_PER_SEARCH]
+        yield len(chunk), "attributes.run_id IN ({})".format(", ".join(f"'{r}'" for r in chunk))
+
+
+def runs_by_id(rest: Rest, experiment: str, run_ids: Iterable[str]) -> dict[str, RunFacts]:
+    """These runs of the experiment (active ones), one search per RUN_IDS_PER_SEARCH ids."""
+    out: dict[str, RunFacts] = {}
+    for _, filter_string in run_id_filters(run_ids):
+        out.update(search_runs(rest, experiment, filter_string))
     return out
 
 

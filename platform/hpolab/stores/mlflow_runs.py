@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
-from hpolab.stores.paths import Stores, redact, sqlite_file
+from hpolab.stores.paths import Stores, redact
 from hpolab.stores.run_roles import ROLE, TRIAL
 
 PARAM_BATCH = 100  # MLflow's log_batch limit for params
@@ -46,8 +46,7 @@ def _create_local_db(stores: Stores) -> None:
     its artifact location, outside the store. The migrated schema comes from a per-version cache
     (stores/db_templates.py): migrating a new DB costs seconds.
     """
-    uri = stores.tracking_uri
-    db = sqlite_file(uri)
+    db = stores.tracking_db
     if db is None or not stores.artifact_location or db.exists() or not db.parent.is_dir():  # a missing store folder stays an error of the caller's
         return
     import mlflow
@@ -60,7 +59,7 @@ def _create_local_db(stores: Stores) -> None:
     if not seed_database(db, f"mlflow-{mlflow.__version__}",
                          create=lambda url: SqlAlchemyStore(url, stores.artifact_location).engine.dispose(),
                          prepare=lambda copy: point_default_experiment(copy, location, int(time.time() * 1000))):
-        SqlAlchemyStore(uri, stores.artifact_location).engine.dispose()
+        SqlAlchemyStore(stores.tracking_uri, stores.artifact_location).engine.dispose()
 
 
 # Optuna study user attr: the MLflow experiment a study's runs go in, where it is not the study's own
@@ -216,3 +215,17 @@ def find_runs(client: MlflowClient, experiment_id: str, filter_string: str) -> I
         page_token = page.token
         if not page_token:
             return
+
+
+def runs_by_id(client: MlflowClient, experiment_id: str, run_ids: Iterable[str], deleted: bool = False) -> dict[str, Any]:
+    """These runs of the experiment by id (`deleted`: deleted ones too, as get_run reads them): one
+    search per mlflow_rest.RUN_IDS_PER_SEARCH ids, so reading K runs costs K runs, not the experiment's."""
+    from mlflow.entities import ViewType
+
+    from hpolab.stores.mlflow_rest import run_id_filters
+
+    view = ViewType.ALL if deleted else ViewType.ACTIVE_ONLY
+    out = {}
+    for n, filter_string in run_id_filters(run_ids):
+        out.update((run.info.run_id, run) for run in client.search_runs([experiment_id], filter_string, run_view_type=view, max_results=n))
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
@@ -34,8 +35,12 @@ def engine_kwargs(url: str) -> dict:
             "pool_timeout": POOL_TIMEOUT_S}
 
 
-def make_storage(url: str, max_retries: int = 1) -> optuna.storages.BaseStorage:
+def make_storage(where: Stores | str, max_retries: int = 1) -> optuna.storages.BaseStorage:
+    """The Optuna storage a driver writes (heartbeats, retries of stale trials) of a command's Stores,
+    or of a storage URL."""
     import random
+
+    url, db = (where.optuna_url, where.optuna_db) if isinstance(where, Stores) else (where, sqlite_file(where))
 
     # Optuna's INFO lines ("A new study created in RDB with name: ...") would come before the study's
     # own first line; its warnings (WARNING and up) are still printed.
@@ -48,7 +53,7 @@ def make_storage(url: str, max_retries: int = 1) -> optuna.storages.BaseStorage:
 
     from sqlalchemy.exc import SQLAlchemyError
 
-    _seed_sqlite(url)
+    _seed_sqlite(db)
     for attempt in range(6):
         try:
             return optuna.storages.RDBStorage(
@@ -72,9 +77,8 @@ def make_storage(url: str, max_retries: int = 1) -> optuna.storages.BaseStorage:
     raise AssertionError("unreachable")
 
 
-def _seed_sqlite(url: str) -> None:
+def _seed_sqlite(db: Path | None) -> None:
     """A new embedded optuna.db starts as a copy of a migrated empty one (stores/db_templates.py)."""
-    db = sqlite_file(url)
     if db is None or db.exists() or not db.parent.is_dir():
         return
     from hpolab.stores.db_templates import seed_database
@@ -85,14 +89,14 @@ def _seed_sqlite(url: str) -> None:
 
 def load_study(name: str, stores: Stores) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    db = sqlite_file(stores.optuna_url)
+    db = stores.optuna_db
     if db is not None and not db.exists():  # reading must not create an embedded DB
         raise UserError(f"no Optuna storage at {db}; run a study first, or pass --store DIR / --storage URL")
     storage = open_storage(stores.optuna_url)
     names = [s.study_name for s in storage.get_all_studies()]  # names only (summaries would read every trial)
     if name not in names:
         known = ", ".join(names) or "none"
-        raise UserError(f"no study named {name!r} in {redact(stores.optuna_url)} (studies there: {known})")
+        raise UserError(f"no study named {name!r} in {stores.optuna_shown} (studies there: {known})")
     return optuna.load_study(study_name=name, storage=storage)
 
 

@@ -9,16 +9,35 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
 @dataclass(frozen=True)
 class Stores:
+    """A command's three stores, resolved once (resolve_stores): the local folder, the Optuna storage
+    and the MLflow tracking store. What every layer needs of the two URLs is worked out here, once: their
+    SQLite files, their redacted forms (what messages show) and what kind of store each is, so no
+    layer parses or redacts a store URL again."""
+
     root: Path  # local folder: default stores, trial checkpoints, LR range test outputs
     optuna_url: str
     tracking_uri: str
     artifact_location: str | None  # for experiments we create; None = the tracking server decides
+    optuna_db: Path | None = field(init=False)  # the Optuna storage's SQLite file (sqlite_file); None: any other
+    tracking_db: Path | None = field(init=False)  # and the tracking store's
+    optuna_shown: str = field(init=False)  # the URLs as messages show them (redact)
+    tracking_shown: str = field(init=False)
+    optuna_kind: str = field(init=False)  # "embedded" (root's own file), "sqlite", "grpc" (the storage proxy), "database"
+    tracking_kind: str = field(init=False)  # "embedded", "sqlite", "server" (http/https), "database", "other" (a folder, a plugin)
+
+    def __post_init__(self) -> None:
+        optuna_default, tracking_default = default_urls(self.root)
+        for name, url, default in (("optuna", self.optuna_url, optuna_default), ("tracking", self.tracking_uri, tracking_default)):
+            db = sqlite_file(url)
+            object.__setattr__(self, f"{name}_db", db)
+            object.__setattr__(self, f"{name}_shown", redact(url))
+            object.__setattr__(self, f"{name}_kind", _kind(url, default))
 
     @property
     def trials_dir(self) -> Path:
@@ -28,20 +47,34 @@ class Stores:
         return self.trials_dir / study / f"trial-{trial_number}"
 
     def describe(self) -> str:
-        return f"optuna: {redact(self.optuna_url)}\nmlflow: {redact(self.tracking_uri)}"
+        return f"optuna: {self.optuna_shown}\nmlflow: {self.tracking_shown}"
 
     def command(self, rest: str) -> str:
         """`hpolab [--store DIR] [--storage URL] [--tracking-uri URI] rest`: a command line that reads these
         stores from any working directory (passwords redacted), for the hints hpolab prints."""
         import shlex
 
-        optuna, tracking = default_urls(self.root)
         options = [] if self.root == Path(DEFAULT_STORE).resolve() else ["--store", str(self.root)]
-        if self.optuna_url != optuna:
-            options += ["--storage", redact(self.optuna_url)]
-        if self.tracking_uri != tracking:
-            options += ["--tracking-uri", redact(self.tracking_uri)]
+        if self.optuna_kind != "embedded":
+            options += ["--storage", self.optuna_shown]
+        if self.tracking_kind != "embedded":
+            options += ["--tracking-uri", self.tracking_shown]
         return " ".join(["hpolab", *(shlex.quote(o) for o in options), rest])
+
+
+def _kind(url: str, default: str) -> str:
+    scheme = url.split("://", 1)[0].lower().split("+")[0] if "://" in url else ""
+    if url == default:
+        return "embedded"
+    if scheme == "sqlite":
+        return "sqlite"
+    if scheme in ("grpc", "grpcs"):
+        return "grpc"
+    if scheme in ("http", "https"):
+        return "server"
+    if scheme in ("postgresql", "mysql", "mssql", "oracle"):
+        return "database"
+    return "other"
 
 
 # A URL in any text: its scheme, then everything up to whitespace (a URL holds none; a password holding

@@ -52,14 +52,14 @@ def check_stores(stores: Stores, optuna: bool = True, tracking: bool = True, cre
     `create` False: a command that reads (status, compare, promote, predict, ui ...): an embedded
     store's database file must exist already (opening it would create an empty one)."""
     if optuna:
-        from hpolab.stores.grpc_proxy import grpc_storage, is_grpc_url
+        if stores.optuna_kind == "grpc":
+            from hpolab.stores.grpc_proxy import grpc_storage
 
-        if is_grpc_url(stores.optuna_url):
             grpc_storage(stores.optuna_url).close()  # bounded wait for the proxy, one line when it is not there
         else:
-            check_database(stores.optuna_url, "Optuna storage", OPTUNA_FIX, stores.root)
+            check_database(stores.optuna_url, "Optuna storage", OPTUNA_FIX, stores.root, shown=stores.optuna_shown)
     if tracking:
-        check_tracking(stores.tracking_uri, stores.root)
+        check_tracking(stores.tracking_uri, stores.root, shown=stores.tracking_shown)
     if not create:  # (after the checks of both URLs: a malformed one is said first)
         require_existing(stores, optuna, tracking)
 
@@ -67,13 +67,10 @@ def check_stores(stores: Stores, optuna: bool = True, tracking: bool = True, cre
 def require_existing(stores: Stores, optuna: bool = True, tracking: bool = True) -> None:
     """UserError when an embedded store's database a reading command opens does not exist: opening it
     would create an empty one, and the study is elsewhere."""
-    from hpolab.stores.paths import sqlite_file
-
-    for url, what, used in ((stores.optuna_url, "Optuna storage", optuna), (stores.tracking_uri, "MLflow tracking store", tracking)):
-        db = sqlite_file(url) if used else None
-        if db is not None and not db.exists():
-            raise UserError(f"no {what} at {db}: nothing has run with this store; give the --store (or --storage / "
-                            "--tracking-uri) the study ran with")
+    for db, what, used in ((stores.optuna_db, "Optuna storage", optuna), (stores.tracking_db, "MLflow tracking store", tracking)):
+        if used and db is not None and not db.exists():
+            raise UserError(f"no {what} at {db}: nothing has run with this store; run a study first, or give the --store "
+                            "(or --storage / --tracking-uri) the study ran with")
 
 
 def connect_args_for(url) -> dict:
@@ -87,12 +84,12 @@ def connect_args_for(url) -> dict:
     return {}
 
 
-def parse_database_url(url: str, what: str, fix: str):
+def parse_database_url(url: str, what: str, fix: str, shown: str | None = None):
     """The SQLAlchemy URL and its dialect class, or UserError naming the fix (exit 2)."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-    shown = redact(url)
+    shown = redact(url) if shown is None else shown
     try:
         u = make_url(url)
     except (ArgumentError, ValueError) as e:
@@ -113,8 +110,9 @@ def parse_database_url(url: str, what: str, fix: str):
     return u, dialect
 
 
-def check_database(url: str, what: str, fix: str, root: Path | None = None) -> None:
-    shown = redact(url)
+def check_database(url: str, what: str, fix: str, root: Path | None = None, shown: str | None = None) -> None:
+    """`shown`: the URL redacted (Stores.optuna_shown), when the caller has it already."""
+    shown = redact(url) if shown is None else shown
     if url.startswith("sqlite:///") and not any(c in url for c in "?#%"):
         # A plain SQLite file URL (the store's default) always parses and its driver is the standard
         # library's: no SQLAlchemy import (a second on a loaded machine) to learn what we know.
@@ -124,7 +122,7 @@ def check_database(url: str, what: str, fix: str, root: Path | None = None) -> N
 
     if reachable(url):  # a psycopg2 PostgreSQL URL that answers: no SQLAlchemy import (its failures are said below)
         return
-    u, _ = parse_database_url(url, what, fix)
+    u, _ = parse_database_url(url, what, fix, shown)
     if u.get_backend_name() == "sqlite":
         _check_sqlite_folder(u.database, what, shown, fix, root)
         return
@@ -178,13 +176,13 @@ def _mlflow_http_bounded():
                 os.environ[k] = v
 
 
-def check_tracking(uri: str, root: Path | None = None) -> None:
-    shown = redact(uri)
+def check_tracking(uri: str, root: Path | None = None, shown: str | None = None) -> None:
+    shown = redact(uri) if shown is None else shown
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     if scheme in ("", "file"):
         return  # a local folder (MLflow's file store): created on first write
     if scheme.split("+")[0] in ("sqlite", "postgresql", "mysql", "mssql", "oracle"):
-        check_database(uri, "MLflow tracking store", TRACKING_FIX, root)
+        check_database(uri, "MLflow tracking store", TRACKING_FIX, root, shown=shown)
         return
     if scheme in ("http", "https"):
         _check_mlflow_server(uri, shown)

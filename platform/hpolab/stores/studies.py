@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from hpolab.errors import UserError
-from hpolab.stores.paths import Stores, redact, sqlite_file
+from hpolab.stores.paths import Stores
 from hpolab.stores.trial_counts import count_trials
 
 if TYPE_CHECKING:
@@ -47,13 +47,11 @@ def _storage_or_none(stores: Stores) -> optuna.storages.BaseStorage | None:
     import optuna  # here, not at the top: `study list` of an empty store needs no Optuna (a second)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    url = stores.optuna_url
-    db = sqlite_file(url)
-    if db is not None and not db.is_file():
+    if stores.optuna_db is not None and not stores.optuna_db.is_file():
         return None
     from hpolab.stores.optuna_storage import open_storage
 
-    return open_storage(url)
+    return open_storage(stores.optuna_url)
 
 
 # A study of several objectives prunes through a companion study in the same storage
@@ -209,7 +207,7 @@ def delete_study(name: str, stores: Stores) -> Deleted:
     """
     names = study_names(stores)
     if name not in names:
-        raise UserError(f"no study named {name!r} in {redact(stores.optuna_url)} (studies there: {', '.join(names) or 'none'})")
+        raise UserError(f"no study named {name!r} in {stores.optuna_shown} (studies there: {', '.join(names) or 'none'})")
     import optuna
 
     storage = _storage_or_none(stores)

@@ -164,10 +164,10 @@ def doctor_cmd(args, stores) -> int:
     from hpolab.config.spec import load_spec
 
     from hpolab.config.experiment import load_experiment
-    from hpolab.config.own_loop_checks import refuse_own_loop
+    from hpolab.config.training_loop import require_builtin_loop
 
     spec = load_spec(args.spec, list(getattr(args, "overrides", None) or []))
-    refuse_own_loop(load_experiment(spec.experiment), "doctor")
+    require_builtin_loop(load_experiment(spec.experiment), "doctor")
     console = Console(highlight=False)
     console.print(f"[bold]hpolab doctor[/] {args.spec} (experiment {spec.experiment})")
     results, facts = run_doctor(spec)

@@ -18,11 +18,10 @@ def find_study_run(client, stores, spec) -> tuple[str, str | None]:
     there (and does not create an Optuna DB that does not exist yet).
     """
     from hpolab.stores import mlflow_runs as tr
-    from hpolab.stores.paths import sqlite_file
 
     experiment_id = tr.get_or_create_experiment(client, spec.name, stores)
     parent = None
-    url, db = stores.optuna_url, sqlite_file(stores.optuna_url)
+    url, db = stores.optuna_url, stores.optuna_db
     if db is None or db.is_file():  # an embedded DB that does not exist holds no study (and is not created)
         import optuna
 

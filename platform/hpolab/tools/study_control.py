@@ -15,7 +15,7 @@ import os
 from hpolab.config.run_controls import check_controls
 from hpolab.errors import EXIT_OK, UserError
 from hpolab.stores.control import Control, change_control
-from hpolab.stores.paths import Stores, redact
+from hpolab.stores.paths import Stores
 from hpolab.study.state.owners import this_host
 
 STATES = {"pause": "paused", "resume": "running", "stop": "stopped", "set": None}
@@ -36,7 +36,7 @@ def change_study(name: str, stores: Stores, kind: str, items: list[str] | None =
         study_id = storage.get_study_id_from_name(name)
     except KeyError:
         names = sorted(s.study_name for s in storage.get_all_studies())
-        raise UserError(f"no study named {name!r} in {redact(stores.optuna_url)} (studies there: {', '.join(names) or 'none'})") from None
+        raise UserError(f"no study named {name!r} in {stores.optuna_shown} (studies there: {', '.join(names) or 'none'})") from None
     values = None
     if kind == "set":
         values = check_controls(list(items or []), storage.get_study_user_attrs(study_id).get("hpolab.spec"), name)

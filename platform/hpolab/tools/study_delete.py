@@ -7,15 +7,15 @@ from __future__ import annotations
 import sys
 
 from hpolab.errors import EXIT_OK, UserError
-from hpolab.stores.paths import Stores, redact
+from hpolab.stores.paths import Stores
 from hpolab.stores.studies import delete_study, study_names
 
 
 def delete_cmd(args, stores: Stores) -> int:
     names = study_names(stores)
     if args.name not in names:
-        raise UserError(f"no study named {args.name!r} in {redact(stores.optuna_url)} (studies there: {', '.join(names) or 'none'})")
-    what = (f"study {args.name!r}: its Optuna study in {redact(stores.optuna_url)}, its MLflow experiment in {redact(stores.tracking_uri)} "
+        raise UserError(f"no study named {args.name!r} in {stores.optuna_shown} (studies there: {', '.join(names) or 'none'})")
+    what = (f"study {args.name!r}: its Optuna study in {stores.optuna_shown}, its MLflow experiment in {stores.tracking_shown} "
             f"(soft delete) and {stores.trials_dir / args.name} and {stores.root / 'lr-find' / args.name}")
     if not args.yes:
         if not sys.stdin.isatty():
@@ -34,7 +34,7 @@ def delete_cmd(args, stores: Stores) -> int:
     if d.experiment_id:
         _warn_of_versions(stores, d.experiment_id)
     else:
-        print(f"no MLflow experiment named {d.name!r} in {redact(stores.tracking_uri)}")
+        print(f"no MLflow experiment named {d.name!r} in {stores.tracking_shown}")
     for f in d.folders:
         print(f"removed {f}")
     print("registered models and their versions are kept")

@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.request
 
-from hpolab.stores.paths import Stores, redact
+from hpolab.stores.paths import Stores
 
 STOP_GRACE_SECONDS = 10  # after SIGTERM, then SIGKILL
 READY_TIMEOUT_SECONDS = 120  # the server imports a lot; a loaded laptop can take a minute
@@ -99,14 +99,14 @@ class _Stop(Exception):
 
 
 def serve(stores: Stores, host: str = "127.0.0.1", port: int = 5000) -> int:
-    if stores.tracking_uri.startswith(("http://", "https://")):
-        print(f"the tracking store is already a server: open {redact(stores.tracking_uri)}")
+    if stores.tracking_kind == "server":
+        print(f"the tracking store is already a server: open {stores.tracking_shown}")
         return 0
     check_address(host, port)
-    if stores.tracking_uri.startswith("sqlite:///"):
+    if stores.tracking_db is not None:
         stores.root.mkdir(parents=True, exist_ok=True)
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    print(f"MLflow UI for {redact(stores.tracking_uri)}\n  open {url}   (Ctrl-C to stop)", flush=True)
+    print(f"MLflow UI for {stores.tracking_shown}\n  open {url}   (Ctrl-C to stop)", flush=True)
 
     def on_signal(signum, frame):
         raise _Stop()

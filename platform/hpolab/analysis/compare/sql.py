@@ -13,11 +13,10 @@ from pathlib import Path
 from hpolab.analysis.compare.study import StudyTable, table_of, top_numbers
 from hpolab.stores import mlflow_sql, optuna_sql
 from hpolab.stores.paths import Stores
-from hpolab.stores.paths import sqlite_file
 
 
 def sql_study_table(name: str, stores: Stores, top: tuple[str, int] | None) -> StudyTable | None:
-    optuna_db, mlflow_db = sqlite_file(stores.optuna_url), sqlite_file(stores.tracking_uri)
+    optuna_db, mlflow_db = stores.optuna_db, stores.tracking_db
     if optuna_db is None or mlflow_db is None or not optuna_db.is_file():
         return None
     study = optuna_sql.read_study(optuna_db, name)

@@ -21,7 +21,7 @@ from hpolab.study.objectives import ranking
 from hpolab.study.objectives.ranking import primary_direction
 from hpolab.stores.trial_states import shown
 from hpolab.stores.model_links import study_models
-from hpolab.stores.paths import Stores, sqlite_file
+from hpolab.stores.paths import Stores
 
 MODEL_COLUMNS = ("model_id", "model_name", "model_uri")  # the trial's logged model (trial_model)
 
@@ -83,13 +83,9 @@ def runs_of_trials(client, experiment_id: str | None, trials: Iterable) -> dict[
     ids = sorted({t.user_attrs["mlflow_run_id"] for t in trials if t.user_attrs.get("mlflow_run_id")})
     if client is None or experiment_id is None or not ids:
         return {}
-    from hpolab.stores.mlflow_runs import find_runs
+    from hpolab.stores.mlflow_runs import runs_by_id
 
-    out = {}
-    for i in range(0, len(ids), 100):
-        chunk = ", ".join(f"'{r}'" for r in ids[i:i + 100])
-        out.update({r.info.run_id: r for r in find_runs(client, experiment_id, f"attributes.run_id IN ({chunk})")})
-    return out
+    return runs_by_id(client, experiment_id, ids)
 
 
 def logged_models(client, experiment_id: str | None) -> dict[str, str] | None:
@@ -300,9 +296,7 @@ def tracking_client(stores: Stores):
     """An MlflowClient, or None when the local MLflow database does not exist (reading must not create it)."""
     from hpolab.stores.mlflow_runs import client_for
 
-    uri = stores.tracking_uri
-    db = sqlite_file(uri)
-    if db is not None and not db.exists():
+    if stores.tracking_db is not None and not stores.tracking_db.exists():
         return None
     return client_for(stores)
 

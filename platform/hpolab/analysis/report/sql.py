@@ -16,13 +16,12 @@ from hpolab.analysis.compare.study import table_of, top_numbers
 from hpolab.analysis.report.data import LR_KEYS, LR_RUN_NAME, TOP_ROWS, ReportData, lr_curve, registered
 from hpolab.analysis.report.race import read_race
 from hpolab.stores import mlflow_sql
-from hpolab.stores.paths import sqlite_file
 from hpolab.stores.paths import Stores
 from hpolab.study.objectives.ranking import primary_direction
 
 
 def gather_sql(study, stores: Stores) -> ReportData | None:
-    optuna_db, mlflow_db = sqlite_file(stores.optuna_url), sqlite_file(stores.tracking_uri)
+    optuna_db, mlflow_db = stores.optuna_db, stores.tracking_db
     if optuna_db is None or mlflow_db is None or not mlflow_db.is_file():
         return None
     first = first_runs(mlflow_db, study)

@@ -46,7 +46,7 @@ from optuna.trial import TrialState
 
 from hpolab.errors import StudyError
 from hpolab.config.spec import StudySpec, load_experiment
-from hpolab.config.own_loop_checks import recorded_config
+from hpolab.config.training_loop import recorded_config
 from hpolab.config.experiment_code import code_of
 from hpolab.stores.optuna_storage import make_storage
 from hpolab.stores.paths import Stores, ensure_local
@@ -145,7 +145,7 @@ class Driver:
         # Start the forkserver (imports torch + the experiment, and warms the model export when the
         # spec logs models: seconds) while we open the stores; the CLI has started it already.
         self.runner.start_forkserver()
-        self.storage = make_storage(self.stores.optuna_url, self.spec.max_retries)
+        self.storage = make_storage(self.stores, self.spec.max_retries)
         self.storage.heartbeat_stale_trial_callback = self.retry  # (if anything calls fail_stale_trials)
         directions = [o.direction for o in self.spec.objective_list]
         source = warm_start.check_source(self.storage, self.spec)  # refused before the study exists

@@ -33,7 +33,7 @@ from optuna.trial import FrozenTrial, TrialState
 from hpolab.study.state.budget import NOT_THE_TRIALS_FAULT, FailureStreak, trial_counts
 from hpolab.errors import StudyError
 from hpolab.study.objectives import objective_values
-from hpolab.study.driver.heartbeat import PUT_BACK, beat, lost_reason
+from hpolab.study.driver.heartbeat import beat, lost_reason
 from hpolab.study.state import lifecycle
 from hpolab.study.state.outage import passthrough
 from hpolab.study.driver.progress import Progress
@@ -41,7 +41,7 @@ from hpolab.study.objectives import ranking
 from hpolab.study.objectives.pruning import Pruning
 from hpolab.stores.model_links import points_at
 from hpolab.study.state.retry import RetryCopy
-from hpolab.study.trials.runner import Running, TrialRunner, next_message
+from hpolab.study.trials.runner import Lost, Running, TrialRunner, next_message
 from hpolab.study.trials.tracker import TrialTracker
 from hpolab.study.trials.trial_output import FAILURE_ATTR
 from hpolab.study.driver.end_reasons import metrics_source, disagreement, exit_reason
@@ -143,7 +143,7 @@ class TrialEvents:
         try:
             self.pruning.report(r, value, epoch)
         except optuna.exceptions.UpdateFinishedTrialError:  # another worker reaped it
-            r.lost = self.guard(lost_reason, self.storage, r) or "Optuna has it finished while it still ran here"
+            r.lost = self.guard(lost_reason, self.storage, r) or Lost("Optuna has it finished while it still ran here")
             self.on_lost(r)
             return False
         if r.pruned_at is None and not self.never_prunes and self.pruning.should_prune(r):
@@ -169,11 +169,7 @@ class TrialEvents:
         tail = self._output_tail(r, state, tags)
         frozen = self._tell(r, state, value, tags)
         if not r.awaits_export:  # (one that does is answered, and its pipes closed, by the tracker)
-            for c in (r.conn, r.lifeline):
-                try:
-                    c.close()
-                except OSError:
-                    pass
+            r.close_pipes()
         if frozen is None or frozen.state != state or "hpolab.tell_error" in tags:  # Optuna's state is the truth
             state, value, model_info, retry = disagreement(frozen, state, value, model_info, retry, tags)
         copy = None
@@ -236,17 +232,13 @@ class TrialEvents:
         if r.process is not None and r.process.is_alive():
             r.process.kill()
         self.runner.retire(r)
-        if r.lost.startswith(PUT_BACK):  # Optuna keeps it RUNNING: its trial and run go on elsewhere, nothing to end here
+        if r.lost.put_back:  # Optuna keeps it RUNNING: its trial and run go on elsewhere, nothing to end here
             self.running.pop(r.number, None)
             self.tracker.metrics.forget(r.run_id)
-            for c in (r.conn, r.lifeline):
-                try:
-                    c.close()
-                except (OSError, AttributeError):
-                    pass
-            self.progress.note(f"trial {r.number}: {r.lost}; stopped here")
+            r.close_pipes()
+            self.progress.note(f"trial {r.number}: {r.lost.why}; stopped here")
             return
-        self.finish(r, TrialState.FAIL, {"hpolab.fail_reason": r.lost or "reaped by another worker",
+        self.finish(r, TrialState.FAIL, {"hpolab.fail_reason": r.lost.why,
                                          "hpolab.fail_kind": "reaped", "hpolab.epochs_run": str(r.epoch)})
 
     def on_done(self, r: Running, info: dict[str, Any]) -> None:
@@ -258,7 +250,7 @@ class TrialEvents:
                                           f"{info['epochs_run']} epochs): check {metrics_source(info)}",
                     "hpolab.fail_kind": "metric", "hpolab.epochs_run": str(info["epochs_run"])})
                 return
-            if info.get("own_loop") and info.get("last_checkpoint_epoch") != info["epochs_run"]:
+            if info.get("last_checkpoint_epoch") != info["epochs_run"]:  # (a loop that did not checkpoint this epoch)
                 self._cannot_pause(r, info)  # a resume would train and log its epochs again
                 return
             self.pauses.pause(r, info)
@@ -272,7 +264,7 @@ class TrialEvents:
         }
         if info["best_checkpoint"]:
             self.tracker.log_file(r.run_id, info["best_checkpoint"], "checkpoints")
-        elif info.get("own_loop") and info["best_epoch"]:  # (study check then expects no best.pt)
+        elif info["best_epoch"]:  # (study check then expects no best.pt; the routine checkpoints every best epoch)
             tags["hpolab.best_checkpoint_missing"] = f"train() did not call trial.checkpoint at its best epoch ({info['best_epoch']})"
         if info.get("pruned_by_train") and r.pruned_at is None:  # an own loop raised optuna.TrialPruned itself
             r.pruned_at = int(info["epochs_run"])
@@ -323,8 +315,9 @@ class TrialEvents:
                 pass
 
     def _cannot_pause(self, r: Running, info: dict[str, Any]) -> None:
-        """An own loop at its pause without a checkpoint of that epoch: FAIL (the study stops: every
-        trial of this loop would do the same); its epochs stay, once each, and count as trained."""
+        """A loop at its pause without a checkpoint of that epoch (only an own loop can: the routine writes
+        last.pt every epoch): FAIL (the study stops: every trial of this loop would do the same); its
+        epochs stay, once each, and count as trained."""
         epoch = int(info["epochs_run"])
         self.finish(r, TrialState.FAIL, {
             "hpolab.fail_reason": f"train() reached its pause at epoch {epoch} without a checkpoint of that epoch: the trial "

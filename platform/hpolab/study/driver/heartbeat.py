@@ -36,7 +36,7 @@ from hpolab.study.state.lifecycle import REAPED  # noqa: F401 -- (events.py and 
 from hpolab.study.state.outage import passthrough
 from hpolab.study.state.owners import HEARTBEAT_ATTR, describe, heartbeat_age, owner_of, this_host, why_dead  # noqa: F401
 from hpolab.study.state.retry import RetryCopy
-from hpolab.study.trials.runner import Running
+from hpolab.study.trials.runner import Lost, Running
 
 # We call Optuna's heartbeat API from an ask/tell driver on purpose (its built-in heartbeat only
 # covers Study.optimize); its "experimental" and "use with optimize" warnings are noise here.
@@ -117,7 +117,7 @@ class Heartbeats:
                     pass  # read again after the next beat
 
 
-def lost_reason(storage, r: Running) -> str | None:
+def lost_reason(storage, r: Running) -> Lost | None:
     """Why this driver's trial `r` is no longer its own, or None: Optuna no longer has it RUNNING
     (another driver reaped it), or it is RUNNING but was put back to paused (put_back_reason)."""
     t = storage.get_trial(r.trial._trial_id)
@@ -125,21 +125,21 @@ def lost_reason(storage, r: Running) -> str | None:
         return put_back_reason(t)
     by = t.system_attrs.get(REAPED)
     if by:
-        return f"reaped by another worker ({by}) while it still ran here; its retry runs there"
-    return f"Optuna has it {t.state.name} while it still ran here (another worker ended it)"
+        return Lost(f"reaped by another worker ({by}) while it still ran here; its retry runs there")
+    return Lost(f"Optuna has it {t.state.name} while it still ran here (another worker ended it)")
 
 
-PUT_BACK = "put back to paused by another worker"  # (a lost reason: Optuna still has the trial RUNNING)
+PUT_BACK = "put back to paused by another worker"
 
 
-def put_back_reason(t) -> str | None:
+def put_back_reason(t) -> Lost | None:
     """Why this driver's RUNNING trial `t` is no longer its own: a trial scheduler's segment another
     worker took for dead and put back to paused (pauses.py), maybe claimed since by a third one."""
     info, owner = paused_mark(t), owner_of(t)
     if info is not None and info.get("interrupted"):
-        return f"{PUT_BACK} (its heartbeats were stale); it resumes there"
+        return Lost(f"{PUT_BACK} (its heartbeats were stale); it resumes there", put_back=True)
     if owner is not None and owner.get("pid") is not None and (owner.get("host"), owner.get("pid")) != (this_host(), os.getpid()):
-        return f"{PUT_BACK} and resumed by {describe(owner)}"
+        return Lost(f"{PUT_BACK} and resumed by {describe(owner)}", put_back=True)
     return None
 
 

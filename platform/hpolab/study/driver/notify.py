@@ -31,7 +31,7 @@ from typing import Any, Callable
 from hpolab.config.notify import NotifyTarget
 from hpolab.stores.budget_lock import budget_lock
 from hpolab.stores.control import now_iso
-from hpolab.stores.paths import Stores, redact, server_ui_url
+from hpolab.stores.paths import Stores, server_ui_url
 from hpolab.study.driver import notify_text
 from hpolab.study.driver.notify_delivery import QUEUE_SIZE, Delivery
 from hpolab.study.state.owners import this_host
@@ -188,7 +188,7 @@ class Notifier:
     def _links(self) -> dict[str, Any]:
         ui = server_ui_url(self.stores.tracking_uri)
         return {"mlflow_experiment": f"{ui}/#/experiments/{self.experiment_id}" if ui and self.experiment_id else None,
-                "tracking_uri": redact(self.stores.tracking_uri), "optuna_storage": redact(self.stores.optuna_url),
+                "tracking_uri": self.stores.tracking_shown, "optuna_storage": self.stores.optuna_shown,
                 "ui_command": None if ui else f"hpolab --store {self.stores.root} ui"}
 
     def _run_link(self, run_id: str | None) -> str | None:
@@ -251,7 +251,7 @@ def send_once(name: str, stores: Stores, user_attrs: dict[str, Any], event: str,
     if not deliveries:
         return
     payload = {"event": event, "id": uuid.uuid4().hex, "study": name, "time": now_iso(), "worker": f"{this_host()} pid {os.getpid()}",
-               "links": {"tracking_uri": redact(stores.tracking_uri), "optuna_storage": redact(stores.optuna_url)}, **values}
+               "links": {"tracking_uri": stores.tracking_shown, "optuna_storage": stores.optuna_shown}, **values}
     payload["text"] = notify_text.line(payload)
     for d in deliveries:
         d.submit(payload)

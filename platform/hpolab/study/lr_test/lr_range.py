@@ -307,7 +307,7 @@ def run_lr_find(spec, stores=None, out_dir: str | Path | None = None, threads: i
     """
     import torch
 
-    from hpolab.config.own_loop_checks import refuse_own_loop
+    from hpolab.config.training_loop import require_builtin_loop
     from hpolab.config.spec import load_experiment
     from hpolab.train.data import data_seed_of
     from hpolab.train.seeding import seed_everything
@@ -320,7 +320,7 @@ def run_lr_find(spec, stores=None, out_dir: str | Path | None = None, threads: i
     if threads is not None:
         torch.set_num_threads(max(1, int(threads)))
     exp = load_experiment(spec.experiment)
-    refuse_own_loop(exp, "lr-find")
+    require_builtin_loop(exp, "lr-find")
     resolved = spec.resolved_config(exp)
     data = exp.load_data(resolved["data"], data_seed_of(resolved))
     # Seeded before the model is built: its initial weights (and so the curve) follow from the spec.

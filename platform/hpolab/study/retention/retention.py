@@ -42,7 +42,6 @@ PURGE_EVERY_S = 30.0
 # short trials 30 s is a hundred trials or more, whose checkpoints would wait on disk and in the store,
 # and whose deletes would all land on one later pass (the first trials of a study paid none of them).
 PURGE_EVERY_TRIALS = 25
-RUN_IDS_PER_SEARCH = 100  # run ids per `attributes.run_id IN (...)` filter
 
 
 def top_k(trials: Iterable[FrozenTrial], k: int, direction) -> list[int]:
@@ -163,7 +162,7 @@ class Retention:
         ids = [i[2] for i in items if i[2] is not None]
         if ids and experiment_id is None:
             experiment_id = client.get_run(ids[0]).info.experiment_id
-        runs = runs_by_id(client, experiment_id, ids) if ids else {}
+        runs = tr.runs_by_id(client, experiment_id, ids, deleted=True) if ids else {}
         for run_id, run in runs.items():  # (another worker's runs are not in this process's cache: no runs/get each)
             tr.remember_artifact_uri(client, run_id, run.info.artifact_uri)
         promoted = promoted_in(client, experiment_id) if ids else set()
@@ -187,20 +186,6 @@ class Retention:
             elif what == "model" and tags.get("hpolab.model_id") and "hpolab.model_deleted" not in tags:
                 delete_logged_model(client, tags["hpolab.model_id"])
                 tr.set_tags(client, run_id, {"hpolab.model_deleted": f"pushed out of log_models: top_k {self.log_models.top_k}"})
-
-
-def runs_by_id(client, experiment_id: str, run_ids: list[str]) -> dict:
-    """The runs (deleted ones too, as get_run reads them) by id: one `runs/search` per RUN_IDS_PER_SEARCH ids."""
-    from mlflow.entities import ViewType
-
-    out = {}
-    for i in range(0, len(run_ids), RUN_IDS_PER_SEARCH):
-        chunk = run_ids[i : i + RUN_IDS_PER_SEARCH]
-        quoted = ", ".join(f"'{r}'" for r in chunk)
-        for run in client.search_runs([experiment_id], f"attributes.run_id IN ({quoted})", run_view_type=ViewType.ALL,
-                                      max_results=len(chunk)):
-            out[run.info.run_id] = run
-    return out
 
 
 def promoted_in(client, experiment_id: str) -> set[str]:

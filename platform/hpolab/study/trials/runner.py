@@ -25,6 +25,17 @@ from hpolab.study.trials.trial_output import TrialOutput
 from hpolab.train.cpus import available_cpus, cpu_set
 
 
+@dataclass(frozen=True)
+class Lost:
+    """Why a trial this driver runs is no longer its own (driver/heartbeat.py lost_reason), and how.
+    `put_back`: a trial scheduler's segment another worker took for dead and put back to paused; Optuna
+    keeps it RUNNING and its trial and run go on elsewhere, so nothing ends here. Otherwise another
+    worker ended it (reaped: FAIL, with its retry queued there): its run is closed FAIL with `why`."""
+
+    why: str
+    put_back: bool = False
+
+
 @dataclass
 class Running:
     """A trial this driver is running: its Optuna trial, MLflow run and child process."""
@@ -45,7 +56,8 @@ class Running:
     uploaded_at: float = field(default_factory=time.monotonic)  # the last checkpoint upload (or the start)
     uploaded_epoch: int = 0  # the epoch of that upload
     best_id: tuple | None = None  # best.pt's identity at that upload (uploaded again only when it is another file)
-    lost: str | None = None  # why Optuna no longer has it RUNNING (another worker reaped it; heartbeat.py)
+    lost: Lost | None = None  # another worker took it (heartbeat.py): the driver's loop stops it here
+    logged_until: int = 0  # its run has epochs up to this one (a dead segment's, driver/pauses.py): not logged again
     awaits_export: bool = False  # it reported "done" and waits for "export" | "skip" (child_export.py)
     model_tags: dict[str, str] | None = None  # what logging its model put on its run (once logged)
     metric_points: list = field(default_factory=list)  # every metric point given to its run, in order (model links)
@@ -56,6 +68,15 @@ class Running:
     @property
     def number(self) -> int:
         return self.trial.number
+
+    def close_pipes(self) -> None:
+        """Close its message pipe and lifeline: its process, which has nothing more to hear, exits."""
+        for c in (self.conn, self.lifeline):
+            if c is not None:
+                try:
+                    c.close()
+                except OSError:
+                    pass
 
 
 def spawn_with_lifeline(ctx, target: Callable, name: str, args_for: Callable[[Any, Any], tuple], daemon: bool | None = None):

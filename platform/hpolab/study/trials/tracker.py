@@ -40,7 +40,8 @@ from hpolab.study.trials.trial_output import log_files
 from hpolab.study.trials.uploads import Uploader, stage_checkpoints, upload_due
 
 MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
-# An own training loop's model (study/trials/own_loop.py) is the copy trial.log_model kept in its process
+# A model that cannot be rebuilt from its checkpoint (an own training loop's, study/trials/own_loop.py: the
+# trial says so by not sending "model_from_checkpoint") is the copy trial.log_model kept in its process
 NO_OWN_MODEL = "train() logged no model (call trial.log_model(model, input_example))"
 OWN_MODEL_LOST = "no model is logged (an own training loop's model is only in its process)"
 PAUSE_UPLOAD_WAIT = 300.0  # seconds a pause waits for its checkpoint's upload (behind the jobs queued before it)
@@ -70,7 +71,6 @@ class TrialTracker:
         self.code = code  # the experiment's ExperimentCode: code/<module>.py on every trial run (None: no file)
         self.metrics = MetricBatches()  # epochs not yet handed to the upload thread, per run
         self.resumed_runs: set[str] = set()  # runs of paused trials resumed here: earlier points were logged elsewhen
-        self.logged_until: dict[str, int] = {}  # run -> epochs up to it are in the run (a dead segment's): not logged again
 
     def start_run(self, trial: optuna.Trial, config: dict[str, Any], trial_dir: Path, tags: dict[str, str],
                   params: dict[str, Any] | None = None) -> str:
@@ -132,11 +132,7 @@ class TrialTracker:
         if r.awaits_export:
             answer_child(r.conn, r.lifeline, False)
         else:
-            for c in (r.conn, r.lifeline):
-                try:
-                    c.close()
-                except OSError:
-                    pass
+            r.close_pipes()
         if not landed.wait(PAUSE_UPLOAD_WAIT):
             self.note(f"trial {r.number}: its checkpoint upload is still queued after {PAUSE_UPLOAD_WAIT:g} s; marked paused "
                       "anyway (a worker on another host that resumes it may find an older checkpoint)")
@@ -150,14 +146,14 @@ class TrialTracker:
         self.metrics.start(r.run_id)
         self.resumed_runs.add(r.run_id)
         if logged > r.epoch:
-            self.logged_until[r.run_id] = logged
+            r.logged_until = logged
         if params:
             self.log_epoch(r, r.epoch + 1, params)
 
     def log_epoch(self, r: Running, epoch: int, metrics: dict[str, float]) -> None:
         """Batched (metric_batches.py): written from the upload thread, not on the driver's loop.
         Kept on `r` too: its model's metric links are made from them (model_links.points_at)."""
-        if epoch <= self.logged_until.get(r.run_id, 0):
+        if epoch <= r.logged_until:
             return  # (the run has this epoch from a segment whose driver died: its values stay)
         r.metric_points += self.metrics.add(r.run_id, epoch, metrics)
         if self.metrics.due(r.run_id):
@@ -245,7 +241,7 @@ class TrialTracker:
         self.metrics.forget(r.run_id)
         if model_info is not None:
             skip = self.retention.skip_model(state, r.number) if self.retention else (None if state == TrialState.COMPLETE else "not COMPLETE")
-            if not skip and model_info.get("own_loop") and not model_info.get("model_logged"):
+            if not skip and not model_info.get("model_from_checkpoint") and not model_info.get("model_logged"):
                 skip = tags["hpolab.model_skipped"] = NO_OWN_MODEL  # (nothing to rebuild it from)
             if skip:
                 if state == TrialState.COMPLETE:  # a COMPLETE trial without a model says why
@@ -261,7 +257,7 @@ class TrialTracker:
         if child is None:
             self.uploads.submit(label, self._log_model_then_close, r, model_info, tags, state, None)
         else:
-            then = OWN_MODEL_LOST if model_info.get("own_loop") else "exporting it from its checkpoint here"
+            then = "exporting it from its checkpoint here" if model_info.get("model_from_checkpoint") else OWN_MODEL_LOST
 
             def on_problem(why: str) -> None:
                 self.note(f"trial {r.number}: {why}")
@@ -309,7 +305,7 @@ class TrialTracker:
         try:
             if saved is not None:
                 tags = log_saved_model(saved, r.run_id, name, model_tags)
-            elif info.get("own_loop"):  # its model existed only in its process: no checkpoint rebuilds it
+            elif not info.get("model_from_checkpoint"):  # its model existed only in its process: no checkpoint rebuilds it
                 return {"hpolab.model_error": info.get("export_problem") or f"its process did not save the model; {OWN_MODEL_LOST}"}
             else:
                 tags = log_trial_model(self.experiment, r.config, info, r.run_id, self.env_tags, name, model_tags)

@@ -218,6 +218,8 @@ def train(job: dict[str, Any], on_epoch, ranks_of=None, stop_requested=None) -> 
         "stop_reason": result.stop_reason,
         "best_checkpoint": str(result.best_checkpoint) if result.best_checkpoint else None,
         "last_checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
+        "last_checkpoint_epoch": result.epochs_run if result.last_checkpoint else None,  # (fit writes last.pt every epoch)
+        "model_from_checkpoint": True,  # the routine's capability: its model is rebuilt from best.pt (build_model)
         "amp": result.amp,
         "device": result.device,
         "devices": tcfg.devices,
