@@ -201,8 +201,12 @@ def shoot_system_metrics(page, url: str, exp_id: str, run, path: Path) -> None:
     keys = sorted(k.removeprefix("system/") for k in run.data.metrics if k.startswith("system/"))
     if not keys:
         raise SystemExit(f"run {run.info.run_name} has no system/ metrics (system_metrics: false in the spec?)")
+    # The tab draws only the charts in view: find each one through its search box, then show them all.
+    search = page.get_by_role("searchbox", name="Search metric charts")
     for key in keys:
-        expect(page.get_by_text(key, exact=True).first).to_be_visible()
+        search.fill(key)
+        expect(page.get_by_role("heading", name=key, exact=True)).to_be_visible()
+    search.fill("")
     page.wait_for_timeout(1500)  # let the charts finish drawing
     page.screenshot(path=str(path))
 

@@ -13,6 +13,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,28 +29,35 @@ def _no_store_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-@pytest.fixture(autouse=True)
-def _stacks_of_a_stuck_test(request):
-    """A minute before pytest-timeout fails a test, print the Python stacks of every process the test
-    started that is still alive (py-spy), into the failure report: a stuck test is most often waiting on
-    a command that never exits, and the test's own stack does not say where that command is stuck."""
-    limit = float(request.config.getini("timeout") or 0)
-    marker = request.node.get_closest_marker("timeout")
-    if marker and marker.args:
-        limit = float(marker.args[0])
-    if limit <= 120:
-        yield
-        return
-    import threading
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item, settings):
+    """pytest-timeout's signal timer, which first prints the Python stacks of every process the stuck test
+    started that is still alive (py-spy), on the run's own stderr (a rerun that passes drops the test's
+    captured output): a stuck test is most often waiting on a command that never exits, and the test's
+    own stack does not say where that command is stuck. (No timer thread: a thread in this process
+    would change what the in-process tests of the trial forkserver see.)"""
+    if settings.method != "signal" or threading.current_thread() is not threading.main_thread():
+        return None  # pytest-timeout's own
+    from pytest_timeout import timeout_sigalrm
 
-    timer = threading.Timer(limit - 60, _print_descendant_stacks)
-    timer.daemon = True
-    timer.start()
-    yield
-    timer.cancel()
+    def on_alarm(signum, frame):
+        __tracebackhide__ = True
+        with item.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+            print(f"--- stuck test {item.nodeid}: the stacks of the processes it started", file=sys.stderr, flush=True)
+            _descendant_stacks()
+        timeout_sigalrm(item, settings)
+
+    def cancel():
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+    item.cancel_timeout = cancel  # (pytest-timeout's pytest_timeout_cancel_timer calls it)
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, settings.timeout)
+    return True
 
 
-def _print_descendant_stacks() -> None:
+def _descendant_stacks() -> None:
     parents = {pid: ppid for pid, (ppid, _, _) in live_processes().items()}
     mine, added = {os.getpid()}, True
     while added:
@@ -59,7 +67,7 @@ def _print_descendant_stacks() -> None:
     spy = Path(sys.executable).with_name("py-spy")
     for pid in sorted(mine - {os.getpid()}):
         cmdline = live_processes().get(pid, (0, 0, "(gone)"))[2]
-        print(f"--- stuck test: process {pid} (parent {parents.get(pid)}): {cmdline[:300]}", file=sys.stderr, flush=True)
+        print(f"--- process {pid} (parent {parents.get(pid)}): {cmdline[:300]}", file=sys.stderr, flush=True)
         if spy.exists():
             out = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
             print(out.stdout + out.stderr, file=sys.stderr, flush=True)

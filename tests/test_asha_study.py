@@ -209,6 +209,6 @@ def test_a_trial_is_marked_paused_only_once_its_checkpoint_is_in_its_run(store):
     while driver.poll() is None:
         seen += _paused_without_their_checkpoint(store)
         time.sleep(0.01)
-    out = driver.communicate()[0]
+    out = driver.communicate(timeout=120)[0]  # (it exited: its output ends once its children do)
     assert driver.returncode == 0, out
     assert not seen, seen[:5]

@@ -86,7 +86,7 @@ def _kill_driver_while_trials_run(driver, pid_dir: Path, rng: random.Random, dea
             if driver.poll() is not None:
                 return False
             driver.kill()
-            driver.communicate()
+            driver.communicate(timeout=120)  # its trials and forkserver follow it (their lifeline)
             return True
         time.sleep(0.05)
     return False

@@ -51,7 +51,7 @@ def test_a_worker_dead_on_another_host_is_reaped_through_the_proxy(store, tmp_pa
             dead = _wait_for_running_checkpoint(store, database)
         finally:
             os.killpg(a.pid, signal.SIGKILL)  # A, its forkserver and its trials: no cleanup runs
-            a.communicate()
+            a.communicate(timeout=120)
         trial = optuna.load_study(study_name="faulty", storage=database).trials[dead]
         assert trial.state == TrialState.RUNNING and trial.user_attrs["hpolab.owner"]["host"] == "elsewhere.example"
         assert "hpolab.heartbeat" in trial.system_attrs  # A beat through the proxy
@@ -61,7 +61,7 @@ def test_a_worker_dead_on_another_host_is_reaped_through_the_proxy(store, tmp_pa
             out = b.communicate(timeout=HANG_LIMIT)[0]
         except subprocess.TimeoutExpired:
             b.kill()
-            out = b.communicate()[0]
+            out = b.communicate(timeout=120)[0]
             raise AssertionError(f"worker B hung for {HANG_LIMIT} s waiting for the dead worker's trial:\n{out}") from None
         assert b.returncode == 0, out
         check = run_cli("--store", str(store), "--storage", grpc, "study", "check", "faulty", cwd=FAULT_PROJECT, check=False)
