@@ -2,6 +2,7 @@
 
     nice -n 10 .venv/bin/python bench/multifidelity.py [--seeds 0 1 2] [--trials 12] [--arms random hyperband asha pbt]
         [--json bench/results/multifidelity.json] [--plot docs/img/multifidelity.png] [--markdown bench/results/multifidelity.md]
+        [--compare-root DIR]
 
 Every arm is one `hpolab study run studies/bench_multifidelity.yaml` through the real CLI in a fresh
 temporary store, with the same sampler seed per seed round (random sampler: the arms draw the same
@@ -23,7 +24,9 @@ Read back from the stores (MLflow metric histories of each trial's run, Optuna f
 best val_acc of any epoch of any trial; the epochs trained (distinct (trial, epoch) pairs: a resumed
 ASHA trial continues its one run, so its segments count once); the epochs trained, in the order the
 driver received them, until the arm first reached random search's best - 0.5 points of the same seed;
-the wall time of the command. An arm the CLI refuses (exit 2: its spec key does not exist yet) is
+the wall time of the command. With --compare-root DIR each seed's arms run twice, side by side, in
+alternating order: with DIR's hpolab ("before") and this checkout's ("after"); the header then gives
+each one's ASHA wall time over random search's, per seed. An arm the CLI refuses (exit 2: its spec key does not exist yet) is
 reported as missing. The load average is recorded before each study.
 
     nice -n 10 .venv/bin/python bench/multifidelity.py --pbt-task lr-decay [--seeds 0 1 2] [--json ...] [--markdown ...]
@@ -198,16 +201,18 @@ def lr_decay_table(summary: list[dict]) -> str:
 # ------------------------------------------------------------------ running and reading the stores
 
 
-def run_arm(arm: str, seed: int, trials: int, workdir: Path, task: dict = TASKS["digits"]) -> dict:
-    """One study through the real CLI in its own store; {'refused': line} when the CLI refuses the arm's spec."""
-    store = workdir / f"{arm}-seed{seed}"
+def run_arm(arm: str, seed: int, trials: int, workdir: Path, task: dict = TASKS["digits"], root: Path = ROOT,
+            code: str | None = None) -> dict:
+    """One study through the real CLI in its own store (the hpolab of checkout `root`); {'refused': line}
+    when the CLI refuses the arm's spec."""
+    store = workdir / f"{arm}-seed{seed}" if code is None else workdir / f"{arm}-seed{seed}-{code}"
     cmd = [str(Path(sys.executable).with_name("hpolab")), "--store", str(store), "study", "run", task["spec"],
            f"seed={seed}", *arm_overrides(arm, trials, task["epochs"])]
     before = load()
-    log = workdir / f"{arm}-seed{seed}.log"
+    log = store.with_name(store.name + ".log")
     t0 = time.perf_counter()
     with log.open("w") as out:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, cwd=root, env=env(root), stdout=out, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - t0
     text = log.read_text()
     if proc.returncode == 2:
@@ -359,6 +364,9 @@ def main() -> int:
     ap.add_argument("--plot", type=Path)
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--from-json", type=Path, help="train nothing: the table and plot of a --json written before")
+    ap.add_argument("--compare-root", type=Path, help="another checkout (e.g. `mkdir /tmp/before; git archive COMMIT | tar -x -C /tmp/before`): "
+                    "each seed's arms run with its hpolab and this one's, side by side, in alternating order; rows "
+                    "are labelled '<arm> (before)' and '<arm> (after)'")
     ap.add_argument("--pbt-task", choices=["lr-decay"], help="PBT against fixed LR schedules on a task whose best LR "
                     "changes during training (studies/bench_lr_decay.yaml) instead of the four arms on digits")
     args = ap.parse_args()
@@ -372,28 +380,53 @@ def main() -> int:
 
     started, rows = time.time(), []
     workdir = Path(tempfile.mkdtemp(prefix="hpolab-bench-mf-"))
-    for seed in args.seeds:
-        target = None
-        for arm in arms:
-            r = run_arm(arm, seed, args.trials, workdir)
-            if "refused" not in r:
-                r["events"] = epochs_of(r.pop("histories"))
-                if arm == "random":
-                    target = summarise(r["events"], None)["best"] - TARGET_POINTS / 100
-                r.update(summarise(r["events"], target), target=target)
-                print(f"seed {seed} {arm:>9}: best {r['best']:.4f}, {r['epochs']} epochs, to target {r['epochs_to_target']}, "
-                      f"{r['wall_s']} s, {r['states']}, {r['exploited']} exploited  [{r['load_before']}]", flush=True)
-            else:
-                print(f"seed {seed} {arm:>9}: refused: {r['refused']}", flush=True)
-            rows.append(r)
+    codes = [("before", args.compare_root.resolve()), ("after", ROOT)] if args.compare_root else [(None, ROOT)]
+    for i, seed in enumerate(args.seeds):
+        for code, root in codes if i % 2 == 0 else codes[::-1]:  # (alternating: neither side always runs first)
+            rows += run_seed(seed, arms, args.trials, workdir, root, code)
     shutil.rmtree(workdir, ignore_errors=True)
 
     head = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, seeds {args.seeds}, {args.trials} random "
             f"configurations x {MAX_EPOCHS} epochs, {time.time() - started:.0f} s in all; after: {load()}")
     for r in rows:
         r.pop("store", None)
-    write_outputs(args, rows, arms, head)
+    labels = [f"{a} ({c})" if c else a for c, _ in codes for a in arms]
+    write_outputs(args, rows, labels, head + wall_ratios(rows, [c for c, _ in codes]))
     return 0
+
+
+def wall_ratios(rows: list[dict], codes: list[str | None]) -> str:
+    """Each checkout's ASHA wall time over random search's, per seed (the rows ran side by side)."""
+    out = []
+    for code in codes:
+        tag = f" ({code})" if code else ""
+        by_seed = {r["seed"]: r["wall_s"] for r in rows if r["arm"] == f"random{tag}" and "wall_s" in r}
+        ratios = [(r["seed"], r["wall_s"] / by_seed[r["seed"]]) for r in rows
+                  if r["arm"] == f"asha{tag}" and "wall_s" in r and by_seed.get(r["seed"])]
+        if ratios:
+            mean = statistics.fmean(x for _, x in ratios)
+            out.append(f"asha / random wall{tag}: {mean:.2f}x (" + ", ".join(f"seed {s} {x:.2f}x" for s, x in ratios) + ")")
+    return "".join(f"\n{line}" for line in out)
+
+
+def run_seed(seed: int, arms: list[str], trials: int, workdir: Path, root: Path, code: str | None) -> list[dict]:
+    """One seed's arms with checkout `root`'s hpolab; random first (it sets the seed's target)."""
+    rows, target = [], None
+    for arm in arms:
+        r = run_arm(arm, seed, trials, workdir, root=root, code=code)
+        if code:
+            r["arm"], r["code"] = f"{arm} ({code})", code
+        if "refused" not in r:
+            r["events"] = epochs_of(r.pop("histories"))
+            if arm == "random":
+                target = summarise(r["events"], None)["best"] - TARGET_POINTS / 100
+            r.update(summarise(r["events"], target), target=target)
+            print(f"seed {seed} {r['arm']:>9}: best {r['best']:.4f}, {r['epochs']} epochs, to target {r['epochs_to_target']}, "
+                  f"{r['wall_s']} s, {r['states']}, {r['exploited']} exploited  [{r['load_before']}]", flush=True)
+        else:
+            print(f"seed {seed} {arm:>9}: refused: {r['refused']}", flush=True)
+        rows.append(r)
+    return rows
 
 
 if __name__ == "__main__":

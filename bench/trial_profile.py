@@ -1,7 +1,7 @@
 """Where the driver's time per trial goes: `hpolab study run` in this process, its parts timed.
 
     PYTHONPATH=platform .venv/bin/python bench/trial_profile.py [--trials 12] [--epochs 8]
-        [--log-models default|none] [--stores embedded|team] [--json FILE]
+        [--log-models default|none] [--stores embedded|team] [--asha] [--json FILE]
 
 Runs a small digits study (random sampler, no pruning, no early stopping, parallel 1: as
 bench/overhead.py) through the real CLI code path (`hpolab.cli.main`) in this interpreter, with timing
@@ -14,6 +14,11 @@ numbers are the real ones plus a wrapper's microseconds. Per trial it reports, b
   read-back, retention plan and rank tags, the progress line's counts), and the loop's idle wait;
 - uploader (the background writer): checkpoint uploads, the model, linking, the close, retention;
 - the trial's own timeline as the driver sees it: spawn -> first epoch message, last epoch -> done;
+- a segment's start, claim to first epoch, phase by phase (bench/trial_phases.py): the driver's claim,
+  the run's start (or a resume's run state and checkpoint), the spawn, and in the trial process the
+  fork, the experiment lookup, data, model, fit's set-up, the checkpoint's load and its state, the
+  first batch and the first epoch; fresh trials and, with --asha (a trial scheduler pausing at rungs
+  1, 3, 9... and resuming from checkpoints), resumed segments;
 - store traffic: SQL statements by database (SQLAlchemy's cursor events) and, on team stores, HTTP
   requests to the MLflow server by endpoint (requests' Session.request), each by thread.
 
@@ -40,7 +45,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "platform"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "platform"), str(ROOT / "tests"), str(ROOT / "bench")]
+import trial_phases  # noqa: E402
 COMMON = ["sampler={type: random}", "pruner={type: none}", "trainer.early_stopping_patience=null"]
 
 
@@ -107,12 +113,20 @@ def _mark(name: str, at_start: bool = True):
 
 # (module, owner attribute or None for the module itself, attribute, part label). Labels sort the
 # table: "1" start, "2" epoch, "3" end, "4" loop, "5" background.
-def targets():
+def _both(*marks):
+    def mark(rec: Recorder, args, t0: float, t1: float) -> None:
+        for m in marks:
+            if m is not None:
+                m(rec, args, t0, t1)
+    return mark
+
+
+def targets(segs: trial_phases.Segments):
     from mlflow import MlflowClient
     import optuna
 
     from hpolab.stores import mlflow_runs as tr
-    from hpolab.study.driver import driver, events, progress
+    from hpolab.study.driver import driver, events, pauses, progress
     from hpolab.study.objectives import pruning, stopping
     from hpolab.study.retention import retention
     from hpolab.study.trials import runner, tracker
@@ -120,17 +134,25 @@ def targets():
     D, E, T = driver.Driver, events.TrialEvents, tracker.TrialTracker
     return [
         (D, "_reap", "1 start: reap dead trials", None),
-        (D, "_claim_trial", "1 start: claim (budget lock, count, ask, owner, heartbeat)", None),
+        (D, "_claim_trial", "1 start: claim (budget lock, count, ask, owner, heartbeat)", segs.claimed),
         (optuna.Study, "ask", "1 start:   ask", None),
         (driver, "trial_counts", "1 start:   trial counts (budget) / loop counts", None),
-        (D, "_start_trial", "1 start: start trial (run, params, files, spawn)", _mark("start")),
+        (D, "_start_trial", "1 start: start trial (run, params, files, spawn)", _both(_mark("start"), segs.started("fresh"))),
         (driver, "retry_source", "1 start:   retry source", None),
         (T, "start_run", "1 start:   start_run", None),
         (tr, "start_child_run", "1 start:     create run", None),
         (tr, "log_params", "1 start:     params", None),
         (MlflowClient, "log_batch", "1 start:     (any thread) client.log_batch", None),
-        (runner.TrialRunner, "spawn_trial", "1 start:   spawn trial process", _mark("spawned", at_start=False)),
-        (E, "on_epoch", "2 epoch: on_epoch", _mark_epoch),
+        (runner.TrialRunner, "spawn_trial", "1 start:   spawn trial process (or go)", _both(_mark("spawned", at_start=False), segs.go)),
+        *([(runner.TrialRunner, "_fork", "1 start:   fork trial process", segs.fork)] if hasattr(runner.TrialRunner, "_fork") else []),
+        (pauses.Pauses, "start", "1 resume: start (config, checkpoint, run state, spawn)", segs.started("resume")),
+        (pauses.Pauses, "plan", "1 resume:   plan (pause point, threads)", None),
+        (pauses.Pauses, "_checkpoint", "1 resume:   checkpoint (local, else fetched)", None),
+        (T, "resume", "1 resume:   run state (tags, metrics batch)", None),
+        (pauses.Pauses, "claim", "1 resume: claim a paused trial (scheduler, claim_paused)", None),
+        (pauses.Pauses, "pause", "3 end: pause (checkpoint uploaded, marks)", None),
+        (T, "pause", "3 end:   tracker.pause (upload queued and landed, tags)", None),
+        (E, "on_epoch", "2 epoch: on_epoch", _both(_mark_epoch, segs.first_epoch)),
         (pruning.Pruning, "report", "2 epoch:   pruner report", None),
         (pruning.Pruning, "should_prune", "2 epoch:   should_prune", None),
         (T, "stage_upload", "2 epoch:   stage checkpoint", None),
@@ -213,9 +235,15 @@ def timeline(rec: Recorder) -> dict[str, float]:
              "last epoch handled -> done message (best.pt, export in the child)": ("last_epoch", "done"),
              "done -> trial finished on the driver (tell, queue, progress)": ("done", "finished")}
     nums = sorted(rec.marks)[1:]
-    out = {label: sum(rec.marks[n][b] - rec.marks[n][a] for n in nums) / len(nums) for label, (a, b) in spans.items()}
-    gaps = [rec.marks[n]["start"] - rec.marks[n - 1]["finished"] for n in nums if n - 1 in rec.marks]
-    out["previous trial finished -> this trial's start (loop, reap, claim)"] = sum(gaps) / len(gaps)
+    out = {}
+    for label, (a, b) in spans.items():  # (under --asha a trial's marks are its last segment's; a paused one has no finish)
+        have = [rec.marks[n][b] - rec.marks[n][a] for n in nums if a in rec.marks[n] and b in rec.marks[n]]
+        if have:
+            out[label] = sum(have) / len(have)
+    gaps = [rec.marks[n]["start"] - rec.marks[n - 1]["finished"] for n in nums
+            if "start" in rec.marks[n] and "finished" in rec.marks.get(n - 1, {})]
+    if gaps:
+        out["previous trial finished -> this trial's start (loop, reap, claim)"] = sum(gaps) / len(gaps)
     return out
 
 
@@ -251,28 +279,37 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--log-models", choices=["default", "none"], default="default")
     ap.add_argument("--stores", choices=["embedded", "team"], default="embedded")
+    ap.add_argument("--asha", action="store_true",
+                    help="under trial_scheduler asha (rungs 1, 3, 9, ... up to --epochs, factor 3): resumes profiled too")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
     os.chdir(ROOT)  # the spec's experiments/ (a bench script, not the package: chdir is fine here)
     from hpolab import cli
 
-    rec = Recorder()
-    for owner, attr, part, mark in targets():
+    rec, segs = Recorder(), trial_phases.Segments()
+    for owner, attr, part, mark in targets(segs):
         rec.wrap(owner, attr, part, mark)
     count_store_traffic(rec)
     work = Path(tempfile.mkdtemp(prefix="hpolab-profile-"))
+    (work / "child-marks").mkdir()
+    trial_phases.install_child_marks(work / "child-marks")
+    asha = [f"trial_scheduler={{type: asha, min_epochs: 1, max_epochs: {args.epochs}, reduction_factor: 3, brackets: 1}}"]
     argv_tail = ["study", "run", "studies/digits_cnn.yaml", f"n_trials={args.trials}", f"parallel={args.parallel}",
-                 f"trainer.max_epochs={args.epochs}", *COMMON] + (["log_models=none"] if args.log_models == "none" else [])
+                 f"trainer.max_epochs={args.epochs}", *COMMON] + (["log_models=none"] if args.log_models == "none" else []) \
+        + (asha if args.asha else [])
     print(f"{args.trials} trials x {args.epochs} epochs, parallel {args.parallel}, log_models {args.log_models}, "
           f"{args.stores} stores; {load()}", flush=True)
     with team_stores() if args.stores == "team" else contextlib.nullcontext([]) as store_args:
         t0 = time.perf_counter()
         code = cli.main(["--store", str(work / "store"), *store_args, *argv_tail])
         wall = time.perf_counter() - t0
+    phases = trial_phases.timeline(segs, work / "child-marks")
     shutil.rmtree(work, ignore_errors=True)
-    if code != 0:
+    if code != 0 and not (args.asha and code == 1):  # (ASHA: exit 1 when no trial reached the top rung)
         sys.exit(f"trial_profile: the study exited with {code}")
     out = report(rec, args.trials, wall)
+    trial_phases.print_timeline(phases)
+    out["segments"] = phases
     print(f"\n{load()} at the end")
     if args.json:
         args.json.write_text(json.dumps({**vars(args), "json": str(args.json), **out, "load_end": os.getloadavg()}, indent=1))

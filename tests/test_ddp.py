@@ -252,6 +252,7 @@ def _start_ddp_trial(tmp_path):
     proc.start()
     child_conn.close()
     life_read.close()
+    conn.send("go")  # its segment starts (the driver's runner says so once the start is recorded)
     assert conn.poll(60), "no epoch from the DDP trial"
     msg = conn.recv()
     assert msg[0] == "epoch" and msg[1] == 1

@@ -178,7 +178,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("run_created", (S.CLAIMED,), (S.RUNNING,),
                "MLflow: run trial-<n> with its tags; Optuna: user attr mlflow_run_id; MLflow: its params (config.yaml queued)"),
     Transition("segment_started", (S.RUNNING,), (S.RUNNING,),
-               "Optuna (a trial scheduler's): where this segment pauses (hpolab.segment_until); a trial process forked"),
+               "Optuna (a trial scheduler's): where this segment pauses (hpolab.segment_until); its trial process (forked and set up meanwhile) told to train"),
     Transition("pause", (S.RUNNING,), (S.PAUSED,),
                "MLflow: epochs and checkpoint uploaded, tags hpolab.state=PAUSED, hpolab.rung; Optuna: hpolab.rung, "
                "hpolab.paused {rung, epoch}, an owner record without a process", SCHEDULED),

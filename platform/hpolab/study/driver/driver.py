@@ -218,26 +218,35 @@ class Driver:
         if trial.user_attrs.get("hpolab.warm_start_from"):  # an earlier study's configuration, re-run here
             tags["hpolab.warm_start_from"] = trial.user_attrs["hpolab.warm_start_from"]
         g(trial.set_user_attr, "worker_seed", self.worker_seed)
-        run_id = self.tracker.start_run(trial, config, trial_dir, tags, recorded_config(self.spec, config, self.experiment))
-        r = Running(trial=trial, run_id=run_id, config=config, trial_dir=trial_dir, threads=threads)
-        if src.resume_from:
-            self.tracker.carry_over_history(r, src.resume_from, self.spec.metric, self.pruning.report)
-        if self.pauses:
-            self.pauses.plan(r)  # where this segment pauses (a retry copy: at the same place as its attempt)
-        self.running[trial.number] = r
-        if self.pauses:
-            self.pauses.spawn(r, self.runner, src.resume_from)
-        else:
-            lifecycle.segment_started(lambda: self.runner.spawn_trial(r, src.resume_from, self.running.values()))
+        r = Running(trial=trial, run_id="", config=config, trial_dir=trial_dir, threads=threads)
+        # Its process builds its data and model while the run is made; it trains once its segment starts.
+        self.runner.prepare(r, src.resume_from, [*self.running.values(), r])
+        try:
+            r.run_id = self.tracker.start_run(trial, config, trial_dir, tags, recorded_config(self.spec, config, self.experiment))
+            if src.resume_from:
+                self.tracker.carry_over_history(r, src.resume_from, self.spec.metric, self.pruning.report)
+            if self.pauses:
+                self.pauses.plan(r)  # where this segment pauses (a retry copy: at the same place as its attempt)
+            self.running[trial.number] = r
+            if self.pauses:
+                self.pauses.spawn(r, self.runner, src.resume_from)
+            else:
+                lifecycle.segment_started(lambda: self.runner.spawn_trial(r, src.resume_from, self.running.values()))
+        finally:
+            self.runner.discard(r)  # (a start that did not happen: its prepared process ends; a no-op once started)
         self.progress.trial_started(trial.number, trial.params or seed_trial_tags(trial), src.retry_of)
 
     def _reap(self) -> None:
         close = self.notify.watch_reaps(closing_with_backfill(self.tracker.close_run_if_open, self.client, self.study, self.stores,
                                                               self.progress.note))  # (worker_lost)
+        # One read of every trial for both (each read fetches every unfinished trial, a paused one too):
+        # a trial reaped here queues its own retry copy, so the read from before the reap serves the owed ones.
+        trials = self.study.get_trials(deepcopy=False)
         self._dead_claimed = reap_dead_trials(self.study, self.storage, self.running, self.retry, close, self.progress.note,
-                                              self.outage.call, self.beat_watch, self.pauses.put_back if self.pauses else None)
+                                              self.outage.call, self.beat_watch, self.pauses.put_back if self.pauses else None,
+                                              trials=trials)
         self.pruning.close_orphans(self.study)  # several objectives: a dead driver's companion trials
-        lifecycle.owed_retries(self.study, self.study.get_trials(deepcopy=False), self.retry, self.outage.call)
+        lifecycle.owed_retries(self.study, trials, self.retry, self.outage.call)
 
     def _start_trials(self) -> None:
         """Start trials while there are free slots and the budget allows."""

@@ -153,6 +153,7 @@ def reap_dead_trials(
     guard: Callable[..., Any] = passthrough,
     watch: AttrBeats | None = None,
     put_back: Callable[[Any, str], bool] | None = None,
+    trials: list | None = None,
 ) -> list:
     """Running trials of other drivers that are dead -> FAIL, a WAITING retry copy, and their MLflow
     runs closed with the reason, so none stays RUNNING (lifecycle.reap). Dead: an owner on this host
@@ -162,9 +163,12 @@ def reap_dead_trials(
     `watch`: the driver's AttrBeats, for a storage without Optuna heartbeats (the gRPC proxy).
     `put_back`: a trial scheduler's (driver/pauses.py): a dead segment becomes paused again in the same
     trial and run, no FAIL, no retry copy (False: max_interrupts reached, reaped as always).
+    `trials`: the study's trials as the caller just read them (else read here).
     Returns the dead drivers' claimed trials (no run made): not reaped, the claim takes them over
     (lifecycle.reclaim)."""
-    others = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.number not in mine]
+    if trials is None:
+        trials = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    others = [t for t in trials if t.state == TrialState.RUNNING and t.number not in mine]
     others = [t for t in others if state_of(t) in OWNED]  # (paused ones have no process: never dead)
     if not others:
         return []

@@ -208,10 +208,17 @@ class Pauses:
         r.epoch = r.uploaded_epoch = c.epoch
         r.last_value = t.intermediate_values.get(c.epoch)
         self.running[t.number] = r
-        self.plan(r)
+        recorded = t.system_attrs.get(THREADS_ATTR)  # (as plan() reads it again: the claim's read has it)
+        r.threads = None if recorded is None else int(recorded)
+        resume_from = str(checkpoint) if checkpoint else None
+        runner.prepare(r, resume_from, self.running.values())  # (set up while its start is recorded)
         tags = {"hpolab.state": "RUNNING", "hpolab.resumed_after_epoch": str(c.epoch), **res.tags}
-        lifecycle.resumed(lambda: self.tracker.resume(r, tags, res.params, logged=c.logged),
-                          lambda: self.spawn(r, runner, str(checkpoint) if checkpoint else None))
+        try:
+            self.plan(r)
+            lifecycle.resumed(lambda: self.tracker.resume(r, tags, res.params, logged=c.logged),
+                              lambda: self.spawn(r, runner, resume_from))
+        finally:
+            runner.discard(r)  # (a start that did not happen; a no-op once started)
         self.progress.trial_resumed(t.number, c.epoch, (res.source if checkpoint else None) or checkpoint or "scratch")
 
     def _checkpoint(self, path: Path, run_id: str, trial_dir: Path) -> Path | None:

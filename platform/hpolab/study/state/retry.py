@@ -134,11 +134,12 @@ def retry_source(study: optuna.Study, stores: Stores, study_name: str, number: i
     that attempt died before its first epoch ended (or before its first upload). Per attempt, newest
     first: the local trial folder (same worker: at least as new as any upload), else the attempt's
     uploaded checkpoints/last.pt, downloaded into this trial's folder (`fetched/`)."""
-    trials = study.get_trials(deepcopy=False)
-    me = trials[number]
+    storage = study._storage  # this trial alone first: most are no retry copy (a read of every trial costs O(trials))
+    me = storage.get_trial(storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
     history = me.system_attrs.get("retry_history") or []
     if not history:
         return RetrySource()
+    trials = study.get_trials(deepcopy=False)
     src = RetrySource(retry_of=history[-1], overrides=dict(me.system_attrs.get(OVERRIDES) or {}))
     src.tags["hpolab.retry_of_trial"] = str(src.retry_of)
     src.tags["hpolab.retry_kind"] = str(me.system_attrs.get("hpolab.retry_kind", "stale"))

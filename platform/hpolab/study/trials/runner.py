@@ -63,6 +63,7 @@ class Running:
     metric_points: list = field(default_factory=list)  # every metric point given to its run, in order (model links)
     threads: int | None = None  # its torch threads, fixed when it starts (run tag hpolab.torch_threads)
     output: Any = None  # what its process prints (trial_output.TrialOutput)
+    prepared: tuple | None = None  # (checkpoint, threads) its process was forked for, until it is told "go" (TrialRunner.prepare)
 
     @property
     def number(self) -> int:
@@ -228,8 +229,42 @@ class TrialRunner:
         """CUDA_VISIBLE_DEVICES of a trial: its GPU, or with trainer.devices=N its GPU and the N-1 after it."""
         return self.devices_for(r.gpu, int(r.config["trainer"].get("devices", 1)))
 
+    def prepare(self, r: Running, resume_from: str | None, running: Iterable[Running]) -> None:
+        """Fork the process of `r` before its segment starts: it builds its data, model and training
+        state (the checkpoint's too) while the driver records the start, and trains only once
+        spawn_trial tells it "go" (trial_process.py). Until then it writes nothing: a driver that dies
+        meanwhile takes it along (its lifeline), and discard() ends it."""
+        self._fork(r, resume_from, running)
+        r.prepared = (resume_from, r.threads)
+
     def spawn_trial(self, r: Running, resume_from: str | None, running: Iterable[Running]) -> None:
-        """Start (or restart, after an OOM) the process of `r`; `running` includes `r` itself."""
+        """Start (or restart, after an OOM) the process of `r`: the one prepare() forked for this start,
+        else a new one; `running` includes `r` itself."""
+        threads = None if r.threads is None else max(1, min(r.threads, self.cpus()))  # (as _fork caps them)
+        if r.prepared != (resume_from, threads):  # (none prepared, or its threads changed since: pauses.plan)
+            self.discard(r)
+            self._fork(r, resume_from, running)
+        r.prepared = None
+        try:
+            r.conn.send("go")
+        except OSError:  # it failed already (its set-up): its message and exit say why, on the driver's loop
+            pass
+        r.started = time.monotonic()
+
+    def discard(self, r: Running) -> None:
+        """End the process prepare() forked for `r` and not started (its start did not happen)."""
+        if r.prepared is None or r.process is None:
+            return
+        r.prepared = None
+        r.process.kill()
+        for c in (r.conn, r.lifeline):
+            try:
+                c.close()
+            except OSError:
+                pass
+        self.retire(r)
+
+    def _fork(self, r: Running, resume_from: str | None, running: Iterable[Running]) -> None:
         self.reap_retired()
         r.gpu = None  # (a retry re-picks: do not count its own previous slot)
         r.gpu = self.least_used_gpu(running)
@@ -259,7 +294,6 @@ class TrialRunner:
         out_write.close()  # the child holds it now: the pipe ends when the child and its children do
         r.output = TrialOutput(out_read, r.number, r.trial_dir, self.show_output)
         self.outputs.append(r.output)
-        r.started = time.monotonic()
 
     def handles(self, running: Iterable[Running]) -> list:
         """What the driver's loop waits on: the running trials' pipes and processes, and every output still open."""

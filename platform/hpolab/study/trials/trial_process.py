@@ -5,9 +5,15 @@ routine (or the experiment's own `train(config, trial)`: own_loop.py), and talks
 through its pipe:
 
     child -> driver                          driver -> child
+                                             "go"                  (once: its segment has started)
     ("epoch", epoch, metrics)                "continue" | "stop"   (after every epoch)
     ("done", summary) | ("fail", details)
     ("model", path) | ("model_error", why)   "export" | "skip"     (after "done", when the spec logs models: child_export.py)
+
+The process is forked before its segment starts: it builds the experiment's data and model, fit's
+set-up and the checkpoint's state while the driver records the start (the run, the lifecycle's
+segment_started), and trains only once the driver's "go" comes (an own loop and a trial on several
+devices wait for it first: their set-up is their code's). Before it, it writes nothing anywhere.
 
 The trial does not wait for an epoch's answer: it trains the next epoch meanwhile, reads the answer
 between that epoch's batches, and waits for it only before that epoch's checkpoints are written (the
@@ -65,6 +71,7 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
     if devices > 1:  # one process per device (DDP); this process relays between rank 0 and the driver
         from hpolab.study.trials.ranks import run_ranks
 
+        await_go(conn)
         run_ranks(conn, lifeline, job, devices, sys.modules[__name__])
         return
     torch.set_num_threads(int(job["threads"]))
@@ -75,11 +82,12 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
     except Exception:  # train() below loads it again and reports why it cannot, as the trial's failure
         experiment = None
     if experiment is not None and is_own_loop(experiment):  # its train(config, trial) instead of fit()
+        await_go(conn)
         run_own_loop(conn, job, experiment, report, offer_export)
         return
 
     def work() -> dict[str, Any] | None:
-        answers = EpochAnswers(conn)
+        answers = EpochAnswers(conn, awaiting_go=True)
         summary = train(job, answers.on_epoch, stop_requested=answers.stop_requested)
         if summary is not None and job.get("export_model"):
             summary["export_in_child"] = True  # this process waits for the driver's "export" | "skip"
@@ -103,16 +111,36 @@ def work_in(folder: str) -> None:
     os.chdir(folder)
 
 
+def await_go(conn) -> None:
+    """Wait for the driver's "go" (its segment has started); a driver that is gone, or that says
+    anything else (it dropped this start), ends the process: it has trained and written nothing."""
+    try:
+        go = conn.recv()
+    except (EOFError, OSError):
+        os._exit(ORPHAN_EXIT_CODE)
+    if go != "go":
+        os._exit(0)
+
+
 class EpochAnswers:
     """fit()'s on_epoch and stop_requested for one trial process: an epoch's metrics are sent and
-    training goes on; the driver's "continue" | "stop" is read when fit asks (loop.py says when)."""
+    training goes on; the driver's "continue" | "stop" is read when fit asks (loop.py says when).
+    awaiting_go: the driver's "go" is read first, when fit first asks (before its first batch: its
+    set-up is done by then) or sends an epoch."""
 
-    def __init__(self, conn):
+    def __init__(self, conn, awaiting_go: bool = False):
         self.conn = conn
+        self.awaiting_go = awaiting_go
         self.pending = False  # an epoch was sent and its answer not read yet
         self.stop = False
 
+    def _go(self) -> None:
+        if self.awaiting_go:
+            self.awaiting_go = False
+            await_go(self.conn)
+
     def on_epoch(self, epoch: int, metrics: dict[str, float]) -> bool:
+        self._go()
         try:
             self.conn.send(("epoch", epoch, metrics))
         except (EOFError, OSError):  # the driver is gone (its end closed or reset): nobody to train for
@@ -121,6 +149,7 @@ class EpochAnswers:
         return False
 
     def stop_requested(self, wait: bool) -> bool:
+        self._go()
         try:
             if self.pending and (wait or self.conn.poll()):
                 self.stop, self.pending = self.conn.recv() == "stop", False

@@ -1,0 +1,42 @@
+"""What a driver reads per trial start: every trial is read once to reap and once to claim (each read
+fetches every unfinished trial, the paused ones of a trial scheduler too, so a read costs O(trials));
+a trial that is no retry copy is not read again to find what it continues."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+
+import optuna
+import pytest
+
+from conftest import FAULT_PROJECT, FAULT_SPEC
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_trial_start_reads_every_trial_once_to_reap_and_once_to_claim(store, monkeypatch):
+    from hpolab.config.spec import load_spec
+    from hpolab.stores.paths import resolve_stores
+    from hpolab.study.driver.driver import Driver
+    from hpolab.study.driver.progress import Progress
+
+    readers: Counter = Counter()
+    get_trials = optuna.Study.get_trials
+
+    def counted(self, *args, **kwargs):
+        readers[sys._getframe(1).f_code.co_name] += 1
+        return get_trials(self, *args, **kwargs)
+
+    monkeypatch.setattr(optuna.Study, "get_trials", counted)
+    reaps = Counter()
+    reap = Driver._reap
+    monkeypatch.setattr(Driver, "_reap", lambda self: reaps.update(["_reap"]) or reap(self))
+    monkeypatch.chdir(FAULT_PROJECT)
+    spec = load_spec(FAULT_PROJECT / FAULT_SPEC, ["n_trials=3", "parallel=1", "trainer.max_epochs=1", "log_models=none", "search_space={}"])
+    outcome = Driver(spec, resolve_stores(str(store)), Progress(spec, quiet=True), project_dir=FAULT_PROJECT).run()
+    assert outcome.counts["complete"] == 3
+    assert readers["retry_source"] == 0, readers  # before: one read of every trial per trial start
+    assert readers["reap_dead_trials"] == 0, readers  # before: a second read in every reap
+    assert readers["_reap"] == reaps["_reap"] >= 3, (readers, reaps)
+    assert readers["claim_next"] >= 3, readers
