@@ -74,6 +74,17 @@ def _descendant_stacks() -> None:
 
 
 @pytest.fixture(autouse=True)
+def _no_fork_allowed_after_a_test():
+    # A test that runs hpolab.cli.main in this process allows the forked forkserver (as the `hpolab`
+    # command does for itself) for the rest of the process: a later test's in-process driver would then
+    # fork this process, threads and all. Each test starts from what a notebook gets.
+    yield
+    module = sys.modules.get("hpolab.study.trials.trial_forkserver")
+    if module is not None:
+        module._fork_allowed = False
+
+
+@pytest.fixture(autouse=True)
 def _repo_experiments_package():
     # A test that loads a temp project's `experiments` package leaves it in sys.modules; a later test in
     # the same process (pytest-xdist puts modules together in any order) that imports this repository's

@@ -105,7 +105,9 @@ def can_fork_server() -> bool:
     """Whether the forkserver can be a fork of this process (see the module's docstring): allowed
     (allow_fork: the `hpolab` command; not HPOLAB_FORKSERVER=new), Linux (the fork start method's
     home), no Python thread but this one (a fork copies only the forking thread: a lock another one
-    held would stay held in the forkserver and every trial), no gRPC (its C core's threads), and the
+    held would stay held in the forkserver and every trial), counted as the interpreter does, not by
+    `threading` alone (which misses threads started with _thread: pytest-xdist's channel reader, in a
+    test whose fork then hung a trial in torch.tensor), no gRPC (its C core's threads), and the
     multiprocessing.forkserver.main this module was written against (Python 3.11's; one with other
     parameters, such as 3.14's authentication key, gets the usual start)."""
     from multiprocessing import forkserver
@@ -113,7 +115,14 @@ def can_fork_server() -> bool:
     known = list(inspect.signature(forkserver.main).parameters) == [
         "listener_fd", "alive_r", "preload", "main_path", "sys_path"]
     return (_fork_allowed and os.environ.get(START_ENV) != "new" and sys.platform == "linux" and known
-            and threading.active_count() == 1 and "grpc" not in sys.modules)
+            and _threads() == 1 and "grpc" not in sys.modules)
+
+
+def _threads() -> int:
+    """This process's Python threads, however started (those running Python code). Not the C
+    libraries' own: OpenBLAS starts its pool when numpy is imported and handles a fork itself; torch's
+    pool starts at its first computation, which the command's process leaves to its trials."""
+    return max(threading.active_count(), len(sys._current_frames()))
 
 
 def _fork_server(modules: list[str]) -> None:
