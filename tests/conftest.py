@@ -73,6 +73,18 @@ def _descendant_stacks() -> None:
             print(out.stdout + out.stderr, file=sys.stderr, flush=True)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """pytest-timeout arms its timer once per test, around every attempt pytest-rerunfailures makes: the
+    rerun of a stuck test gets a timer of its own here (its first one has fired)."""
+    if getattr(item, "execution_count", 1) > 1:
+        from pytest_timeout import _get_item_settings
+
+        settings = _get_item_settings(item)
+        if settings.timeout and not settings.func_only:
+            item.config.hook.pytest_timeout_set_timer(item=item, settings=settings)
+
+
 @pytest.fixture(autouse=True)
 def _no_fork_allowed_after_a_test():
     # A test that runs hpolab.cli.main in this process allows the forked forkserver (as the `hpolab`
