@@ -348,6 +348,8 @@ _DESELECTED: set[str] = set()
 # Modules that are one end-to-end scenario and nothing else: the fast suite skips them whole, and
 # names them here with what they run; every other test module keeps at least one fast test.
 END_TO_END_ONLY = {
+    "test_asha_resume_records.py": "an ASHA study whose trial resumes at every rung, against an uninterrupted one",
+    "test_trial_reads.py": "a driver's study, counting its reads of the trials per start",
     "test_budget.py": "four workers racing for one study's budget",
     "test_chaos.py": "random SIGKILLs of a running study",
     "test_pareto_study.py": "a study of two objectives through the CLI (test_objectives.py is its fast side)",
