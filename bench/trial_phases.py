@@ -47,6 +47,7 @@ def _wrap(owner, attr: str, before: str | None = None, after: str | None = None,
 def install_child_marks(folder: Path) -> None:
     """Wrap the trial process's steps (in this process: the forkserver forked from it inherits them)."""
     from hpolab.config import experiment as experiment_mod
+    from hpolab.study.trials import trial as trial_mod
     from hpolab.study.trials import trial_process
     from hpolab.train import epoch as epoch_mod
     from hpolab.train import loop, state
@@ -68,23 +69,23 @@ def install_child_marks(folder: Path) -> None:
             module._profiled = True
 
     _wrap(experiment_mod, "load_experiment", then=wrap_experiment)
-    _wrap(trial_process, "fit", "fit_start")
+    _wrap(loop, "fit", "fit_start")
     _wrap(loop, "_set_up", None, "set_up_end")
     _wrap(loop, "restore", "restore_start", "restore_end")
     _wrap(state, "load_checkpoint", None, "checkpoint_loaded")
     _wrap(epoch_mod, "to_device", "first_batch")
-    send = trial_process.EpochAnswers.on_epoch
+    send = trial_mod.Trial.report
 
     @functools.wraps(send)
-    def on_epoch(self, epoch, metrics):
+    def on_epoch(self, epoch, metrics=None, checkpoint=None):
         _mark("sent")
         if _child is not None and not _child["written"]:
             _child["written"] = True
             path = Path(_child["folder"]) / f"{os.getpid()}.json"
             path.write_text(json.dumps({"number": _child["number"], "marks": _child["marks"]}))
-        return send(self, epoch, metrics)
+        return send(self, epoch, metrics, checkpoint)
 
-    trial_process.EpochAnswers.on_epoch = on_epoch
+    trial_mod.Trial.report = on_epoch
 
 
 class Segments:

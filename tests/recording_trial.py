@@ -34,8 +34,8 @@ class RecordingTrial:
         self.saved: list[tuple[int, bytes]] = []  # (epoch it belongs to, the serialized state)
         self.models: list[tuple[torch.nn.Module, torch.Tensor]] = []
         # (the checkpoint's config, this attempt's): what a resumed attempt's config changed, applied by the
-        # platform's own code (study/trials/own_loop_changes.py) as the real trial object applies it
-        from hpolab.study.trials.own_loop_changes import ConfigChanges
+        # platform's own code (study/trials/config_changes.py) as the real trial object applies it
+        from hpolab.study.trials.config_changes import ConfigChanges
 
         self._changes = ConfigChanges(changes[1], changes[0]) if changes is not None else ConfigChanges({}, None)
         self.config_changes: dict[str, Any] = self._changes.read()

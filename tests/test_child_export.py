@@ -56,7 +56,15 @@ def _after_done(conn, lifeline, job, summary) -> None:
     from hpolab.study.trials.lifeline import watch_lifeline
 
     watch_lifeline(lifeline)
-    child_export.offer_export(conn, job, summary)
+
+    def save(folder):  # the model rebuilt from its checkpoint, as the driver rebuilds it (stores/models.py)
+        from hpolab.config.experiment import load_experiment
+        from hpolab.stores.models import model_from_checkpoint
+
+        model = model_from_checkpoint(load_experiment(job["experiment"]), job["config"], summary)
+        return child_export.save_model_folder(model, folder, summary["input_example"], summary["output_example"])
+
+    child_export.offer_export(conn, job, summary, save)
     conn.close()
 
 

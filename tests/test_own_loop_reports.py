@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hpolab.config.spec import load_spec
-from hpolab.study.trials.own_loop import OwnTrial
+from hpolab.study.trials.trial import Trial
 from hpolab.study.trials.runner import cannot_stop_early
 from hpolab.train.checkpoint import load_checkpoint
 
@@ -68,7 +68,7 @@ def _report_returns(trial, epoch: int, value: float, timeout: float = 10.0, out:
 
 def test_without_a_pruner_a_report_returns_before_the_answer_and_the_next_one_waits_for_it(tmp_path):
     driver = GatedDriver(tmp_path)
-    trial = OwnTrial(driver.child, _job(tmp_path))
+    trial = Trial(driver.child, _job(tmp_path))
     assert _report_returns(trial, 1, 0.5, timeout=5) == (True, False)  # the driver has not answered epoch 1
     second: list = []
     returned, _ = _report_returns(trial, 2, 0.6, timeout=1, out=second)
@@ -87,7 +87,7 @@ def test_without_a_pruner_a_report_returns_before_the_answer_and_the_next_one_wa
 
 def test_a_stop_is_seen_by_the_next_report_which_sends_and_records_nothing(tmp_path):
     driver = GatedDriver(tmp_path, stop_at=2)
-    trial = OwnTrial(driver.child, _job(tmp_path))
+    trial = Trial(driver.child, _job(tmp_path))
     driver.let(1)
     assert _report_returns(trial, 1, 0.5) == (True, False)
     assert _report_returns(trial, 2, 0.6) == (True, False)  # its answer ("stop") is not in yet
@@ -106,7 +106,7 @@ def test_best_pt_is_the_best_epochs_last_pt_kept_under_a_second_name(tmp_path, p
     driver = GatedDriver(tmp_path)
     for e in (1, 2, 3):
         driver.let(e)
-    trial = OwnTrial(driver.child, _job(tmp_path, pipelined))
+    trial = Trial(driver.child, _job(tmp_path, pipelined))
     trial.report(1, {"val_acc": 0.5}, checkpoint={"w": torch.ones(1)})
     trial.report(2, {"val_acc": 0.8}, checkpoint={"w": torch.ones(1) * 2})
     trial.settle()
@@ -123,7 +123,7 @@ def test_a_checkpoint_that_cannot_be_written_fails_the_trial_and_its_epoch_is_no
     blocker.write_text("")
     driver = GatedDriver(tmp_path)
     driver.let(1)
-    trial = OwnTrial(driver.child, _job(blocker / "trial"))
+    trial = Trial(driver.child, _job(blocker / "trial"))
     trial.report(1, {"val_acc": 0.5}, checkpoint={"w": torch.ones(1)})  # written on the report's thread
     with pytest.raises(OSError):
         trial.settle()

@@ -1,4 +1,4 @@
-"""The OwnTrial an own training loop talks to, on its own: a real pipe with the driver's side played by
+"""The Trial an own training loop talks to, on its own: a real pipe with the driver's side played by
 a thread (it answers each epoch), real files; no study."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from hpolab.study.trials.own_loop import OwnTrial, TrialFailure
-from hpolab.study.trials.own_loop_contract import ContractError
+from hpolab.study.trials.trial import Trial, TrialFailure
+from hpolab.study.trials.trial_contract import ContractError
 from hpolab.train.checkpoint import load_checkpoint
 
 
@@ -42,7 +42,7 @@ class Driver:
 
 def test_best_epoch_checkpoints_and_a_resumed_attempt(tmp_path):
     driver = Driver()
-    trial = OwnTrial(driver.child, _job(tmp_path))
+    trial = Trial(driver.child, _job(tmp_path))
     assert (trial.start_epoch, trial.restore(), trial.number, trial.params) == (1, None, 7, {"trainer.lr": 0.1})
     assert trial.device == torch.device("cpu")
     for epoch, acc in [(1, 0.5), (2, 0.8), (3, 0.7)]:
@@ -54,7 +54,7 @@ def test_best_epoch_checkpoints_and_a_resumed_attempt(tmp_path):
     summary = trial.summary(False, None)
     assert (summary["best_value"], summary["best_epoch"], summary["epochs_run"], summary["stop_reason"]) == (pytest.approx(0.8), 2, 3, "returned")
 
-    again = OwnTrial(Driver().child, _job(tmp_path / "retry", resume_from=str(tmp_path / "last.pt")))
+    again = Trial(Driver().child, _job(tmp_path / "retry", resume_from=str(tmp_path / "last.pt")))
     assert again.start_epoch == 4 and torch.equal(again.restore()["w"], torch.ones(2) * 3)
     again.report(4, {"val_acc": 0.9})
     s = again.summary(False, None)
@@ -63,7 +63,7 @@ def test_best_epoch_checkpoints_and_a_resumed_attempt(tmp_path):
 
 def test_a_stop_answer_is_kept_and_later_reports_send_nothing(tmp_path):
     driver = Driver(stop_at=2)
-    trial = OwnTrial(driver.child, _job(tmp_path))
+    trial = Trial(driver.child, _job(tmp_path))
     assert trial.report(1, {"val_acc": 0.1}) is False
     assert trial.report(2, {"val_acc": 0.2}) is True
     assert trial.report(3, {"val_acc": 0.3}) is True
@@ -72,7 +72,7 @@ def test_a_stop_answer_is_kept_and_later_reports_send_nothing(tmp_path):
 
 
 def test_contract_mistakes_are_named(tmp_path):
-    trial = OwnTrial(Driver().child, _job(tmp_path))
+    trial = Trial(Driver().child, _job(tmp_path))
     with pytest.raises(ContractError, match=r"state\['extra'\]\['best'\] is a numpy.float64"):
         trial.checkpoint({"w": torch.zeros(1), "extra": {"best": np.float64(0.5)}})
     with pytest.raises(ContractError, match="epoch must be a whole number"):
@@ -83,27 +83,27 @@ def test_contract_mistakes_are_named(tmp_path):
     with pytest.raises(ContractError, match="metric 'name' is not a number"):
         trial.report(2, {"name": "x"})
     with pytest.raises(ContractError, match="without reporting an epoch"):
-        OwnTrial(Driver().child, _job(tmp_path / "none")).summary(False, None)
+        Trial(Driver().child, _job(tmp_path / "none")).summary(False, None)
     with pytest.raises(ContractError, match=r"trial.log_params: 'net' is a Linear"):
         trial.log_params({"net": torch.nn.Linear(1, 1)})
 
 
 def test_a_loop_counting_from_0_is_recorded_from_1_and_resumes_in_its_own_numbering(tmp_path):
     driver = Driver()
-    trial = OwnTrial(driver.child, _job(tmp_path))
+    trial = Trial(driver.child, _job(tmp_path))
     for epoch in range(3):
         trial.report(epoch, {"val_acc": 0.1 * epoch}, checkpoint={"w": torch.ones(1)})
     trial.report({"val_acc": 0.5})  # without an epoch: the next one
     assert [e for e, _ in driver.epochs] == [1, 2, 3, 4]
     trial.checkpoint({"w": torch.ones(1)})
-    again = OwnTrial(Driver().child, _job(tmp_path / "retry", resume_from=str(tmp_path / "last.pt")))
+    again = Trial(Driver().child, _job(tmp_path / "retry", resume_from=str(tmp_path / "last.pt")))
     assert again.start_epoch == 4  # range(trial.start_epoch, n) in the loop's numbering: its 5th epoch is epoch 4
     with pytest.raises(ContractError, match=r"epoch 3 was reported already \(the last was 3\)"):
         again.report(3, {"val_acc": 0.9})
 
 
 def test_the_result_is_the_epoch_of_the_logged_model(tmp_path):
-    trial = OwnTrial(Driver().child, _job(tmp_path))
+    trial = Trial(Driver().child, _job(tmp_path))
     net = torch.nn.Linear(3, 2)
     trial.report(1, {"val_acc": 0.9}, checkpoint={"w": torch.ones(1)})
     assert trial.is_best
@@ -130,7 +130,7 @@ def test_the_result_is_the_epoch_of_the_logged_model(tmp_path):
 def test_objectives_are_the_best_epochs_values_and_costs_need_the_model(tmp_path):
     job = _job(tmp_path)
     job["config"].update(objectives=["val_acc", "val_loss"], cost_metrics=[])
-    trial = OwnTrial(Driver().child, job)
+    trial = Trial(Driver().child, job)
     trial.report(1, {"val_acc": 0.5, "val_loss": 2.0})
     trial.report(2, {"val_acc": 0.7, "val_loss": 1.5})
     trial.report(3, {"val_acc": 0.6, "val_loss": 1.0})
@@ -147,12 +147,12 @@ def test_a_stopped_trial_with_cost_objectives_needs_no_logged_model(tmp_path):
     # trial.log_model: its summary must not fail for the cost metric it never had a model to measure.
     job = _job(tmp_path)
     job["config"].update(objectives=["val_acc", "params"], cost_metrics=["params"])
-    trial = OwnTrial(Driver(stop_at=1).child, job)
+    trial = Trial(Driver(stop_at=1).child, job)
     assert trial.report(1, {"val_acc": 0.4}) is True
     summary = trial.summary(False, None)
     assert summary["stop_reason"] == "stopped_by_caller" and summary["objectives"] == {"val_acc": 0.4}
 
-    finished = OwnTrial(Driver().child, _job(tmp_path / "done"))
+    finished = Trial(Driver().child, _job(tmp_path / "done"))
     finished.config.update(objectives=["val_acc", "params"], cost_metrics=["params"])
     finished.report(1, {"val_acc": 0.4})
     with pytest.raises(TrialFailure, match="call trial.log_model"):  # one that ran to the end still must log it
@@ -160,7 +160,7 @@ def test_a_stopped_trial_with_cost_objectives_needs_no_logged_model(tmp_path):
 
 
 def test_a_loop_that_returns_before_max_epochs_says_so(tmp_path):
-    trial = OwnTrial(Driver().child, _job(tmp_path))  # trainer.max_epochs: 5
+    trial = Trial(Driver().child, _job(tmp_path))  # trainer.max_epochs: 5
     trial.report(1, {"val_acc": 0.4})
     trial.report(2, {"val_acc": 0.5})
     assert trial.summary(False, None)["stop_reason"] == "returned"  # its own early stopping, not "max_epochs"
@@ -171,7 +171,7 @@ def test_optuna_trial_pruned_raised_by_the_loop_ends_it_as_pruned_by_train(tmp_p
 
     import optuna
 
-    from hpolab.study.trials.own_loop import run_own_loop
+    from hpolab.study.trials.trial import run_trial
     from hpolab.study.trials.trial_process import report
 
     def train(config, trial):
@@ -193,7 +193,8 @@ def test_optuna_trial_pruned_raised_by_the_loop_ends_it_as_pruned_by_train(tmp_p
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    run_own_loop(child_end, _job(tmp_path), types.SimpleNamespace(train=train), report, offer_export=None)
+    driver_end.send("go")  # the segment's start is recorded: an own loop is called after it
+    run_trial(child_end, _job(tmp_path), report, offer_export=None, experiment=types.SimpleNamespace(train=train))
     thread.join(timeout=10)
     done = [m for m in messages if m[0] == "done"]
     assert done and done[0][1]["pruned_by_train"] is True and done[0][1]["stop_reason"] == "stopped_by_caller"

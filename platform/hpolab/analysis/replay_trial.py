@@ -27,8 +27,8 @@ class LocalTrial:
     def __init__(self, number: int, params: dict[str, Any], config: dict, folder: Path):
         import torch
 
-        from hpolab.study.trials.own_loop_changes import ConfigChanges
-        from hpolab.study.trials.own_loop_contract import EpochNumbers
+        from hpolab.study.trials.config_changes import ConfigChanges
+        from hpolab.study.trials.trial_contract import EpochNumbers
 
         self.number, self.params, self.config, self.dir = number, params, config, folder
         self.device, self.start_epoch = torch.device("cpu"), 1
@@ -42,7 +42,7 @@ class LocalTrial:
 
     def stretch(self, config: dict, last: int) -> None:
         """Train on with `config` up to epoch `last`: from the last checkpoint when epochs were trained already."""
-        from hpolab.study.trials.own_loop_changes import ConfigChanges
+        from hpolab.study.trials.config_changes import ConfigChanges
 
         self.config = config
         self._stop_after = last
@@ -63,7 +63,7 @@ class LocalTrial:
             except (TypeError, ValueError):
                 continue  # not a number: the trial process would have refused it; nothing to compare
         self.history.append(row)
-        if checkpoint is not None:
+        if isinstance(checkpoint, dict):  # (a path: the loop wrote its own file, in self.dir)
             self.checkpoint(checkpoint)
         return recorded >= self._stop_after  # stop where the original stopped (or its stretch ends)
 
@@ -76,6 +76,17 @@ class LocalTrial:
 
     def restore(self) -> dict | None:
         return self._restored
+
+    @property
+    def resume_path(self) -> Path | None:
+        """A loop that writes its own checkpoints (the routine) resumes from its last.pt in self.dir."""
+        return Path(self.dir) / "last.pt" if self.start_epoch > 1 else None
+
+    def stop_requested(self, wait: bool = False) -> bool:
+        return False  # (report's answer stops the loop where the original stopped)
+
+    def describe(self, **fields: Any) -> None:
+        pass
 
     @property
     def config_changes(self) -> dict[str, Any]:

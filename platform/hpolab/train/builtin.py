@@ -1,12 +1,17 @@
-"""The platform's routine as a `train(config, trial)`, the contract an own training loop implements.
+"""The platform's routine as a `train(config, trial)`: the same contract an own training loop implements.
 
-An experiment that defines data + model + task trains through the same trial object as an own loop:
-each epoch is `trial.report(epoch, metrics)` (True: stop now), its checkpoints live in `trial.dir`,
-and a trial that starts after epoch 1 (`trial.start_epoch`) resumes from the `last.pt` there. What
-the routine can do that a user's loop may not is said by attributes of the function, not by branches
-of its callers: `resumes_exactly` (fit() restores every RNG stream, so a resumed run is bit-for-bit
-the uninterrupted one). `hpolab reproduce` runs every experiment this way; the trial process still
-calls fit() itself (study/trials/trial_process.py).
+An experiment that defines data + model + task trains through the same trial object as an own loop
+(study/trials/trial.py): each epoch is `trial.report(epoch, metrics, checkpoint=last.pt)` (True:
+stop now), its checkpoints live in `trial.dir`, and a resumed attempt continues from
+`trial.resume_path`. What the routine does that a user's loop may not is said by attributes of the
+function, which the trial process reads, not by branches on which loop it runs:
+- `resumes_exactly`: fit() restores every RNG stream, so a resumed run is bit-for-bit the uninterrupted one;
+- `sets_up_before_go`: building data, model and optimizer writes nothing, so it happens while the
+  driver records the segment's start (the trial waits for "go" at its first report or stop check);
+- `polls_stop`: fit() asks `trial.stop_requested()` between batches, so its reports never wait for the
+  driver's answer and a stop abandons the epoch in progress.
+Its model is described as `model_from_checkpoint`: the driver can rebuild it from best.pt with the
+experiment's build_model when this process could not save it.
 """
 
 from __future__ import annotations
@@ -25,12 +30,55 @@ def builtin_train(experiment: ModuleType) -> Callable[[dict[str, Any], Any], Any
         from .loop import fit
         from .tasks import task_for
 
-        data = experiment.load_data(config["data"], data_seed_of(config))
+        tcfg = trainer_config(config["trainer"])
+        data = experiment.load_data(config["data"], data_seed_of(config))  # the split: the study's data seed
         model = experiment.build_model(config["model"], data.input_shape, data.num_classes)
-        resume = Path(trial.dir) / "last.pt" if trial.start_epoch > 1 else None
-        return fit(trainer_config(config["trainer"]), model, data, metric=config["metric"], direction=config["direction"],
-                   seed=config["seed"], checkpoint_dir=trial.dir, task=task_for(experiment), resume_from=resume,
-                   on_epoch=lambda epoch, metrics: trial.report(epoch, metrics))
+        trial.config_changes  # fit() gives a restored optimizer the config's values itself (state.restore)
+        last = Path(trial.dir) / "last.pt"
+        notes: list[str] = []
+        result = fit(tcfg, model, data, metric=config["metric"], direction=config["direction"], seed=config["seed"],
+                     checkpoint_dir=trial.dir, task=task_for(experiment), resume_from=trial.resume_path, log=notes.append,
+                     on_epoch=lambda epoch, metrics: trial.report(epoch, metrics, checkpoint=last),
+                     stop_requested=trial.stop_requested)
+        _describe(trial, experiment, config, result, model, data, notes)
+        return result
 
     train.resumes_exactly = True  # type: ignore[attr-defined]
+    train.sets_up_before_go = True  # type: ignore[attr-defined]
+    train.polls_stop = True  # type: ignore[attr-defined]
     return train
+
+
+def _describe(trial, experiment, config: dict[str, Any], result, model, data, notes: list[str]) -> None:
+    """What the trial's summary says of the routine's run: its model (kept when the study logs models,
+    the best epoch's weights), its examples, the objectives measured on the training device."""
+    import torch
+
+    from .checkpoint import load_checkpoint, load_model_state
+
+    example = torch.stack([torch.as_tensor(data.val[i][0]) for i in range(min(2, len(data.val)))]).float()
+    objectives = objective_values(config, result, model, example, getattr(experiment, "costs", None)) if config.get("objectives") else None
+    if result.best_checkpoint is not None and result.best_epoch != result.epochs_run:  # the weights of the result's epoch
+        load_model_state(model, load_checkpoint(result.best_checkpoint, map_location="cpu")["model"])
+    model_cpu = model.to("cpu").eval()
+    with torch.inference_mode():
+        out = model_cpu(example)
+    if getattr(trial, "keeps_model", False) and result.best_epoch:
+        trial.log_model(model_cpu, example, epoch=result.best_epoch)
+    trial.describe(model_from_checkpoint=True, input_shape=list(data.input_shape), num_classes=data.num_classes,
+                   input_example=example.numpy(), output_example=out.float().numpy(), amp=result.amp, device=result.device,
+                   devices=1, notes=notes, stop_reason=result.stop_reason, objectives=objectives,
+                   metrics_from="the experiment's metrics()")  # (its task's: the routine computes the epoch metrics)
+
+
+def objective_values(config: dict[str, Any], result, model, example, own_costs=None) -> dict[str, float]:
+    """For a study with `objectives:`/`constraints:`: every epoch metric at the best epoch (picked by
+    the pruning metric) and the cost metrics it asks for, measured now on the trial's device."""
+    import torch
+
+    from .costs import cost_metrics
+
+    at_best = next((h for h in result.history if h.get("epoch") == result.best_epoch), result.last_metrics)
+    values = {k: float(v) for k, v in at_best.items() if k != "epoch"}
+    values.update(cost_metrics(config["cost_metrics"], model, example, torch.device(result.device), own_costs))
+    return values

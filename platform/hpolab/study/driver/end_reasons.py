@@ -14,8 +14,8 @@ from hpolab.study.state.budget import FINISHED
 
 
 def metrics_source(info: dict[str, Any]) -> str:
-    """Where a trial's metric values come from, for a fail reason."""
-    return "what the experiment's train() reports" if info.get("own_loop") else "the experiment's metrics()"
+    """Where a trial's metric values come from, for a fail reason (the routine says: train/builtin.py)."""
+    return info.get("metrics_from") or "what the experiment's train() reports"
 
 
 def disagreement(frozen: FrozenTrial | None, state: TrialState, value: float | None, model_info: dict | None,

@@ -68,16 +68,6 @@ def save_model(model, path: Path, input_example: np.ndarray, output_example: np.
     mlflow.pyfunc.load_model(str(path)).predict(input_example)
 
 
-def save_trial_model(experiment, config: dict[str, Any], summary: dict[str, Any], trial_dir: Path) -> Path:
-    """The trial's best checkpoint as an MLflow model folder in `trial_dir` (written under a temporary
-    name, then renamed: the driver never sees half a model). Returns its path. Its requirements pin
-    the versions installed here, the ones this trial trained with (the env.* tags of its run)."""
-    from hpolab.stores.models import model_from_checkpoint
-
-    model = model_from_checkpoint(experiment, config, summary)
-    return save_model_folder(model, trial_dir, summary["input_example"], summary["output_example"])
-
-
 def save_model_folder(model, trial_dir: Path, input_example: np.ndarray, output_example: np.ndarray) -> Path:
     """`model` as the MLflow model folder `trial_dir`/model (written under a temporary name, then
     renamed), with the installed versions as its requirements. Returns its path."""
@@ -94,13 +84,12 @@ def save_model_folder(model, trial_dir: Path, input_example: np.ndarray, output_
     return final
 
 
-def offer_export(conn, job: dict[str, Any], summary: dict[str, Any] | None, save: Callable[[Path], Path] | None = None) -> None:
+def offer_export(conn, job: dict[str, Any], summary: dict[str, Any] | None, save: Callable[[Path], Path]) -> None:
     """After ("done", summary): wait for the driver's decision and save the model if it asks.
 
     Only a trial whose job says `export_model` (the spec logs models) waits; the driver then always
     answers or closes the pipe, and the lifeline ends this process if the driver dies meanwhile.
-    `save(trial_dir)`: how this trial's model is saved (default: from its checkpoint; an own loop's
-    is the copy trial.log_model kept, own_loop.py)."""
+    `save(trial_dir)` saves this trial's model (the copy trial.log_model kept: trial.py) there."""
     if not job.get("export_model") or summary is None:
         return
     _free_gpu_memory()  # the next trial may be starting on the same GPU while this one saves
@@ -115,11 +104,7 @@ def offer_export(conn, job: dict[str, Any], summary: dict[str, Any] | None, save
     except (EOFError, OSError):
         return
     try:
-        from hpolab.config.experiment import load_experiment
-
-        folder = Path(job["checkpoint_dir"])
-        path = save(folder) if save is not None else save_trial_model(load_experiment(job["experiment"]), job["config"], summary, folder)
-        message: tuple = ("model", str(path))
+        message: tuple = ("model", str(save(Path(job["checkpoint_dir"]))))
     except Exception as e:  # the driver exports from the checkpoint itself, and records the error if that fails too
         message = ("model_error", f"{type(e).__name__}: {e}")
     try:

@@ -40,7 +40,7 @@ from hpolab.study.trials.trial_output import log_files
 from hpolab.study.trials.uploads import Uploader, stage_checkpoints, upload_due
 
 MLFLOW_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "KILLED", TrialState.FAIL: "FAILED"}
-# A model that cannot be rebuilt from its checkpoint (an own training loop's, study/trials/own_loop.py: the
+# A model that cannot be rebuilt from its checkpoint (an own training loop's, study/trials/trial.py: the
 # trial says so by not sending "model_from_checkpoint") is the copy trial.log_model kept in its process
 NO_OWN_MODEL = "train() logged no model (call trial.log_model(model, input_example))"
 OWN_MODEL_LOST = "no model is logged (an own training loop's model is only in its process)"

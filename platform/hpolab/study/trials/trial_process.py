@@ -1,8 +1,8 @@
 """The child side of a trial: one OS process, forked from a pre-warmed forkserver.
 
-It builds the experiment's data and model from the resolved config, runs the shared training
-routine (or the experiment's own `train(config, trial)`: own_loop.py), and talks to the driver only
-through its pipe:
+It runs the experiment's `train(config, trial)` (trial.py: the experiment's own loop, or the
+platform's routine over its data and model, train/builtin.py), and talks to the driver only through
+its pipe:
 
     child -> driver                          driver -> child
                                              "go"                  (once: its segment has started)
@@ -10,16 +10,12 @@ through its pipe:
     ("done", summary) | ("fail", details)
     ("model", path) | ("model_error", why)   "export" | "skip"     (after "done", when the spec logs models: child_export.py)
 
-The process is forked before its segment starts: it builds the experiment's data and model, fit's
-set-up and the checkpoint's state while the driver records the start (the run, the lifecycle's
-segment_started), and trains only once the driver's "go" comes (an own loop and a trial on several
-devices wait for it first: their set-up is their code's). Before it, it writes nothing anywhere.
-
-The trial does not wait for an epoch's answer: it trains the next epoch meanwhile, reads the answer
-between that epoch's batches, and waits for it only before that epoch's checkpoints are written (the
-driver stages the previous ones for upload before it answers) and after its last epoch (EpochAnswers).
-A "stop" abandons the epoch in progress: a pruned trial ends within a batch of the driver's decision,
-and the driver's bookkeeping (MLflow, Optuna, another trial's epoch) never holds up its training.
+The process is forked before its segment starts, and trains only once the driver's "go" comes
+(after the driver recorded the start: the run, the lifecycle's segment_started). A `train` whose
+set-up writes nothing (the routine's: `sets_up_before_go`) builds its data, model and checkpoint
+state meanwhile; any other, and a trial on several devices, waits for "go" first. Before it, the
+process writes nothing anywhere. How a trial's reports wait (or not) for the driver's answer:
+trial.py and reports.py.
 
 It never writes to Optuna or MLflow (its model it saves to a local folder): the driver is the only
 writer to both stores. A lifeline pipe (whose other end only the driver holds) ends the process
@@ -40,18 +36,12 @@ import torch._dynamo  # noqa: F401  -- torch.optim's constructors import it lazi
 from hpolab.study.trials.child_export import offer_export
 from hpolab.study.trials.gpu_memory import watch_gpu_memory
 from hpolab.study.trials.lifeline import ORPHAN_EXIT_CODE, watch_lifeline
-from hpolab.study.trials.own_loop import TrialFailure, run_own_loop
+from hpolab.study.trials.trial import TrialFailure, await_go, run_trial
 from hpolab.train import NonFiniteLossError, fit, seed_everything
+from hpolab.train.builtin import objective_values
 from hpolab.train.config import trainer_config
 from hpolab.train.data import data_seed_of
 from hpolab.train.tasks import task_for
-
-
-
-def _input_example(data, n: int = 2):
-    """A couple of real validation inputs: the logged model's input example and signature."""
-    xs = [data.val[i][0] for i in range(min(n, len(data.val)))]
-    return torch.stack([torch.as_tensor(x) for x in xs]).float()
 
 
 def run(conn, lifeline, job: dict[str, Any]) -> None:
@@ -75,29 +65,7 @@ def run(conn, lifeline, job: dict[str, Any]) -> None:
         run_ranks(conn, lifeline, job, devices, sys.modules[__name__])
         return
     torch.set_num_threads(int(job["threads"]))
-    from hpolab.config.experiment import is_own_loop, load_experiment
-
-    try:
-        experiment = load_experiment(job["experiment"])
-    except Exception:  # train() below loads it again and reports why it cannot, as the trial's failure
-        experiment = None
-    if experiment is not None and is_own_loop(experiment):  # its train(config, trial) instead of fit()
-        await_go(conn)
-        run_own_loop(conn, job, experiment, report, offer_export)
-        return
-
-    def work() -> dict[str, Any] | None:
-        answers = EpochAnswers(conn, awaiting_go=True)
-        summary = train(job, answers.on_epoch, stop_requested=answers.stop_requested)
-        if summary is not None and job.get("export_model"):
-            summary["export_in_child"] = True  # this process waits for the driver's "export" | "skip"
-        return summary
-
-    summary = report(conn, work, close=False)
-    try:
-        offer_export(conn, job, summary)  # the model is saved here while the driver starts the next trial
-    finally:
-        conn.close()
+    run_trial(conn, job, report, offer_export)
 
 
 def work_in(folder: str) -> None:
@@ -111,78 +79,31 @@ def work_in(folder: str) -> None:
     os.chdir(folder)
 
 
-def await_go(conn) -> None:
-    """Wait for the driver's "go" (its segment has started); a driver that is gone, or that says
-    anything else (it dropped this start), ends the process: it has trained and written nothing."""
-    try:
-        go = conn.recv()
-    except (EOFError, OSError):
-        os._exit(ORPHAN_EXIT_CODE)
-    if go != "go":
-        os._exit(0)
-
-
-class EpochAnswers:
-    """fit()'s on_epoch and stop_requested for one trial process: an epoch's metrics are sent and
-    training goes on; the driver's "continue" | "stop" is read when fit asks (loop.py says when).
-    awaiting_go: the driver's "go" is read first, when fit first asks (before its first batch: its
-    set-up is done by then) or sends an epoch."""
-
-    def __init__(self, conn, awaiting_go: bool = False):
-        self.conn = conn
-        self.awaiting_go = awaiting_go
-        self.pending = False  # an epoch was sent and its answer not read yet
-        self.stop = False
-
-    def _go(self) -> None:
-        if self.awaiting_go:
-            self.awaiting_go = False
-            await_go(self.conn)
-
-    def on_epoch(self, epoch: int, metrics: dict[str, float]) -> bool:
-        self._go()
-        try:
-            self.conn.send(("epoch", epoch, metrics))
-        except (EOFError, OSError):  # the driver is gone (its end closed or reset): nobody to train for
-            os._exit(ORPHAN_EXIT_CODE)
-        self.pending = True
-        return False
-
-    def stop_requested(self, wait: bool) -> bool:
-        self._go()
-        try:
-            if self.pending and (wait or self.conn.poll()):
-                self.stop, self.pending = self.conn.recv() == "stop", False
-        except (EOFError, OSError):
-            os._exit(ORPHAN_EXIT_CODE)
-        return self.stop
-
-
 def ask_driver(conn):
     """fit()'s on_epoch for a trial on several devices (ranks.py): send the epoch's metrics, wait for
     "continue" or "stop" (every rank must stop after the same epoch, so rank 0 waits)."""
 
-    answers = EpochAnswers(conn)
-
     def on_epoch(epoch: int, metrics: dict[str, float]) -> bool:
-        answers.on_epoch(epoch, metrics)
-        return answers.stop_requested(wait=True)
+        try:
+            conn.send(("epoch", epoch, metrics))
+            return conn.recv() == "stop"
+        except (EOFError, OSError):  # the driver is gone (its end closed or reset): nobody to train for
+            os._exit(ORPHAN_EXIT_CODE)
 
     return on_epoch
 
 
-def train(job: dict[str, Any], on_epoch, ranks_of=None, stop_requested=None) -> dict[str, Any] | None:
-    """Build the experiment's data and model, fit(); the summary the driver logs (None on ranks other than 0).
-
-    ranks_of(cfg): this process's Ranks when it is one of several (ranks.py), called before the model is built.
-    stop_requested: fit()'s, with an on_epoch that does not wait (EpochAnswers); one process only.
+def train(job: dict[str, Any], on_epoch, ranks_of) -> dict[str, Any] | None:
+    """The routine on several devices (ranks.py: every rank runs it): build the experiment's data and
+    model, fit(); the summary the driver logs (None on ranks other than 0). ranks_of(cfg): this
+    process's Ranks, called before the model is built. (One device: train/builtin.py, through the Trial.)
     """
     from hpolab.config.experiment import load_experiment
 
     cfg = job["config"]
     exp = load_experiment(job["experiment"])
     tcfg = trainer_config(cfg["trainer"])
-    ranks = ranks_of(tcfg) if ranks_of is not None else None
+    ranks = ranks_of(tcfg)
     # Seed before the model is built: its initial weights come from the global RNG, which a
     # forked process would otherwise inherit unseeded (then no trial could be reproduced).
     seed_everything(cfg["seed"], bool(cfg["trainer"].get("deterministic", False)))
@@ -202,12 +123,11 @@ def train(job: dict[str, Any], on_epoch, ranks_of=None, stop_requested=None) -> 
         log=notes.append,
         task=task_for(exp),  # the experiment's TASK: its loss, metrics and target checks
         ranks=ranks,
-        stop_requested=stop_requested,
     )
-    if ranks is not None and not ranks.is_rank0:
+    if not ranks.is_rank0:
         return None
-    example = _input_example(data)
-    objectives = _objective_values(cfg, result, model, example, getattr(exp, "costs", None)) if cfg.get("objectives") else None
+    example = torch.stack([torch.as_tensor(data.val[i][0]) for i in range(min(2, len(data.val)))]).float()
+    objectives = objective_values(cfg, result, model, example, getattr(exp, "costs", None)) if cfg.get("objectives") else None
     model_cpu = model.to("cpu").eval()
     with torch.inference_mode():
         out = model_cpu(example)
@@ -232,17 +152,6 @@ def train(job: dict[str, Any], on_epoch, ranks_of=None, stop_requested=None) -> 
     }
 
 
-def _objective_values(cfg: dict[str, Any], result, model, example, own_costs=None) -> dict[str, float]:
-    """For a study with `objectives:`/`constraints:`: every epoch metric at the best epoch (picked
-    by the pruning metric) and the cost metrics it asks for, measured now on the trial's device."""
-    from hpolab.train.costs import cost_metrics
-
-    at_best = next((h for h in result.history if h.get("epoch") == result.best_epoch), result.last_metrics)
-    values = {k: float(v) for k, v in at_best.items() if k != "epoch"}
-    values.update(cost_metrics(cfg["cost_metrics"], model, example, torch.device(result.device), own_costs))
-    return values
-
-
 def report(conn, work, close: bool = True) -> dict[str, Any] | None:
     """Run `work()` and send its outcome: ("done", summary) or ("fail", details); then close the pipe
     (unless `close` is False: the caller still has to talk). Returns the summary sent (None: a failure)."""
@@ -251,7 +160,7 @@ def report(conn, work, close: bool = True) -> dict[str, Any] | None:
         _flush_output()
         conn.send(("done", summary))
         return summary
-    except TrialFailure as e:  # an own loop broke its contract (own_loop.py): the one line says how
+    except TrialFailure as e:  # a loop broke the trial's contract (trial_contract.py): the one line says how
         _flush_output()
         conn.send(("fail", {"kind": e.kind, "reason": str(e), "traceback": ""}))
     except NonFiniteLossError as e:

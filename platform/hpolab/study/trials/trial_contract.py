@@ -4,7 +4,7 @@ A mistake in how `train(config, trial)` calls the trial (an epoch that is not a 
 is not one, a checkpoint holding a numpy value, a model that takes only one batch size) is the same in
 every trial of the study: it is a ContractError, which fails the trial with one line and stops the
 study at once (the failure budget is for trials that fail by their own chance, not for a loop that
-cannot run). The trial object (own_loop.py) and the reproduction's (analysis/replay_trial.py)
+cannot run). The trial object (trial.py) and the reproduction's (analysis/replay_trial.py)
 number epochs with the same EpochNumbers.
 
 Epochs: the records count them from 1 (MLflow's step, Optuna's intermediate step, the budget). A loop

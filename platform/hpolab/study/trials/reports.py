@@ -1,4 +1,4 @@
-"""An own loop's epoch reports to the driver: each after its checkpoint is on disk, in order.
+"""A trial's epoch reports to the driver: each after its checkpoint is on disk, in order.
 
 `trial.report(epoch, metrics, checkpoint=state)` checks the metrics and serializes the checkpoint in
 the loop's own thread (the loop changes those tensors next); writing the checkpoint, sending the
@@ -44,7 +44,7 @@ class Reports:
             self._report(epoch, values, write)
             self._raise()
             return
-        self._job = threading.Thread(target=self._report, args=(epoch, values, write), name="own-loop-report", daemon=True)
+        self._job = threading.Thread(target=self._report, args=(epoch, values, write), name="trial-report", daemon=True)
         self._job.start()
 
     def settle(self, raise_error: bool = True) -> None:

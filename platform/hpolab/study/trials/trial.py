@@ -1,9 +1,8 @@
-"""An experiment's own training loop in a trial process: `train(config, trial)` with an OwnTrial.
+"""The trial process's one job: an experiment's `train(config, trial)`, with the Trial it talks to.
 
-An experiment that defines `train(config, trial)` (and no build_model) brings its own loop; the trial
-process calls it instead of building data and model and calling fit(). The messages to the driver
-are the routine's (trial_process.py), so the driver cannot tell the two apart except by the summary's
-`own_loop`:
+Every trial runs a `train(config, trial)`: the experiment's own loop, or the platform's routine over
+the experiment's data, model and task (train/builtin.py), which is a user of this same object. The
+messages to the driver (trial_process.py):
 
     trial.report(epoch, metrics)   -> ("epoch", epoch, metrics), then reads "continue" | "stop"
     train() returned               -> ("done", summary): best value and epoch over the reports
@@ -12,39 +11,49 @@ are the routine's (trial_process.py), so the driver cannot tell the two apart ex
 A report's checkpoint is written before the epoch is sent: the file the driver stages for upload
 before it answers is exactly that epoch. A study that may prune waits for each answer; one that
 cannot (no pruner) writes, sends and reads the answer on a thread while the loop trains its next
-epoch, and a stop is seen one report later (own_loop_reports.py).
+epoch, and a stop is seen one report later (reports.py).
 
 trial.checkpoint(state) writes last.pt as {"own_loop": 1, "epoch", "history", "state", ...}: the
 "history" key is the routine's, so a retry's carry-over (tracker.carry_over_history), uploads,
-retention and resume work on it unchanged. The checkpoint of a best epoch is also best.pt.
+retention and resume work on it unchanged. The checkpoint of a best epoch is also best.pt. A loop
+that writes its checkpoints itself (the routine: its last.pt holds every RNG stream, so a resume is
+exact) reports that file instead: `trial.report(epoch, metrics, checkpoint=path)`.
+
+What only some loops do is their function's attributes, never a branch on which loop it is:
+`sets_up_before_go` (its set-up writes nothing: it builds data and model while the driver records
+the segment's start, and waits for "go" at its first report; any other loop is started after "go"),
+`polls_stop` (it asks `trial.stop_requested()` between batches: its reports never wait for the
+driver's answer, and a stop abandons the epoch in progress).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from hpolab.study.trials.own_loop_changes import ConfigChanges
-from hpolab.study.trials.own_loop_contract import (ContractError, EpochNumbers, TrialFailure, check_plain, model_example,
+from hpolab.study.trials.config_changes import ConfigChanges
+from hpolab.study.trials.lifeline import ORPHAN_EXIT_CODE
+from hpolab.study.trials.trial_contract import (ContractError, EpochNumbers, TrialFailure, check_plain, model_example,
                                                    plain_metrics, plain_params)
-from hpolab.study.trials.own_loop_reports import Reports
+from hpolab.study.trials.reports import Reports
 from hpolab.train.checkpoint import atomic_write_bytes, link_or_write, load_checkpoint, serialize_checkpoint, unwrap_model
 from hpolab.train.device import resolve_device
 from hpolab.train.state import LoopState
 
 OWN_LOOP_FORMAT = 1  # the value of a checkpoint's "own_loop" key: the layout above
-__all__ = ["OwnTrial", "TrialFailure", "run_own_loop"]
+__all__ = ["Trial", "TrialFailure", "run_trial"]
 
 
-class OwnTrial:
+class Trial:
     """What `train(config, trial)` talks to (docs/how-to/own-loop.md): report, checkpoint, restore, log_model."""
 
-    def __init__(self, conn, job: dict[str, Any]):
+    def __init__(self, conn, job: dict[str, Any], *, awaiting_go: bool = False, pipelined: bool = False):
         cfg = job["config"]
         self.number: int = int(job.get("number", -1))
         self.params: dict[str, Any] = dict(job.get("params") or {})
@@ -52,7 +61,11 @@ class OwnTrial:
         self.device: torch.device = resolve_device(cfg["trainer"].get("device", "auto"))
         self.dir: Path = Path(job["checkpoint_dir"])
         self._conn = conn
-        self._reports = Reports(conn, bool(job.get("pipelined_reports")))  # the driver's runner says which mode
+        self._awaiting_go = awaiting_go  # the driver's "go" is read before the first message (trial_process.await_go)
+        # The driver's runner says whether reports may go on while the loop trains (no pruner); a loop that polls does
+        self._reports = Reports(conn, pipelined or bool(job.get("pipelined_reports")))
+        self._described: dict[str, Any] = {}  # what the loop said of itself for the summary (describe)
+        self.keeps_model = bool(job.get("export_model"))  # the study logs models: trial.log_model's copy is saved
         self._metric, self._direction = cfg["metric"], cfg["direction"]
         self._loop = LoopState()  # the routine's bookkeeping of epochs and the best one
         self._epochs = EpochNumbers()  # how the loop counts its epochs (from 0 or from 1)
@@ -67,6 +80,7 @@ class OwnTrial:
         self.weights_epoch: int | None = None
         self._restored: dict[str, Any] | None = None
         self._changes = ConfigChanges(cfg, None, job.get("scheduler_keys") or ())
+        self.resume_path: Path | None = None  # the checkpoint this attempt resumes from (None: a first attempt)
         if job.get("resume_from"):
             self._resume(Path(job["resume_from"]))
         self.start_epoch: int = self._epochs.loop_epoch(self._loop.epoch + 1)
@@ -74,7 +88,7 @@ class OwnTrial:
     # ---------------------------------------------------------------- what train() calls
 
     def report(self, epoch: Any, metrics: dict[str, float] | None = None, checkpoint: dict[str, Any] | None = None) -> bool:
-        """Send this epoch's metrics (after saving `checkpoint`): True = stop now (own_loop_reports.py
+        """Send this epoch's metrics (after saving `checkpoint`): True = stop now (reports.py
         says when the answer is this epoch's and when the previous one's). `trial.report(metrics)`
         reports the epoch after the last one."""
         if metrics is None and isinstance(epoch, dict):
@@ -86,9 +100,36 @@ class OwnTrial:
         values = plain_metrics(metrics)
         self._changes.check_read()  # a trial scheduler's changes the loop never looked at: refused
         self._loop.record(recorded, values, values.get(self._metric, math.nan), self._direction, 0.0)
+        if isinstance(checkpoint, (str, Path)):
+            self._written(Path(checkpoint))
+            checkpoint = None
         write = self._writer(checkpoint) if checkpoint is not None else None  # (checked and serialized now)
         self._reports.send(recorded, values, write)
         return self._reports.stopped
+
+    def stop_requested(self, wait: bool = False) -> bool:
+        """Whether the driver answered "stop" to a report (a loop that polls between batches: a stop
+        abandons the epoch in progress). wait: the answer to the last report first."""
+        self._go()
+        if wait:
+            self._reports.settle()
+        return self._reports.stopped
+
+    def describe(self, **fields: Any) -> None:
+        """What the summary says of this trial beyond its reports (the routine: its device and AMP
+        mode, notes, why it stopped, and that its model is rebuilt from best.pt: model_from_checkpoint)."""
+        self._described.update(fields)
+
+    def _written(self, last: Path) -> None:
+        """The loop wrote this epoch's checkpoint itself: last.pt, and best.pt beside it when the epoch is the best."""
+        self._last_path, self._last_epoch = last, self._loop.epoch
+        if self.is_best and (last.parent / "best.pt").is_file():
+            self._best_path = last.parent / "best.pt"
+
+    def _go(self) -> None:
+        if self._awaiting_go:
+            self._awaiting_go = False
+            await_go(self._conn)
 
     @property
     def is_best(self) -> bool:
@@ -97,6 +138,7 @@ class OwnTrial:
 
     def checkpoint(self, state: dict[str, Any]) -> None:
         """last.pt (and best.pt when the last reported epoch is the best so far), written atomically."""
+        self._go()
         self._reports.settle()  # a report's write in flight goes first
         self._writer(state)()
 
@@ -139,12 +181,13 @@ class OwnTrial:
 
     def apply_config_changes(self, optimizer: torch.optim.Optimizer, schedulers=()) -> list[str]:
         """Give a restored optimizer (and its LR schedulers) this attempt's trainer.lr, weight_decay,
-        momentum and betas; the keys applied (own_loop_changes.py)."""
+        momentum and betas; the keys applied (config_changes.py)."""
         return self._changes.apply(optimizer, schedulers)
 
     def log_params(self, params: dict[str, Any]) -> None:
         """Record params on the trial's run (what the loop used that the spec does not say: its optimizer...)."""
         plain = plain_params(params)
+        self._go()
         self._reports.settle()  # one message on the pipe at a time
         self._conn.send(("params", plain))
 
@@ -165,8 +208,13 @@ class OwnTrial:
     # ---------------------------------------------------------------- the trial process's side
 
     def _resume(self, path: Path) -> None:
+        from hpolab.train.checkpoint import CHECKPOINT_FORMAT
+
+        self.resume_path = path
         ckpt = load_checkpoint(path, map_location="cpu")
-        if ckpt.get("own_loop") != OWN_LOOP_FORMAT:
+        if ckpt.get("format_version") == CHECKPOINT_FORMAT and "history" in ckpt:  # the loop's own file (the routine's)
+            ckpt = {**ckpt, "config": {"trainer": ckpt["config"]}, "state": None}  # (its config: the trainer's)
+        elif ckpt.get("own_loop") != OWN_LOOP_FORMAT:
             raise TrialFailure("resume", f"{path} was not written by trial.checkpoint (the experiment changed its "
                                          "training loop?); start a new study or delete the trial's checkpoints")
         for h in ckpt["history"]:
@@ -238,11 +286,12 @@ class OwnTrial:
             "device": str(self.device),
             "devices": 1,
             "notes": [],
-            "objectives": self._objective_values(epoch, costs, stopped) if self.config.get("objectives") else None,
-            "own_loop": True,
+            "objectives": (self._objective_values(epoch, costs, stopped)
+                           if self.config.get("objectives") and "objectives" not in self._described else None),
             "model_logged": self.model_logged,
             "model_epoch": self._model_epoch or None,
             "pruned_by_train": pruned_by_train and not self._reports.stopped,  # optuna.TrialPruned raised unasked
+            **{k: v for k, v in self._described.items() if not (k == "stop_reason" and stopped)},
         }
 
     def _max_epochs(self) -> int:
@@ -271,28 +320,36 @@ class OwnTrial:
         return values
 
 
-def run_own_loop(conn, job: dict[str, Any], experiment, report: Callable, offer_export: Callable) -> None:
-    """The trial process with an own loop: train(config, trial), its result, then its model (when it
-    logged one and the driver asks: child_export.offer_export)."""
+def run_trial(conn, job: dict[str, Any], report: Callable, offer_export: Callable, experiment=None) -> None:
+    """The trial process's work: the experiment's train(config, trial) (train_of: its own, or the
+    routine over its data and model), its result, then its model (when it logged one and the driver
+    asks: child_export.offer_export). `experiment`: the module, when the caller has it (else job's)."""
+    from hpolab.config.experiment import load_experiment, train_of
     from hpolab.train import seed_everything
 
-    held: dict[str, OwnTrial] = {}
+    held: dict[str, Trial] = {}
 
     def work() -> dict[str, Any]:
-        trial = held["trial"] = OwnTrial(conn, job)
+        exp = experiment if experiment is not None else load_experiment(job["experiment"])
+        train = train_of(exp)
+        early = bool(getattr(train, "sets_up_before_go", False))
+        if not early:  # its set-up is the user's code: it runs once the segment's start is recorded
+            await_go(conn)
+        trial = held["trial"] = Trial(conn, job, awaiting_go=early, pipelined=bool(getattr(train, "polls_stop", False)))
         cfg = trial.config
-        # Seeded like the routine's trials: the model's initial weights come from the global RNG
+        # Seeded before the loop builds its model: its initial weights come from the global RNG, which a
+        # forked process would otherwise inherit unseeded (then no trial could be reproduced)
         seed_everything(cfg["seed"], bool(cfg["trainer"].get("deterministic", False)))
         pruned = False
         try:
-            experiment.train(cfg, trial)
+            train(cfg, trial)
         except Exception as e:
             trial.settle(raise_error=False)  # nothing else may use the pipe while a report is in flight
             if not _is_trial_pruned(e):
                 raise
             pruned = True
         trial.settle()  # the last report's write, message and answer; a failed write fails the trial
-        summary = trial.summary(pruned, getattr(experiment, "costs", None))
+        summary = trial.summary(pruned, getattr(exp, "costs", None))
         if job.get("export_model") and trial.model_logged:
             summary["export_in_child"] = True  # this process waits for the driver's "export" | "skip"
         return summary
@@ -303,6 +360,17 @@ def run_own_loop(conn, job: dict[str, Any], experiment, report: Callable, offer_
             offer_export(conn, job, summary, save=held["trial"].save_model)
     finally:
         conn.close()
+
+
+def await_go(conn) -> None:
+    """Wait for the driver's "go" (its segment has started); a driver that is gone, or that says
+    anything else (it dropped this start), ends the process: it has trained and written nothing."""
+    try:
+        go = conn.recv()
+    except (EOFError, OSError):
+        os._exit(ORPHAN_EXIT_CODE)
+    if go != "go":
+        os._exit(0)
 
 
 def _is_trial_pruned(error: Exception) -> bool:

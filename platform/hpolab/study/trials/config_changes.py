@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from hpolab.study.trials.own_loop_contract import ContractError
+from hpolab.study.trials.trial_contract import ContractError
 
 OPTIMIZER_KEYS = ("trainer.lr", "trainer.weight_decay", "trainer.momentum", "trainer.betas")
 
