@@ -12,7 +12,7 @@ import torch
 
 from hpolab.study.trials.trial import Trial, TrialFailure
 from hpolab.study.trials.trial_contract import ContractError
-from hpolab.train.checkpoint import load_checkpoint
+from hpolab.train.checkpoint import CHECKPOINT_FORMAT, load_checkpoint
 
 
 def _job(tmp_path, resume_from=None, metric="val_acc", direction="maximize") -> dict:
@@ -49,7 +49,7 @@ def test_best_epoch_checkpoints_and_a_resumed_attempt(tmp_path):
         assert trial.report(epoch, {"val_acc": torch.tensor(acc), "train_loss": 1.0 / epoch}, checkpoint={"w": torch.ones(2) * epoch}) is False
     assert [e for e, _ in driver.epochs] == [1, 2, 3] and driver.epochs[0][1] == {"val_acc": 0.5, "train_loss": 1.0}
     last, best = load_checkpoint(tmp_path / "last.pt"), load_checkpoint(tmp_path / "best.pt")
-    assert last["epoch"] == 3 and [h["epoch"] for h in last["history"]] == [1, 2, 3] and last["own_loop"] == 1
+    assert last["epoch"] == 3 and [h["epoch"] for h in last["history"]] == [1, 2, 3] and last["format_version"] == CHECKPOINT_FORMAT
     assert best["epoch"] == 2 and torch.equal(best["state"]["w"], torch.ones(2) * 2)  # best.pt: the best epoch's state
     summary = trial.summary(False, None)
     assert (summary["best_value"], summary["best_epoch"], summary["epochs_run"], summary["stop_reason"]) == (pytest.approx(0.8), 2, 3, "returned")

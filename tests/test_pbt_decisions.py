@@ -19,7 +19,7 @@ from hpolab.study.objectives.pbt_explore import explore, perturb
 from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR
 from hpolab.stores.trial_states import PAUSED as PAUSED_ATTR
 from hpolab.stores.paths import Stores
-from hpolab.train.checkpoint import load_checkpoint, save_checkpoint
+from hpolab.train.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
 
 LR = FloatDistribution(1e-4, 1e-1, log=True)
 
@@ -57,13 +57,14 @@ def with_last_pt(pbt: Pbt, trials, content="ckpt") -> None:
     for t in trials:
         d = pbt.trial_dir(t.number)
         d.mkdir(parents=True, exist_ok=True)
-        save_checkpoint({"model": f"{content}{t.number}", "history": [{"epoch": 1, "member": t.number}],
-                         "best_value": float(t.number), "best_epoch": 1, "early_stopping": {"member": t.number}}, d / "last.pt")
+        save_checkpoint({"format_version": CHECKPOINT_FORMAT, "history": [{"epoch": 1, "member": t.number}],
+                         "best_value": float(t.number), "best_epoch": 1,
+                         "state": {"model": f"{content}{t.number}", "early_stopping": {"member": t.number}}}, d / "last.pt")
         (d / "best.pt").write_bytes(b"best" + str(t.number).encode())
 
 
 def weights(path) -> str:
-    return load_checkpoint(path, map_location="cpu")["model"]
+    return load_checkpoint(path, map_location="cpu")["state"]["model"]
 
 
 def test_pauses_at_each_interval_boundary_below_max_epochs(tmp_path):
@@ -107,8 +108,8 @@ def test_a_boundary_waits_for_the_whole_population_then_the_worst_copies_the_bes
     # retry of its next segment resumes the exploit) and kept its own record: a member is one run
     assert resume.checkpoint == pbt.trial_dir(3) / "last.pt" and resume.source == pbt.trial_dir(1) / "pbt_epoch_2.pt"
     own = load_checkpoint(pbt.trial_dir(3) / "last.pt", map_location="cpu")
-    assert own["model"] == "ckpt1" and own["history"] == [{"epoch": 1, "member": 3}] and own["best_value"] == 3.0
-    assert own["early_stopping"] == {"member": 3}
+    assert own["state"]["model"] == "ckpt1" and own["history"] == [{"epoch": 1, "member": 3}] and own["best_value"] == 3.0
+    assert own["state"]["early_stopping"] == {"member": 3}
     assert (pbt.trial_dir(3) / "best.pt").read_bytes() == b"best3"  # its own best model: what its run logged
     assert resume.config_changes == {"trainer.lr": decision.values["trainer.lr"]}
     assert resume.tags == {PARENTS_TAG: "1@2", EXPLOITED_TAG: "1@2"}

@@ -48,7 +48,7 @@ def test_a_resume_with_new_optimizer_settings_keeps_the_moments_and_follows_the_
     lrs_per_epoch(old, tmp_path / "a")  # epochs 1..4 with the old settings, checkpoints in a/
     stopped = {}
     fit(old, model(), tiny_data(), checkpoint_dir=tmp_path / "b", on_epoch=lambda e, m: stopped.setdefault(e, True))  # stops after epoch 1
-    steps_per_epoch = load_checkpoint(tmp_path / "b" / "last.pt")["global_step"]
+    steps_per_epoch = load_checkpoint(tmp_path / "b" / "last.pt")["state"]["global_step"]
     resumed = lrs_per_epoch(new, tmp_path / "b", resume_from=tmp_path / "b" / "last.pt")
     # Where the schedule of the new config would be at each epoch had it run from the start:
     fresh = lrs_per_epoch(new, tmp_path / "c")
@@ -56,7 +56,7 @@ def test_a_resume_with_new_optimizer_settings_keeps_the_moments_and_follows_the_
     for epoch in (2, 3, 4):
         assert math.isclose(resumed[epoch], fresh[epoch], rel_tol=1e-6), (epoch, resumed, fresh)
 
-    saved = load_checkpoint(tmp_path / "b" / "last.pt")
+    saved = load_checkpoint(tmp_path / "b" / "last.pt")["state"]
     groups = {g["name"]: g for g in saved["optimizer"]["param_groups"]}
     assert groups["decay"]["weight_decay"] == new.weight_decay and groups["no_decay"]["weight_decay"] == 0.0
     for group in groups.values():

@@ -15,18 +15,16 @@ from torch.utils.data import TensorDataset
 
 from hpolab.train import DataSplits, TrainConfig, fit, load_checkpoint, load_model_state
 from hpolab.train import checkpoint as ckpt_mod
-from hpolab.train.checkpoint import StateDictMismatchError, save_checkpoint
+from hpolab.train.checkpoint import CHECKPOINT_FORMAT, StateDictMismatchError, save_checkpoint
 from hpolab.train.device import resolve_amp, resolve_device
 from hpolab.train.seeding import capture_rng_state, make_generator, restore_rng_state
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # (conftest: tiny models, one intra-op thread)
 
-FIT_KEYS = {
-    "format_version", "epoch", "global_step", "micro_step", "model", "optimizer", "scheduler", "scaler",
-    "metric", "direction", "best_value", "best_epoch", "early_stopping", "rng", "config", "history",
-    "amp", "device", "torch_version",
-}
+FIT_KEYS = {"format_version", "epoch", "history", "metric", "direction", "best_value", "best_epoch", "epoch_base", "config", "state"}
+FIT_STATE_KEYS = {"model", "optimizer", "scheduler", "scaler", "global_step", "micro_step", "early_stopping", "rng", "amp", "device",
+                  "torch_version"}
 
 
 def tiny_data() -> DataSplits:
@@ -42,10 +40,11 @@ def test_fit_checkpoints_load_weights_only(tmp_path):
     assert result.last_checkpoint == tmp_path / "last.pt" and result.best_checkpoint == tmp_path / "best.pt"
     for name in ("last.pt", "best.pt"):
         state = torch.load(tmp_path / name, map_location="cpu", weights_only=True)
-        assert set(state) == FIT_KEYS
-    state = load_checkpoint(tmp_path / "last.pt")
-    assert state["epoch"] == 2 and state["config"] == dataclasses.asdict(config)
-    assert state["history"] == result.history
+        assert set(state) == FIT_KEYS and set(state["state"]) == FIT_STATE_KEYS
+    ckpt = load_checkpoint(tmp_path / "last.pt")
+    assert ckpt["epoch"] == 2 and ckpt["config"] == {"trainer": dataclasses.asdict(config)}
+    assert ckpt["history"] == result.history
+    state = ckpt["state"]
     assert set(state["rng"]) == {"python", "numpy", "torch", "cuda", "generator"}
     assert not any(k.startswith("_orig_mod.") for k in state["model"])
     fresh = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
@@ -83,8 +82,8 @@ def test_best_pt_is_the_best_epochs_last_pt_under_a_second_name(tmp_path):
     both) and keeps epoch 2's state after epoch 3 writes a new last.pt."""
     inodes = _write_three_epochs(tmp_path)
     best, last = load_checkpoint(tmp_path / "best.pt"), load_checkpoint(tmp_path / "last.pt")
-    assert (best["epoch"], best["best_epoch"]) == (2, 2) and torch.equal(best["model"]["weight"], torch.full((3, 4), 2.0))
-    assert last["epoch"] == 3 and torch.equal(last["model"]["weight"], torch.full((3, 4), 3.0))
+    assert (best["epoch"], best["best_epoch"]) == (2, 2) and torch.equal(best["state"]["model"]["weight"], torch.full((3, 4), 2.0))
+    assert last["epoch"] == 3 and torch.equal(last["state"]["model"]["weight"], torch.full((3, 4), 3.0))
     assert (tmp_path / "best.pt").stat().st_ino == inodes[2] != (tmp_path / "last.pt").stat().st_ino
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]  # no link name left
 
@@ -96,7 +95,7 @@ def test_best_pt_is_written_out_where_hard_links_fail(tmp_path, monkeypatch):
     monkeypatch.setattr(ckpt_mod.os, "link", no_links)  # (a filesystem without hard links)
     _write_three_epochs(tmp_path)
     best = load_checkpoint(tmp_path / "best.pt")
-    assert best["epoch"] == 2 and torch.equal(best["model"]["weight"], torch.full((3, 4), 2.0))
+    assert best["epoch"] == 2 and torch.equal(best["state"]["model"]["weight"], torch.full((3, 4), 2.0))
     assert not os.path.samefile(tmp_path / "best.pt", tmp_path / "last.pt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]
 
@@ -227,3 +226,26 @@ def test_device_resolution(monkeypatch):
     assert resolve_device("auto") == torch.device("cpu")
     with pytest.raises(ValueError, match="device='auto' or 'cpu'"):
         resolve_device("cuda")
+
+
+def test_a_checkpoint_of_the_earlier_layouts_is_read_as_the_one_layout_and_resumes(tmp_path):
+    """A study paused or interrupted before an upgrade resumes: fit's format 1 (its state at the top,
+    config the trainer's) and an own loop's ("own_loop": 1) are read as format 2."""
+    config = TrainConfig(max_epochs=3, batch_size=16, device="cpu")
+    fit(config, nn.Linear(4, 3), tiny_data(), checkpoint_dir=tmp_path / "new", on_epoch=lambda e, m: e >= 2)
+    new = load_checkpoint(tmp_path / "new" / "last.pt")
+    old = {**{k: v for k, v in new.items() if k not in ("state", "epoch_base", "config")}, **new["state"],
+           "format_version": 1, "config": new["config"]["trainer"]}
+    save_checkpoint(old, tmp_path / "old.pt")
+    read = load_checkpoint(tmp_path / "old.pt")
+    assert read["format_version"] == CHECKPOINT_FORMAT and read["config"] == new["config"] and set(read["state"]) == FIT_STATE_KEYS
+    resumed = fit(config, nn.Linear(4, 3), tiny_data(), checkpoint_dir=tmp_path / "resumed", resume_from=tmp_path / "old.pt")
+    assert [h["epoch"] for h in resumed.history] == [1, 2, 3]
+
+    own = {"own_loop": 1, "epoch": 2, "history": [{"epoch": 1, "val_acc": 0.5}, {"epoch": 2, "val_acc": 0.6}],
+           "state": {"w": torch.ones(1)}, "metric": "val_acc", "direction": "maximize", "best_value": 0.6, "best_epoch": 2,
+           "epoch_base": 0, "config": {"trainer": {"lr": 0.1}}}
+    save_checkpoint(own, tmp_path / "own.pt")
+    read = load_checkpoint(tmp_path / "own.pt")
+    assert read["format_version"] == CHECKPOINT_FORMAT and "own_loop" not in read and torch.equal(read["state"]["w"], torch.ones(1))
+    assert read["epoch_base"] == 0 and read["history"] == own["history"]

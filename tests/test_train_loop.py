@@ -150,7 +150,7 @@ def test_partial_final_group_is_stepped_with_its_own_mean(tmp_path):
         opt.step()
     torch.testing.assert_close(model.weight, reference.weight, rtol=1e-5, atol=1e-6)
     ckpt = load_checkpoint(tmp_path / "last.pt")
-    assert ckpt["global_step"] == 2 and ckpt["micro_step"] == 5
+    assert ckpt["state"]["global_step"] == 2 and ckpt["state"]["micro_step"] == 5
 
 
 # ---------------------------------------------------------------- exact resume and determinism
@@ -199,7 +199,7 @@ def test_resume_continues_exactly(tmp_path, variant):
             assert a[key] == b[key], (key, a[key], b[key])  # exact, not approximate
     assert learning(straight.history) == learning(resumed.history)
     assert (straight.best_value, straight.best_epoch) == (resumed.best_value, resumed.best_epoch)
-    a_state = load_checkpoint(tmp_path / "a" / "last.pt")["model"]
+    a_state = load_checkpoint(tmp_path / "a" / "last.pt")["state"]["model"]
     for name, tensor in resumed_model.state_dict().items():
         assert torch.equal(a_state[name], tensor), name
 

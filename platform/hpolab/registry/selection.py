@@ -184,7 +184,7 @@ def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp
     exp = exp or challenger_experiment(client, info, ch, run)
     splits = exp.load_data(ch.config["data"], data_seed_of(ch.config))
     model = exp.build_model(ch.config["model"], tuple(splits.input_shape), splits.num_classes)
-    load_model_state(model, ckpt["model"])
+    load_model_state(model, ckpt["state"]["model"])  # (the routine's state: checkpoint.py)
     model.eval()
     bound = task_for(exp).bind(trainer_config(ch.config["trainer"]), splits, torch.device("cpu"))
     return exp, splits, model, ServingModel(splits.preprocess, model, bound.head()).eval(), bound

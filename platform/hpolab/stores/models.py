@@ -58,7 +58,7 @@ def model_from_checkpoint(experiment, config: dict[str, Any], info: dict[str, An
 
     model = experiment.build_model(config["model"], tuple(info["input_shape"]), info["num_classes"])
     ckpt = load_checkpoint(info["best_checkpoint"] or info["last_checkpoint"], map_location="cpu")
-    load_model_state(model, ckpt["model"])
+    load_model_state(model, ckpt["state"]["model"])  # (the routine's state: checkpoint.py)
     return model.eval()
 
 

@@ -59,7 +59,7 @@ def _describe(trial, experiment, config: dict[str, Any], result, model, data, no
     example = torch.stack([torch.as_tensor(data.val[i][0]) for i in range(min(2, len(data.val)))]).float()
     objectives = objective_values(config, result, model, example, getattr(experiment, "costs", None)) if config.get("objectives") else None
     if result.best_checkpoint is not None and result.best_epoch != result.epochs_run:  # the weights of the result's epoch
-        load_model_state(model, load_checkpoint(result.best_checkpoint, map_location="cpu")["model"])
+        load_model_state(model, load_checkpoint(result.best_checkpoint, map_location="cpu")["state"]["model"])
     model_cpu = model.to("cpu").eval()
     with torch.inference_mode():
         out = model_cpu(example)

@@ -1,27 +1,32 @@
 """Checkpoints: atomic writes, weights-only loads, strict model-state loading.
 
 A checkpoint is a dict of plain data and tensors (state_dicts, never pickled objects), so
-`torch.load(weights_only=True)` reads it: loading one runs no code. `fit` writes `last.pt` after
-every epoch and `best.pt` when the study metric improves; both hold the full training state, so
-either can be resumed from. `best.pt` is then a hard link to that epoch's `last.pt` (one write and
-fsync for both): every write of last.pt is a new file (atomic_write_bytes: a temporary file renamed
-over it), so the link keeps that epoch's state. Keys written by `fit`:
+`torch.load(weights_only=True)` reads it: loading one runs no code. Every loop writes the same
+layout (fit() here; an own loop's trial.checkpoint through study/trials/trial.py), `last.pt` after an
+epoch and `best.pt` for the best one; `best.pt` is a hard link to that epoch's `last.pt` (one write
+and fsync for both): every write of last.pt is a new file (atomic_write_bytes: a temporary file
+renamed over it), so the link keeps that epoch's state.
 
     format_version   int, CHECKPOINT_FORMAT
-    epoch            last completed epoch (1-based; resume continues at epoch + 1)
-    global_step      optimizer steps so far;  micro_step: micro-batches (forward passes) so far
-    model            state_dict of the uncompiled module (no "_orig_mod." prefix)
-    optimizer        optimizer.state_dict()
-    scheduler        LRSchedule.state_dict()
-    scaler           GradScaler.state_dict() under fp16, else None
-    metric, direction      what best/early stopping track
-    best_value, best_epoch the best metric so far and its epoch (best.pt holds that epoch's state)
-    early_stopping   {"best": value early stopping compares against, "bad_epochs": epochs without
-                     an improvement larger than min_delta}
-    rng              seeding.capture_rng_state(): python, numpy, torch, cuda (list), generator
-    config           dataclasses.asdict(TrainConfig)
+    epoch            last completed epoch, as recorded (1-based; a resume continues at epoch + 1)
     history          list of per-epoch metric dicts (incl. "epoch")
-    amp, device, torch_version   facts about the run that wrote it
+    metric, direction      what the best epoch is picked by
+    best_value, best_epoch the best metric so far and its epoch (best.pt holds that epoch's state)
+    epoch_base       how the loop counts its epochs (0 or 1; None: from 1, as fit does)
+    config           the config it trained with (fit alone: {"trainer": dataclasses.asdict(TrainConfig)})
+    state            the loop's own state. fit's:
+        model            state_dict of the uncompiled module (no "_orig_mod." prefix)
+        optimizer        optimizer.state_dict();  scheduler: LRSchedule.state_dict()
+        scaler           GradScaler.state_dict() under fp16, else None
+        global_step      optimizer steps so far;  micro_step: micro-batches (forward passes) so far
+        early_stopping   {"best": value early stopping compares against, "bad_epochs": epochs without
+                         an improvement larger than min_delta}
+        rng              seeding.capture_rng_state(): python, numpy, torch, cuda (list), generator
+        amp, device, torch_version   facts about the run that wrote it
+      an own loop's: the dict it gave trial.checkpoint.
+
+Files of the two earlier layouts (fit's format 1 with its state at the top, an own loop's "own_loop": 1)
+are read as this one (load_checkpoint): a study paused or interrupted before an upgrade resumes.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
+RECORD = ("epoch", "history", "metric", "direction", "best_value", "best_epoch")  # every loop's, at the top
 COMPILED_PREFIX = "_orig_mod."  # what torch.compile's OptimizedModule puts in front of every key
 
 
@@ -123,7 +129,19 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    return torch.load(path, map_location=map_location, weights_only=True)
+    return _upgraded(torch.load(path, map_location=map_location, weights_only=True))
+
+
+def _upgraded(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint of an earlier layout in this one (the module docstring); others as they are."""
+    if ckpt.get("own_loop") == 1:  # an own loop's: its record at the top, its state under "state" already
+        return {**{k: v for k, v in ckpt.items() if k != "own_loop"}, "format_version": CHECKPOINT_FORMAT}
+    if ckpt.get("format_version") == 1:  # fit's: everything at the top, config the trainer's
+        top = {k: ckpt[k] for k in RECORD if k in ckpt}
+        state = {k: v for k, v in ckpt.items() if k not in RECORD and k not in ("format_version", "config")}
+        return {**top, "format_version": CHECKPOINT_FORMAT, "epoch_base": None, "config": {"trainer": ckpt.get("config")},
+                "state": state}
+    return ckpt
 
 
 def load_model_state(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:

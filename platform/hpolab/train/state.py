@@ -86,25 +86,28 @@ def write_checkpoints(
     after epoch `state.epoch`; returns (last, best or None)."""
     blob = serialize_checkpoint(
         {
-            "format_version": CHECKPOINT_FORMAT,
+            "format_version": CHECKPOINT_FORMAT,  # the layout every loop writes (checkpoint.py)
             "epoch": state.epoch,
-            "global_step": state.global_step,
-            "micro_step": state.micro_step,
-            "model": parts.model.state_dict(),
-            "optimizer": parts.optimizer.state_dict(),
-            "scheduler": parts.schedule.state_dict(),
-            "scaler": parts.scaler.state_dict() if parts.scaler.is_enabled() else None,
+            "history": state.history,
             "metric": metric,
             "direction": direction,
             "best_value": state.best_value,
             "best_epoch": state.best_epoch,
-            "early_stopping": {"best": state.es_reference, "bad_epochs": state.bad_epochs},
-            "rng": capture_rng_state(parts.generator),
-            "config": dataclasses.asdict(cfg),
-            "history": state.history,
-            "amp": amp,
-            "device": str(device),
-            "torch_version": str(torch.__version__),  # TorchVersion is not weights_only-loadable
+            "epoch_base": None,  # (fit counts from 1)
+            "config": {"trainer": dataclasses.asdict(cfg)},
+            "state": {
+                "model": parts.model.state_dict(),
+                "optimizer": parts.optimizer.state_dict(),
+                "scheduler": parts.schedule.state_dict(),
+                "scaler": parts.scaler.state_dict() if parts.scaler.is_enabled() else None,
+                "global_step": state.global_step,
+                "micro_step": state.micro_step,
+                "early_stopping": {"best": state.es_reference, "bad_epochs": state.bad_epochs},
+                "rng": capture_rng_state(parts.generator),
+                "amp": amp,
+                "device": str(device),
+                "torch_version": str(torch.__version__),  # TorchVersion is not weights_only-loadable
+            },
         }
     )
     last = atomic_write_bytes(blob, directory / "last.pt")
@@ -135,33 +138,36 @@ def restore(
     The RNG states are restored last: nothing after this may draw random numbers before training.
     """
     ckpt = load_checkpoint(path, map_location="cpu")
-    if ckpt.get("format_version") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path}: checkpoint format {ckpt.get('format_version')!r}, expected {CHECKPOINT_FORMAT}")
+    own = ckpt.get("state") if isinstance(ckpt.get("state"), dict) else {}
+    if ckpt.get("format_version") != CHECKPOINT_FORMAT or "rng" not in own:
+        raise ValueError(f"{path} was not written by fit() (checkpoint format {ckpt.get('format_version')!r}, expected "
+                         f"{CHECKPOINT_FORMAT} with the routine's state): an own loop's, or not hpolab's")
+    saved_cfg = (ckpt.get("config") or {}).get("trainer") or {}
     if ckpt["metric"] != metric or ckpt["direction"] != direction:
         raise ValueError(
             f"{path} tracked {ckpt['metric']} ({ckpt['direction']}); resume with the same metric and "
             f"direction, not {metric} ({direction})"
         )
-    load_model_state(parts.model, ckpt["model"])
-    parts.optimizer.load_state_dict(ckpt["optimizer"])
-    parts.schedule.load_state_dict(ckpt["scheduler"])
+    load_model_state(parts.model, own["model"])
+    parts.optimizer.load_state_dict(own["optimizer"])
+    parts.schedule.load_state_dict(own["scheduler"])
     # The checkpoint's optimizer settings are replaced by the config's (PBT changes them between segments);
     # loading restored the saved ones along with the moments, which stay.
     take_group_settings(parts.optimizer, cfg)
-    parts.schedule.take_new_lr(cfg.lr, float(ckpt["config"]["lr"]), parts.optimizer)
-    if parts.scaler.is_enabled() and ckpt.get("scaler"):
-        parts.scaler.load_state_dict(ckpt["scaler"])
+    parts.schedule.take_new_lr(cfg.lr, float(saved_cfg["lr"]), parts.optimizer)
+    if parts.scaler.is_enabled() and own.get("scaler"):
+        parts.scaler.load_state_dict(own["scaler"])
     state = LoopState(
         epoch=int(ckpt["epoch"]),
-        global_step=int(ckpt["global_step"]),
-        micro_step=int(ckpt["micro_step"]),
+        global_step=int(own["global_step"]),
+        micro_step=int(own["micro_step"]),
         history=[dict(h) for h in ckpt["history"]],
         best_value=float(ckpt["best_value"]),
         best_epoch=int(ckpt["best_epoch"]),
-        es_reference=float(ckpt["early_stopping"]["best"]),
-        bad_epochs=int(ckpt["early_stopping"]["bad_epochs"]),
+        es_reference=float(own["early_stopping"]["best"]),
+        bad_epochs=int(own["early_stopping"]["bad_epochs"]),
     )
-    diffs = config_differences(ckpt["config"], dataclasses.asdict(cfg))
+    diffs = config_differences(saved_cfg, dataclasses.asdict(cfg))
     if diffs:
         note("config differs from the checkpoint's (resume is exact only with the same config): " + "; ".join(diffs))
     best_path = None
@@ -169,5 +175,5 @@ def restore(
         if state.best_epoch and candidate.is_file():
             best_path = candidate
             break
-    restore_rng_state(ckpt["rng"], parts.generator)  # last: nothing after this may draw random numbers
+    restore_rng_state(own["rng"], parts.generator)  # last: nothing after this may draw random numbers
     return state, best_path

@@ -279,20 +279,23 @@ class Pbt:
                       source=source)
 
 
-OWN_RECORD = ("history", "best_value", "best_epoch", "early_stopping")  # a routine checkpoint's record of its own run
+OWN_RECORD = ("history", "best_value", "best_epoch")  # a checkpoint's record of its own run (checkpoint.py)
 
 
 def keeps_own_record(donor: Path, own: Path) -> bool:
-    """Write own = the donor's checkpoint with `own`'s record (OWN_RECORD); False when either is not
-    the training routine's checkpoint (own missing, or an own loop's state), nothing written."""
+    """Write own = the donor's checkpoint with `own`'s record (OWN_RECORD, and the routine's early
+    stopping state); False when either is not the training routine's checkpoint (own missing, or an
+    own loop's state), nothing written."""
     from hpolab.train.checkpoint import atomic_write_bytes, load_checkpoint, serialize_checkpoint
 
     if not own.is_file():
         return False
     theirs, mine = load_checkpoint(donor, map_location="cpu"), load_checkpoint(own, map_location="cpu")
-    if not all(k in theirs and k in mine for k in OWN_RECORD):
+    states = [c.get("state") for c in (theirs, mine)]
+    if not all(k in theirs and k in mine for k in OWN_RECORD) or not all(isinstance(s, dict) and "early_stopping" in s for s in states):
         return False
-    atomic_write_bytes(serialize_checkpoint({**theirs, **{k: mine[k] for k in OWN_RECORD}}), own)
+    record = {k: mine[k] for k in OWN_RECORD}
+    atomic_write_bytes(serialize_checkpoint({**theirs, **record, "state": {**states[0], "early_stopping": states[1]["early_stopping"]}}), own)
     return True
 
 

@@ -13,11 +13,12 @@ before it answers is exactly that epoch. A study that may prune waits for each a
 cannot (no pruner) writes, sends and reads the answer on a thread while the loop trains its next
 epoch, and a stop is seen one report later (reports.py).
 
-trial.checkpoint(state) writes last.pt as {"own_loop": 1, "epoch", "history", "state", ...}: the
-"history" key is the routine's, so a retry's carry-over (tracker.carry_over_history), uploads,
-retention and resume work on it unchanged. The checkpoint of a best epoch is also best.pt. A loop
-that writes its checkpoints itself (the routine: its last.pt holds every RNG stream, so a resume is
-exact) reports that file instead: `trial.report(epoch, metrics, checkpoint=path)`.
+trial.checkpoint(state) writes last.pt in the one checkpoint layout (train/checkpoint.py: the
+trial's record, "epoch", "history", best..., and the loop's "state"), the layout fit() writes, so a
+retry's carry-over (tracker.carry_over_history), uploads, retention and resume read every trial's
+alike. The checkpoint of a best epoch is also best.pt. A loop that writes its checkpoints itself
+(the routine: its state holds every RNG stream, so a resume is exact) reports that file instead:
+`trial.report(epoch, metrics, checkpoint=path)`.
 
 What only some loops do is their function's attributes, never a branch on which loop it is:
 `sets_up_before_go` (its set-up writes nothing: it builds data and model while the driver records
@@ -42,11 +43,11 @@ from hpolab.study.trials.lifeline import ORPHAN_EXIT_CODE
 from hpolab.study.trials.trial_contract import (ContractError, EpochNumbers, TrialFailure, check_plain, model_example,
                                                    plain_metrics, plain_params)
 from hpolab.study.trials.reports import Reports
-from hpolab.train.checkpoint import atomic_write_bytes, link_or_write, load_checkpoint, serialize_checkpoint, unwrap_model
+from hpolab.train.checkpoint import (CHECKPOINT_FORMAT, atomic_write_bytes, link_or_write, load_checkpoint, serialize_checkpoint,
+                                     unwrap_model)
 from hpolab.train.device import resolve_device
 from hpolab.train.state import LoopState
 
-OWN_LOOP_FORMAT = 1  # the value of a checkpoint's "own_loop" key: the layout above
 __all__ = ["Trial", "TrialFailure", "run_trial"]
 
 
@@ -154,7 +155,7 @@ class Trial:
         check_plain(state, "state")
         loop = self._loop
         blob = serialize_checkpoint({
-            "own_loop": OWN_LOOP_FORMAT, "epoch": loop.epoch, "history": loop.history, "state": state,
+            "format_version": CHECKPOINT_FORMAT, "epoch": loop.epoch, "history": loop.history, "state": state,
             "metric": self._metric, "direction": self._direction,
             "best_value": loop.best_value, "best_epoch": loop.best_epoch,
             "epoch_base": self._epochs.base, "config": self.config,  # (how the loop counts; what a resume changed)
@@ -208,15 +209,11 @@ class Trial:
     # ---------------------------------------------------------------- the trial process's side
 
     def _resume(self, path: Path) -> None:
-        from hpolab.train.checkpoint import CHECKPOINT_FORMAT
-
         self.resume_path = path
         ckpt = load_checkpoint(path, map_location="cpu")
-        if ckpt.get("format_version") == CHECKPOINT_FORMAT and "history" in ckpt:  # the loop's own file (the routine's)
-            ckpt = {**ckpt, "config": {"trainer": ckpt["config"]}, "state": None}  # (its config: the trainer's)
-        elif ckpt.get("own_loop") != OWN_LOOP_FORMAT:
-            raise TrialFailure("resume", f"{path} was not written by trial.checkpoint (the experiment changed its "
-                                         "training loop?); start a new study or delete the trial's checkpoints")
+        if ckpt.get("format_version") != CHECKPOINT_FORMAT or "state" not in ckpt:
+            raise TrialFailure("resume", f"{path} was not written by hpolab (checkpoint format {ckpt.get('format_version')!r}, "
+                                         f"expected {CHECKPOINT_FORMAT}); start a new study or delete the trial's checkpoints")
         for h in ckpt["history"]:
             metrics = {k: v for k, v in h.items() if k != "epoch"}
             self._loop.record(int(h["epoch"]), metrics, metrics.get(self._metric, math.nan), self._direction, 0.0)
