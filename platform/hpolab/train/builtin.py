@@ -58,12 +58,13 @@ def _describe(trial, experiment, config: dict[str, Any], result, model, data, no
 
     example = torch.stack([torch.as_tensor(data.val[i][0]) for i in range(min(2, len(data.val)))]).float()
     objectives = objective_values(config, result, model, example, getattr(experiment, "costs", None)) if config.get("objectives") else None
-    if result.best_checkpoint is not None and result.best_epoch != result.epochs_run:  # the weights of the result's epoch
+    keep = bool(getattr(trial, "keeps_model", False) and result.best_epoch)  # (the study logs models)
+    if keep and result.best_checkpoint is not None and result.best_epoch != result.epochs_run:  # the result's weights
         load_model_state(model, load_checkpoint(result.best_checkpoint, map_location="cpu")["state"]["model"])
     model_cpu = model.to("cpu").eval()
     with torch.inference_mode():
         out = model_cpu(example)
-    if getattr(trial, "keeps_model", False) and result.best_epoch:
+    if keep:
         trial.log_model(model_cpu, example, epoch=result.best_epoch)
     trial.describe(model_from_checkpoint=True, input_shape=list(data.input_shape), num_classes=data.num_classes,
                    input_example=example.numpy(), output_example=out.float().numpy(), amp=result.amp, device=result.device,
