@@ -58,8 +58,10 @@ def _describe(trial, experiment, config: dict[str, Any], result, model, data, no
 
     example = torch.stack([torch.as_tensor(data.val[i][0]) for i in range(min(2, len(data.val)))]).float()
     objectives = objective_values(config, result, model, example, getattr(experiment, "costs", None)) if config.get("objectives") else None
-    keep = bool(getattr(trial, "keeps_model", False) and result.best_epoch)  # (the study logs models)
-    if keep and result.best_checkpoint is not None and result.best_epoch != result.epochs_run:  # the result's weights
+    # The study logs models, and the best epoch's weights are here: in memory (it was the last), or in best.pt
+    at_hand = result.best_epoch == result.epochs_run or result.best_checkpoint is not None
+    keep = bool(getattr(trial, "keeps_model", False) and result.best_epoch and at_hand)
+    if keep and result.best_epoch != result.epochs_run:
         load_model_state(model, load_checkpoint(result.best_checkpoint, map_location="cpu")["state"]["model"])
     model_cpu = model.to("cpu").eval()
     with torch.inference_mode():
