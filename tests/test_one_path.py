@@ -6,6 +6,7 @@ driver was SIGKILLed, resumed by PBT with an explored learning rate. Each kind t
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -64,16 +65,19 @@ def _wait_for_epoch(store: Path, epoch: int, timeout: float = 120) -> None:
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_a_trial_whose_driver_was_sigkilled_is_retried_from_its_checkpoints_epoch(store, tmp_path, kind):
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_trial_whose_driver_was_killed_or_stopped_is_retried_from_its_checkpoints_epoch(store, tmp_path, kind, how):
     trace = tmp_path / "trained.txt"  # a line per epoch trained: the process id that trained it
     args = ["n_trials=1", "search_space={}", "sampler={type: random}", "trainer.max_epochs=5", "model.sleep=0.3", f"model.trace={trace}"]
     driver = start_cli("--store", str(store), "study", "run", SPEC, f"experiment={KINDS[kind]}", *args, cwd=PROJECT,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _wait_for_epoch(store, 2)
-    driver.kill()
-    driver.communicate(timeout=60)
+    driver.send_signal(getattr(signal, how))
+    stopped, _ = driver.communicate(timeout=60)
+    assert driver.returncode == (-9 if how == "SIGKILL" else 143), stopped
     out = run_cli("--store", str(store), "study", "run", SPEC, f"experiment={KINDS[kind]}", *args, cwd=PROJECT)  # the same command again
-    assert "is gone; retried as trial" in out.stdout, out.stdout
+    if how == "SIGKILL":
+        assert "is gone; retried as trial" in out.stdout, out.stdout
     client, study = open_study(store, "bias")
     [retry] = [t for t in study.get_trials() if t.system_attrs.get("retry_history")]
     assert retry.state == TrialState.COMPLETE
@@ -109,3 +113,6 @@ def test_pbt_trains_a_member_on_with_the_explored_learning_rate_from_the_checkpo
     # epoch 2 trained from the donor's weights (0.4, not its own 0.1) by a step of the new learning rate
     assert_each_epoch_went_on_from_the_last(recorded, start={2: donors[1]})
     assert_study_check_clean(store, "bias", cwd=PROJECT)
+    # its replay: the schedule from scratch, the donor's stretch then its own with the new learning rate
+    replay = run_cli("--store", str(store), "reproduce", trial_run(exploited, client).info.run_id, cwd=PROJECT)
+    assert "replaying its schedule" in replay.stdout and "reproduced: identical" in replay.stdout, replay.stdout

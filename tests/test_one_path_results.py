@@ -89,6 +89,14 @@ def test_promote_registers_a_version_and_moves_the_alias_to_a_better_one(studied
     _, study = open_study(store, "bias")
     assert str(champion.version) == "2" and champion.tags["hpolab.trial_number"] == str(study.best_trial.number)
     assert champion.tags["hpolab.previous_champion"] == "1" and float(champion.tags["hpolab.test_score"]) > -0.01, champion.tags
+    import mlflow.pyfunc
+
+    mlflow.set_tracking_uri(uri)
+    try:  # the champion serves the best trial's best epoch: its bias, 0.4
+        served = np.asarray(mlflow.pyfunc.load_model("models:/bias@champion").predict(np.zeros((3, 4), np.float32)))
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert served.shape == (3, 1) and np.allclose(served, 0.4, atol=1e-6), served
 
 
 def test_reproduce_gives_the_trials_records_again(studied):
