@@ -2,10 +2,12 @@
 data (tests/one_path_project: bias_routine.py by the routine, bias_loop.py by its own loop), a study of
 either through the real CLI, and the arithmetic their records must follow.
 
-The model is one bias b, from 0, trained towards 1.0 by plain SGD, one full batch an epoch, so each
-epoch's records say from which weights it trained and with which learning rate:
-  train_loss of epoch k = (1 - b) ** 2        (b: the weights it started from; a fresh model's b is 0)
-  val_pred of epoch k   = b + 2 * lr_k * (1 - b)   (lr_k: the `lr` it logged; the weights it ended with)
+The model is one bias b, from 0, trained towards 1.0 by plain SGD on batches that are all alike, so
+each epoch's records say from which weights it trained and with which learning rate. With s steps an
+epoch (8 rows / trainer.batch_size), each step multiplies 1 - b by q = 1 - 2 * lr_k:
+  train_loss of epoch k = mean over its steps i of (1 - b) ** 2 * q ** (2 * i)   (b: the weights it started
+                          from, a fresh model's b is 0; lr_k: the `lr` it logged)
+  val_pred of epoch k   = 1 - (1 - b) * q ** s                                    (the weights it ended with)
 """
 
 from __future__ import annotations
@@ -39,13 +41,14 @@ def assert_one_curve(recorded: dict[str, list[tuple[int, float]]], epochs: int) 
         assert [step for step, _ in points] == list(range(1, epochs + 1)), (key, points)
 
 
-def assert_each_epoch_went_on_from_the_last(recorded: dict[str, list[tuple[int, float]]], start: dict[int, float] | None = None) -> None:
+def assert_each_epoch_went_on_from_the_last(recorded: dict[str, list[tuple[int, float]]], start: dict[int, float] | None = None,
+                                            steps: int = 1) -> None:
     """Each epoch trained from the weights the epoch before it ended with (a fresh model before epoch 1),
-    with the learning rate it logged. `start`: epoch -> the bias it must have started from instead (a
-    PBT member that copied another member's checkpoint)."""
+    `steps` steps with the learning rate it logged. `start`: epoch -> the bias it must have started from
+    instead (a PBT member that copied another member's checkpoint)."""
     b = 0.0
     for (k, loss), (_, pred), (_, lr) in zip(recorded["train_loss"], recorded["val_pred"], recorded["lr"]):
-        b = (start or {}).get(k, b)
-        assert loss == pytest.approx((1 - b) ** 2, rel=1e-5, abs=1e-7), (k, recorded)
-        assert pred == pytest.approx(b + 2 * lr * (1 - b), rel=1e-5, abs=1e-7), (k, recorded)
+        b, q = (start or {}).get(k, b), 1 - 2 * lr
+        assert loss == pytest.approx(sum((1 - b) ** 2 * q ** (2 * i) for i in range(steps)) / steps, rel=1e-5, abs=1e-7), (k, recorded)
+        assert pred == pytest.approx(1 - (1 - b) * q ** steps, rel=1e-5, abs=1e-7), (k, recorded)
         b = pred

@@ -64,11 +64,20 @@ def _wait_for_epoch(store: Path, epoch: int, timeout: float = 120) -> None:
     raise AssertionError(f"no trial checkpointed epoch {epoch} in time")
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+# With no pruner both kinds train on while the driver answers an epoch. The routine reads the answer
+# before each batch and abandons the epoch in progress at a stop; an own loop hears it only from its next
+# trial.report (docs/how-to/own-loop.md, Limits), so after a SIGTERM it trains that whole epoch for nothing.
+WHOLE_EPOCH_AFTER_STOP = pytest.mark.xfail(strict=True, reason="an own loop learns of a stop at its next report only "
+                                           "(pruner none: reports do not wait for the answer), so it trains the epoch after "
+                                           "its last recorded one to its end; the routine abandons it within a batch")
+
+
+@pytest.mark.parametrize("kind, how", [("routine", "SIGKILL"), ("own_loop", "SIGKILL"), ("routine", "SIGTERM"),
+                                       pytest.param("own_loop", "SIGTERM", marks=WHOLE_EPOCH_AFTER_STOP)])
 def test_a_trial_whose_driver_was_killed_or_stopped_is_retried_from_its_checkpoints_epoch(store, tmp_path, kind, how):
-    trace = tmp_path / "trained.txt"  # a line per epoch trained: the process id that trained it
-    args = ["n_trials=1", "search_space={}", "sampler={type: random}", "trainer.max_epochs=5", "model.sleep=0.3", f"model.trace={trace}"]
+    trace = tmp_path / "trained.txt"  # a line per batch trained: the process id that trained it
+    args = ["n_trials=1", "search_space={}", "sampler={type: random}", "trainer.max_epochs=4", "trainer.batch_size=2",
+            "model.sleep=0.25", f"model.trace={trace}"]
     driver = start_cli("--store", str(store), "study", "run", SPEC, f"experiment={KINDS[kind]}", *args, cwd=PROJECT,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _wait_for_epoch(store, 2)
@@ -83,16 +92,18 @@ def test_a_trial_whose_driver_was_killed_or_stopped_is_retried_from_its_checkpoi
     assert retry.state == TrialState.COMPLETE
     run = trial_run(retry, client)
     after = int(run.data.tags["hpolab.resumed_after_epoch"])
-    assert after >= 2
+    assert 2 <= after < 4
     recorded = records(client, run.info.run_id)
-    assert_one_curve(recorded, 5)  # the killed attempt's epochs carried over
-    assert_each_epoch_went_on_from_the_last(recorded)
+    assert_one_curve(recorded, 4)  # the killed attempt's epochs carried over
+    assert_each_epoch_went_on_from_the_last(recorded, steps=4)
     trained = trace.read_text().split()
     killed, retried = trained[0], trained[-1]
     # the killed attempt trained the checkpoint's epochs (and maybe part of the next), the retry the epochs after them only
-    assert killed != retried and trained == [killed] * (len(trained) - 5 + after) + [retried] * (5 - after), (after, trained)
-    assert trained.count(killed) >= after
+    assert killed != retried and trained == [killed] * (len(trained) - 4 * (4 - after)) + [retried] * 4 * (4 - after), (after, trained)
+    assert trained.count(killed) >= 4 * after
     assert_study_check_clean(store, "bias", cwd=PROJECT)
+    if how == "SIGTERM":  # a stop abandons the epoch under way: the one after the checkpoint's is not trained to its end
+        assert trained.count(killed) < 4 * (after + 1), (after, trained)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

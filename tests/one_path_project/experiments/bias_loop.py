@@ -1,5 +1,5 @@
-"""bias_routine.py's model and data, trained by its own loop (`train(config, trial)`): plain SGD, one
-full batch an epoch, the metrics the routine logs for it (train_loss, val_loss, val_score, val_pred,
+"""bias_routine.py's model and data, trained by its own loop (`train(config, trial)`): plain SGD over
+batches of `trainer.batch_size` rows in order, the metrics the routine logs for it (train_loss, val_loss, val_score, val_pred,
 lr: the learning rate the optimizer trained the epoch with), the best epoch's weights logged."""
 
 from __future__ import annotations
@@ -24,14 +24,17 @@ def train(config: dict, trial) -> None:
     for epoch in range(trial.start_epoch, t["max_epochs"] + 1):
         lr = optimizer.param_groups[0]["lr"]
         model.train()
-        train_loss = loss(model(x), y)
-        optimizer.zero_grad()
-        train_loss.backward()
-        optimizer.step()
+        losses = []
+        for rows in torch.arange(len(y)).split(t["batch_size"]):
+            batch_loss = loss(model(x[rows]), y[rows])
+            optimizer.zero_grad()
+            batch_loss.backward()
+            optimizer.step()
+            losses.append(batch_loss.item())
         with torch.no_grad():
             out = model.eval()(x_val)
         val = metrics(out, y_val)
-        reported = {"train_loss": train_loss.item(), "val_loss": loss(out, y_val).item(), "val_score": val["score"],
+        reported = {"train_loss": sum(losses) / len(losses), "val_loss": loss(out, y_val).item(), "val_score": val["score"],
                     "val_pred": val["pred"], "lr": lr}
         if trial.report(epoch, reported, checkpoint={"model": model.state_dict(), "optimizer": optimizer.state_dict()}):
             return

@@ -2,12 +2,11 @@
 bias_loop.py trains the very same model on the very same data with its own loop, so the tests can hold
 both kinds of experiment to the same behaviour.
 
-The model's output is its bias b (its inputs are zeros), trained towards 1.0 by a mean squared error,
-one full batch per epoch from b = 0, so each epoch is exact arithmetic:
-  b after epoch k = b + 2 * lr * (1 - b)   (b before it; `lr` the learning rate the optimizer used)
-  train_loss of epoch k = (1 - b before it) ** 2   (a fresh model's: 1.0)
-  val_pred = b after epoch k (which weights the model holds), val_score = -|b - data.target|
-so a learning rate of 0.1 is best at epoch 2 of 4 with target 0.4, and 0.2 at epoch 1.
+The model's output is its bias b (its inputs are zeros), trained towards 1.0 by a mean squared error
+from b = 0, each batch the same (tests/one_path.py has the arithmetic of its records): at batch_size 8,
+one step an epoch, b after epoch k = b + 2 * lr * (1 - b), so a learning rate of 0.1 is nearest the
+target 0.4 at epoch 2 of 4, and 0.2 at epoch 1. `val_pred` is b (which weights the model holds),
+`val_score` is -|b - data.target|.
 `model.sleep` (seconds) slows every training forward pass, to interrupt a trial mid-training;
 `model.trace` (a file) gets a line with the process id for each (which attempt trained which epochs).
 """
