@@ -372,6 +372,8 @@ END_TO_END_ONLY = {
     "test_uploads.py": "a worker SIGKILLed and another resuming from the artifact store",
     "test_scheduled_recovery.py": "study check and its repair after an ASHA driver was SIGKILLed mid-segment",
     "test_nan_under_schedulers.py": "ASHA and PBT studies whose metric is NaN, through the CLI",
+    "test_one_path.py": "ASHA, PBT and a SIGKILLed driver's retry, for a routine and an own-loop experiment",
+    "test_one_path_results.py": "one study per experiment kind: its best epoch, logged model, promote, reproduce",
 }
 
 
@@ -386,7 +388,8 @@ LONGEST_FIRST = ["test_kill_points.py", "test_pyfunc_serving.py", "test_asha_stu
                  "test_pareto_study.py", "test_proxy_heartbeat.py", "test_study_controls.py",
                  "test_trial_forkserver.py", "test_budget.py", "test_tasks.py", "test_study_commands.py",
                  "test_notify.py", "test_study_steer.py", "test_system_metrics.py",
-                 "test_claimed_trials.py", "test_nan_under_schedulers.py", "test_scheduler_spec_changes.py"]
+                 "test_claimed_trials.py", "test_nan_under_schedulers.py", "test_scheduler_spec_changes.py",
+                 "test_one_path.py", "test_one_path_results.py"]
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -102,7 +102,7 @@ def release(study: optuna.Study, trial) -> None:
     so that it counts nowhere (budget, status) and its sampled parameters are not a result."""
     with step("release"):
         study._storage.set_trial_system_attr(trial._trial_id, RELEASED, True)
-        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        tell_optuna(study, trial.number, None, state=TrialState.FAIL, skip_if_finished=True)
 
 
 def run_created(trial: optuna.Trial, make_run: Callable[[], str], guard: Callable[..., Any] = passthrough) -> str:
@@ -133,8 +133,19 @@ def segment_started(spawn: Callable[[], None], storage=None, trial_id: int | Non
 def tell(study: optuna.Study, trial, state: TrialState, value, skip_if_finished: bool = False) -> None:
     """Tell Optuna the trial's end (the caller reads it back: Optuna's state is the truth)."""
     with step("told"):
-        study.tell(trial, value if state == TrialState.COMPLETE else None,
-                   state=None if state == TrialState.COMPLETE else state, skip_if_finished=skip_if_finished)
+        tell_optuna(study, trial, value if state == TrialState.COMPLETE else None,
+                    state=None if state == TrialState.COMPLETE else state, skip_if_finished=skip_if_finished)
+
+
+def tell_optuna(study: optuna.Study, trial, value, state: TrialState | None, skip_if_finished: bool) -> None:
+    """study.tell, where a grid sampler with no grid point left is no error. Its after_trial calls
+    study.stop(), which raises outside study.optimize (our driver asks and tells); Optuna has stored the
+    trial's end by then (it writes it in a `finally`), and the driver decides itself when the study ends."""
+    try:
+        study.tell(trial, value, state=state, skip_if_finished=skip_if_finished)
+    except RuntimeError as e:
+        if not (isinstance(study.sampler, optuna.samplers.GridSampler) and "Study.stop" in str(e)):
+            raise
 
 
 def close_run(close: Callable[[str, TrialState, dict[str, str]], None], run_id: str, state: TrialState, tags: dict[str, str]) -> None:
@@ -355,7 +366,7 @@ def end_paused(study: optuna.Study, t: FrozenTrial, state: TrialState, tags: dic
     value = t.intermediate_values.get(info.get("epoch")) if state == TrialState.COMPLETE else None
     with step("ended_paused"):
         try:
-            guard(study.tell, t.number, value, state=None if state == TrialState.COMPLETE else state, skip_if_finished=True)
+            guard(tell_optuna, study, t.number, value, state=None if state == TrialState.COMPLETE else state, skip_if_finished=True)
         except Exception as e:
             runs.note(f"trial {t.number}: ending it {state.name} failed: {type(e).__name__}: {e}")
             return False
