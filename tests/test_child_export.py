@@ -37,11 +37,12 @@ def _no_ambient_tracking_uri():
 def _trial(tmp_path: Path, checkpoint: Path | None = None):
     """A job and "done" summary as a digits trial process has them, with a real best.pt."""
     from experiments import digits_cnn
+    from hpolab.train.checkpoint import CHECKPOINT_FORMAT
 
     torch.manual_seed(0)
     model = digits_cnn.build_model(MODEL, (1, 8, 8), 10).eval()
     best = tmp_path / "best.pt"
-    torch.save({"model": model.state_dict()}, best)
+    torch.save({"format_version": CHECKPOINT_FORMAT, "state": {"model": model.state_dict()}}, best)  # (checkpoint.py's layout)
     example = torch.randn(2, 1, 8, 8)
     with torch.inference_mode():
         output = model(example)
