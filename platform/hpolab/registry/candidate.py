@@ -12,7 +12,8 @@ differs is decided here by what the experiment provides, not by how its trials w
   since no task says what they mean. No evaluate(): exit 2 saying to define it; --force registers
   the logged model ungated (hpolab.gate_metric = none), as mlflow.register_model would.
 - data, a model and a task (load_data, build_model; `Served`): the model is rebuilt from the trial's
-  checkpoints/best.pt and wrapped with the experiment's preprocessing (serving.ServingModel), and the
+  checkpoints/best.pt (where retention removed it, the model the trial logged from it, when it logged
+  one) and wrapped with the experiment's preprocessing (serving.ServingModel), and the
   task scores it on the raw test split (evaluation.py), the holder on the same split (champion.py).
   Raw inputs and a task are known, so the exports must pass parity on the test inputs (else exit 1)
   and a serving model with the tags predict needs is logged and registered (writer.py).
@@ -45,7 +46,7 @@ def registers_logged_model(exp) -> bool:
 
 
 class Served:
-    """Rebuilt from best.pt, served with the experiment's preprocessing, scored by its task on the raw test split."""
+    """Rebuilt from best.pt (else logged), served with the experiment's preprocessing, scored by its task on the raw test split."""
 
     loader, note, label = "mlflow.pyfunc", "", ""  # how the registered version loads; what the lines saying so add
 
@@ -105,7 +106,7 @@ class Logged:
         ch.run_tags = dict(client.get_run(ch.run_id).data.tags)
         ch.config = _trial_config(ch, tmp)
         self.uri, self.tmp = trial_model_uri(client, ch), tmp
-        self.model = _load(self.uri, f"trial {ch.trial_number}'s logged model {self.uri}")
+        self.model = load_logged(self.uri, f"trial {ch.trial_number}'s logged model {self.uri}")
         self.metrics = _evaluate(self.evaluate, self.model, info) if self.evaluate is not None else None
         self.declared = getattr(exp, "METRIC_DIRECTIONS", None) or {}
         self.registers = f"the logged model of trial {ch.trial_number} (run {ch.run_id}) as a new version of {{model}}"
@@ -124,7 +125,7 @@ class Logged:
             return None, (f"it was not scored by experiment {info.experiment}'s evaluate() (experiment "
                           f"{tags.get(TAG_EXPERIMENT, 'unknown')}, gate {tags.get(TAG_GATE_SOURCE, 'the routine test split')})")
         try:
-            held = _evaluate(self.evaluate, _load(f"models:/{model_name}/{holder.version}", f"version {holder.version}"), info)
+            held = _evaluate(self.evaluate, load_logged(f"models:/{model_name}/{holder.version}", f"version {holder.version}"), info)
         except (UserError, PromotionFailed) as e:
             return None, str(e)
         return (held, None) if gate_name in held else (None, f"its evaluate() result lacks {gate_name}")
@@ -195,7 +196,8 @@ def _trial_config(ch, tmp: Path) -> dict:
         return {}
 
 
-def _load(uri: str, what: str):
+def load_logged(uri: str, what: str):
+    """A logged model as a module in eval mode; UserError when its code does not import here."""
     import mlflow.pytorch
 
     from hpolab.registry.exported_module import as_module

@@ -156,7 +156,7 @@ def _metric_at_best_epoch(client, run_id: str, metric: str) -> tuple[float | Non
 
 def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp: Path, exp=None):
     """(experiment, splits, model, serving model, bound task) from the trial's config.yaml and
-    checkpoints/best.pt; fills ch.config and ch.run_tags. The task is bound to the data as in training
+    checkpoints/best.pt (without it, the model the trial logged: the same weights); fills ch.config and ch.run_tags. The task is bound to the data as in training
     (target standardisation from the train split), so serving returns values in the target's units.
     `exp`: the experiment module when the caller already found it (challenger_experiment)."""
     import torch
@@ -180,12 +180,22 @@ def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp
             raise UserError(f"trial {ch.trial_number} (run {ch.run_id}) has no artifact {path}: {e}") from e
 
     ch.config = yaml.safe_load(fetch("config.yaml").read_text())
-    ckpt = load_checkpoint(fetch("checkpoints/best.pt"), map_location="cpu")
     exp = exp or challenger_experiment(client, info, ch, run)
     splits = exp.load_data(ch.config["data"], data_seed_of(ch.config))
-    model = exp.build_model(ch.config["model"], tuple(splits.input_shape), splits.num_classes)
-    load_model_state(model, ckpt["model"])
-    model.eval()
+    try:
+        best = fetch("checkpoints/best.pt")
+    except UserError as missing:  # retention removed it: the model the trial logged from it, if it kept one
+        from hpolab.registry.candidate import load_logged, trial_model_uri
+
+        try:
+            uri = trial_model_uri(client, ch)
+        except UserError:
+            raise missing from None
+        model = load_logged(uri, f"trial {ch.trial_number}'s logged model {uri}")
+    else:
+        model = exp.build_model(ch.config["model"], tuple(splits.input_shape), splits.num_classes)
+        load_model_state(model, load_checkpoint(best, map_location="cpu")["model"])
+        model.eval()
     bound = task_for(exp).bind(trainer_config(ch.config["trainer"]), splits, torch.device("cpu"))
     return exp, splits, model, ServingModel(splits.preprocess, model, bound.head()).eval(), bound
 
