@@ -28,6 +28,7 @@ import numpy as np
 from hpolab.errors import UserError
 from hpolab.registry import gate
 from hpolab.registry.evaluation import PromotionFailed
+from hpolab.registry.selection import load_logged, trial_model_uri
 
 TAG_GATE_SOURCE = "hpolab.gate_source"  # on a version: "evaluate" or "none" -- what its test metrics mean
 EVALUATE = "evaluate"
@@ -168,22 +169,6 @@ def _rows(info, ch, alias: str, holder, held, test: dict, names: list[str], head
         print(f"  {label:28s} {('-' if val is None else f'{val:.4f}'):>10s} {cells}")
 
 
-def trial_model_uri(client, ch) -> str:
-    """The trial run's logged model (tag hpolab.model_uri, else the run's logged model named "model")."""
-    uri = ch.run_tags.get("hpolab.model_uri")
-    if uri and "hpolab.model_deleted" not in ch.run_tags:
-        return uri
-    run = client.get_run(ch.run_id)
-    models = [m for m in client.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{ch.run_id}'")
-              if m.name == "model"]
-    if models:
-        return f"models:/{models[0].model_id}"
-    why = ch.run_tags.get("hpolab.model_skipped") or ch.run_tags.get("hpolab.model_error") or ch.run_tags.get("hpolab.model_deleted")
-    raise UserError(f"trial {ch.trial_number} (run {ch.run_id}) has no logged model"
-                    + (f" ({why})" if why else "") + ": the experiment's train() must call trial.log_model(model, "
-                    "input_example) and the study keep models (log_models)")
-
-
 def _trial_config(ch, tmp: Path) -> dict:
     """The trial's resolved config (config.yaml of its run): lineage tags only; {} when it is missing."""
     import mlflow.artifacts
@@ -194,22 +179,6 @@ def _trial_config(ch, tmp: Path) -> dict:
         return yaml.safe_load(Path(path).read_text()) or {}
     except Exception:  # noqa: BLE001 -- lineage only
         return {}
-
-
-def load_logged(uri: str, what: str):
-    """A logged model as a module in eval mode; UserError when its code does not import here."""
-    import mlflow.pytorch
-
-    from hpolab.registry.exported_module import as_module
-
-    try:
-        model = mlflow.pytorch.load_model(uri, map_location="cpu")
-    except ModuleNotFoundError as e:
-        raise UserError(f"{what} needs module {e.name!r} to load (its classes were pickled with it); run promote "
-                        "where the experiment's code imports") from e
-    except Exception as e:  # noqa: BLE001
-        raise PromotionFailed(f"loading {what} failed: {type(e).__name__}: {e}") from e
-    return as_module(model)  # the pt2 format's graph module cannot switch to eval(): evaluate() may call it
 
 
 def _evaluate(evaluate, model, info) -> dict[str, float]:

@@ -185,8 +185,6 @@ def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp
     try:
         best = fetch("checkpoints/best.pt")
     except UserError as missing:  # retention removed it: the model the trial logged from it, if it kept one
-        from hpolab.registry.candidate import load_logged, trial_model_uri
-
         try:
             uri = trial_model_uri(client, ch)
         except UserError:
@@ -224,3 +222,39 @@ def challenger_experiment(client, info: StudyInfo, ch: Challenger, run):
         print(f"hpolab: warning: {mismatch(info.experiment, found.here, found.recorded_hash, f'trial {ch.trial_number}')}; "
               "promoting with the module here (its model must load the trial's checkpoint)", file=sys.stderr)
     return found.module
+
+
+def trial_model_uri(client, ch) -> str:
+    """The trial run's logged model (tag hpolab.model_uri, else the run's logged model named "model")."""
+    from hpolab.errors import UserError
+
+    uri = ch.run_tags.get("hpolab.model_uri")
+    if uri and "hpolab.model_deleted" not in ch.run_tags:
+        return uri
+    run = client.get_run(ch.run_id)
+    models = [m for m in client.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{ch.run_id}'")
+              if m.name == "model"]
+    if models:
+        return f"models:/{models[0].model_id}"
+    why = ch.run_tags.get("hpolab.model_skipped") or ch.run_tags.get("hpolab.model_error") or ch.run_tags.get("hpolab.model_deleted")
+    raise UserError(f"trial {ch.trial_number} (run {ch.run_id}) has no logged model"
+                    + (f" ({why})" if why else "") + ": the experiment's train() must call trial.log_model(model, "
+                    "input_example) and the study keep models (log_models)")
+
+
+def load_logged(uri: str, what: str):
+    """A logged model as a module in eval mode; UserError when its code does not import here."""
+    import mlflow.pytorch
+
+    from hpolab.errors import UserError
+    from hpolab.registry.evaluation import PromotionFailed
+    from hpolab.registry.exported_module import as_module
+
+    try:
+        model = mlflow.pytorch.load_model(uri, map_location="cpu")
+    except ModuleNotFoundError as e:
+        raise UserError(f"{what} needs module {e.name!r} to load (its classes were pickled with it); run promote "
+                        "where the experiment's code imports") from e
+    except Exception as e:  # noqa: BLE001
+        raise PromotionFailed(f"loading {what} failed: {type(e).__name__}: {e}") from e
+    return as_module(model)  # the pt2 format's graph module cannot switch to eval(): evaluate() may call it
