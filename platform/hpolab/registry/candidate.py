@@ -106,7 +106,7 @@ class Logged:
                             "held-out data, or pass --force to register the trial's logged model ungated")
         ch.run_tags = dict(client.get_run(ch.run_id).data.tags)
         ch.config = _trial_config(ch, tmp)
-        self.uri, self.tmp = trial_model_uri(client, ch), tmp
+        self.uri = trial_model_uri(client, ch)
         self.model = load_logged(self.uri, f"trial {ch.trial_number}'s logged model {self.uri}")
         self.metrics = _evaluate(self.evaluate, self.model, info) if self.evaluate is not None else None
         self.declared = getattr(exp, "METRIC_DIRECTIONS", None) or {}
