@@ -30,7 +30,7 @@ BAD = ["name=digits-own-loop-bad", "n_trials=1", "parallel=1", "trainer.max_epoc
 def test_a_model_that_does_not_export_is_skipped_with_its_reason(tmp_path):
     import torch
 
-    from hpolab.registry.own_loop_promote import export_or_skip
+    from hpolab.registry.evaluation import export_or_skip
 
     class GpuOnly(torch.nn.Module):  # a loop's model may refuse to run where promote runs
         def forward(self, x):

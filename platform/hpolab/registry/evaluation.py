@@ -4,7 +4,9 @@ is written (files go to a temporary folder only).
 - The experiment's raw test inputs through the serving model (preprocessing inside) must reproduce
   what the model sees on the test split in training, else the accuracy we report is not the model's.
 - ONNX (dynamic batch axis) and TorchScript exports; ONNX Runtime on the test inputs must agree with
-  PyTorch within export.ONNX_TOLERANCE (max abs logit difference).
+  PyTorch within export.ONNX_TOLERANCE (max abs logit difference). A model registered as it was
+  logged (candidate.py) is exported from its input example instead, and skipped with the reason
+  where it does not export.
 """
 
 from __future__ import annotations
@@ -91,29 +93,57 @@ def check_raw_test(splits, model, serving, x_raw: np.ndarray, y: np.ndarray) -> 
 
 
 def export_and_check(ev: Evaluation, folder: Path) -> Exports:
-    """ONNX + TorchScript files in `folder`, each run on the test inputs against PyTorch; prints the parity."""
+    """ONNX + TorchScript of the serving model, each run on the test inputs against PyTorch; PromotionFailed
+    when either fails (the served model's exports are part of what promote registers)."""
     import torch
 
-    # read at call time: the tolerance is a module attribute (tests tighten it)
-    from hpolab.registry.export import ONNX_TOLERANCE, ExportError, export_onnx, export_torchscript, onnx_max_abs_diff, torchscript_max_abs_diff
+    from hpolab.registry.export import ONNX_TOLERANCE, ExportError  # (read at call time: tests tighten it)
 
-    example = torch.from_numpy(ev.x_raw[:EXAMPLE_ROWS])
     reference = ev.logits.numpy()
-    try:
-        onnx_path, exporter = export_onnx(ev.serving, example, folder / "model.onnx")
-        onnx_diff = onnx_max_abs_diff(onnx_path, ev.x_raw, reference)
-        ts_path = export_torchscript(ev.serving, example, folder / "model.torchscript.pt")
-        ts_diff = torchscript_max_abs_diff(ts_path, ev.x_raw, reference)
-    except ExportError as e:
-        raise PromotionFailed(f"{e}; nothing was registered") from e
     # Logits and probabilities are O(1); regression values are in the target's units (e.g. 300), where
     # float32 alone differs by ~1e-5: the limit scales with the largest served value.
     limit = ONNX_TOLERANCE * (max(1.0, float(np.abs(reference).max())) if ev.bound.task.name != "classification" else 1.0)
-    print(f"exports: ONNX ({exporter} exporter) max abs diff vs PyTorch {onnx_diff:.3g} on {len(ev.x_raw)} test inputs "
+    try:
+        return export_checked(ev.serving, torch.from_numpy(ev.x_raw[:EXAMPLE_ROWS]), ev.x_raw, reference, folder, limit,
+                              f"{len(ev.x_raw)} test inputs")
+    except ExportError as e:
+        raise PromotionFailed(f"{e}; nothing was registered") from e
+
+
+def export_or_skip(model, example: np.ndarray | None, folder: Path) -> tuple[Exports | None, str | None]:
+    """(Exports or None, why they were skipped or None): a model registered as it was logged is exported
+    from its input example; one that does not export (e.g. it only runs on the GPU it trained on) is
+    still registered, the reason recorded."""
+    import torch
+
+    from hpolab.registry.export import ONNX_TOLERANCE
+
+    if example is None or example.dtype == object:
+        return None, "the logged model has no array input example"
+    if not isinstance(model, torch.nn.Module):
+        return None, f"the logged model loads as {type(model).__name__}, not a torch.nn.Module"
+    x = np.ascontiguousarray(example)
+    try:
+        with torch.inference_mode():
+            reference = model(torch.from_numpy(x)).float().numpy()
+        limit = ONNX_TOLERANCE * max(1.0, float(np.abs(reference).max()))
+        return export_checked(model, torch.from_numpy(x), x, reference, folder, limit, "the input example"), None
+    except Exception as e:  # noqa: BLE001 -- recorded on the version, not fatal
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
+
+
+def export_checked(model, example, x: np.ndarray, reference: np.ndarray, folder: Path, limit: float, on: str) -> Exports:
+    """ONNX + TorchScript files of `model` in `folder`, each run on `x` against `reference` (PyTorch's
+    outputs on it); prints the parity. ExportError when an export fails or ONNX differs by more than `limit`."""
+    from hpolab.registry.export import ExportError, export_onnx, export_torchscript, onnx_max_abs_diff, torchscript_max_abs_diff
+
+    onnx_path, exporter = export_onnx(model, example, folder / "model.onnx")
+    onnx_diff = onnx_max_abs_diff(onnx_path, x, reference)
+    ts_path = export_torchscript(model, example, folder / "model.torchscript.pt")
+    ts_diff = torchscript_max_abs_diff(ts_path, x, reference)
+    print(f"exports: ONNX ({exporter} exporter) max abs diff vs PyTorch {onnx_diff:.3g} on {on} "
           f"(limit {limit:.3g}); TorchScript {ts_diff:.3g}")
     if not onnx_diff <= limit:
-        raise PromotionFailed(
-            f"ONNX parity: ONNX Runtime's outputs differ from PyTorch's by up to {onnx_diff:.3g} on the test inputs "
-            f"(limit {limit:.3g}); nothing was registered"
-        )
+        raise ExportError(f"ONNX parity: ONNX Runtime's outputs differ from PyTorch's by up to {onnx_diff:.3g} on {on} "
+                          f"(limit {limit:.3g})")
     return Exports(onnx_path, ts_path, exporter, onnx_diff, ts_diff)

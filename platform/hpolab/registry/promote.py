@@ -9,26 +9,30 @@ Steps (everything that can refuse or fail runs before anything is written):
    race's winner replaces the pick, its seed run nearest its mean is the model the next steps judge
    and register, and its registered version carries the race's result as tags. The champion's
    configuration winning the race ends the promotion (exit 3: nothing is better than the champion).
-2. Rebuild its model from `checkpoints/best.pt` and wrap it with the experiment's preprocessing
-   (`serving.ServingModel`: raw inputs in, logits out). Evaluate on the experiment's raw **test**
-   split, which no trial saw (trials select on val).
-3. Evaluate the current holder of the alias on the same test split (same fingerprint of inputs and
-   labels, else the two are not comparable). The challenger must be strictly better on the gate
-   metric (test_acc for val_acc, test_loss for val_loss, ...; an exact tie is decided by test_loss,
-   or test_acc for a loss gate) unless `--force`; otherwise exit 3 and nothing is written.
-   Several objectives: every objective is checked (gate_objectives.py): the holder must not be at
-   least as good on all of them, and the --pick rule's bounds must hold on the test values.
-4. Export ONNX (dynamic batch axis) and TorchScript to a temporary folder; ONNX Runtime on the
-   test inputs must agree with PyTorch within 1e-4 (max abs logit difference), else exit 1.
+2. Its model, scored on held-out data no trial saw (trials select on val), as its experiment allows
+   (candidate.py): by the experiment's `evaluate(model, "test")` (the trial's logged model, as it loads),
+   or by its task on the raw **test** split (rebuilt from `checkpoints/best.pt`, wrapped with the
+   experiment's preprocessing: `serving.ServingModel`, raw inputs in). Neither: exit 2 unless --force,
+   which registers the trial's logged model ungated.
+3. The current holder of the alias, scored the same way (the same evaluate(), or the same test split:
+   same fingerprint of inputs and labels), else the two are not comparable. The challenger must be
+   strictly better on the gate metric (test_acc for val_acc, test_loss for val_loss, ...; an exact tie
+   is decided by test_loss, or test_acc for a loss gate) unless `--force`; otherwise exit 3 and
+   nothing is written. Several objectives: every objective is checked (gate_objectives.py): the holder
+   must not be at least as good on all of them, and the --pick rule's bounds must hold on the test values.
+4. Export ONNX (dynamic batch axis) and TorchScript to a temporary folder, each checked against
+   PyTorch (max abs output difference within 1e-4): the serving model on the test inputs, where a
+   failure is exit 1; a logged model on its input example, where a failure skips them with the reason.
    `--dry-run` stops here: it prints what would happen, writes nothing, and exits with the code the
    real run would (0, or 3 when refused).
-5. Write: a run `promote-trial-<n>` nested under the study's parent run holds the serving model
-   (an MLflow LoggedModel, torch.export "pt2" format, raw-input signature), export/model.onnx,
-   export/model.torchscript.pt and the test metrics. A new version of the registered model is created
-   from that serving model, tagged with its lineage, and the alias moves to it.
+5. Write: a run `promote-trial-<n>` nested under the study's parent run holds the exports and the test
+   metrics (and the serving model: an MLflow LoggedModel, torch.export "pt2" format, raw-input
+   signature). A new version of the registered model is created from the serving model (or the
+   trial's logged model itself), tagged with its lineage, and the alias moves to it.
 
-Where the steps live: selection.py (1, 2: the challenger), promote_race.py (1: the race), evaluation.py (2: the test split; 4: the
-exports), champion.py (3: the alias holder), gate.py (3: the decision, a pure function), writer.py (5).
+Where the steps live: selection.py (1: the challenger), promote_race.py (1: the race), candidate.py
+(2-5: what differs between experiments), evaluation.py (2: the test split; 4: the exports), champion.py
+(3: the alias holder), gate.py (3: the decision, a pure function), writer.py (5).
 This module is the command: `promote` runs the steps top to bottom.
 
 Idempotent: a version whose tag hpolab.trial_run_id names the same trial run is reused (the alias
@@ -150,8 +154,9 @@ def promote(args, stores: Stores, command: bool = False) -> int:
 
 
 def _gate_and_write(args, stores: Stores, client, study, info, metric: str, ch, holder) -> int:
-    """Steps 2-5 for the challenger: the test split, the gate, the exports, the writes."""
-    from hpolab.registry import champion, evaluation, gate, own_loop_promote, selection, writer
+    """Steps 2-5 for the challenger: its model on held-out data, the gate, the exports, the writes; how
+    each is done is what the experiment provides (candidate.py), the steps are the same for every one."""
+    from hpolab.registry import candidate, champion, gate, selection, writer
 
     model_name, alias, dry = args.model_name or args.name, args.alias, bool(args.dry_run)
     existing = champion.existing_version(client, model_name, ch.run_id)
@@ -166,19 +171,8 @@ def _gate_and_write(args, stores: Stores, client, study, info, metric: str, ch, 
     with tempfile.TemporaryDirectory(prefix="hpolab-promote-") as tmp_name:
         tmp = Path(tmp_name)
         exp = selection.challenger_experiment(client, info, ch, client.get_run(ch.run_id))
-        if own_loop_promote.is_own_loop(exp):  # train(config, trial): its logged model, its evaluate()
-            return own_loop_promote.promote_own_loop(args, client, info, ch, exp, holder, existing, contest, tmp)
-        exp, splits, model, serving, bound = selection.load_challenger(client, stores, info, ch, tmp, exp)  # 2. on the test split
-        ev = evaluation.evaluate_challenger(exp, ch.config, splits, model, serving, bound)
-        # 3. the alias holder on the same split, and the gate (on the study metric's test counterpart)
-        gate_name = gate.gate_metric((metric, info.metric), ev.metrics) or "loss"  # (a task's evaluation always has its loss)
-        directions = gate.directions(ev.metrics, gate_name, _declared_directions(bound, ch.config), info.direction)
-        held, why_not = (champion.evaluate_holder(holder, model_name, info.experiment, ch.config, ev.x_raw, ev.y, bound, ev.fingerprint)
-                         if holder is not None else (None, None))
-        _print_table(info, ch, ev.metrics, alias, holder, held, len(ev.x_raw))
-        contest = replace(contest, not_comparable=why_not)
-        decision = (_gate_every_objective(study, info, ch, ev.metrics, holder, held, bool(args.force), contest)
-                    if info.objectives else gate.decide(ev.metrics, held, gate_name, bool(args.force), contest, directions))
+        scored = candidate.load(client, stores, info, ch, exp, tmp, bool(args.force))  # 2. on held-out data
+        decision, gate_name = _decide(args, study, info, metric, ch, scored, holder, contest)  # 3. the gate
         print(decision.reason)
         if not decision.promote:
             return decision.exit_code
@@ -187,17 +181,38 @@ def _gate_and_write(args, stores: Stores, client, study, info, metric: str, ch, 
         if existing is not None:  # idempotent: this trial already has a version (with its exports)
             return writer.move_to_existing(client, model_name, alias, existing.version, previous, ch.trial_number, ch.run_id, dry)
 
-        # 4. exports + parity, still nothing written
-        exports = evaluation.export_and_check(ev, tmp)
+        exports, skipped = scored.export(tmp)  # 4. exports + parity, still nothing written
         if dry:
-            print(f"dry run: would register a new version of {model_name} from trial {ch.trial_number} "
-                  f"(run {ch.run_id}), with its exports, and move @{alias} to it (from {previous or 'nobody'}); nothing was written")
+            print(f"dry run: would register {scored.registers.format(model=model_name)} and move @{alias} to it "
+                  f"(from {previous or 'nobody'}); nothing was written")
             return EXIT_OK
 
         # 5. the writes
-        version = writer.write_version(client, model_name, alias, info, ch, ev, exports, gate_name, args.metric or info.metric, previous)
-    _print_registered(model_name, version, alias, previous, stores)
+        version = scored.write(client, model_name, alias, info, ch, gate_name, args.metric or info.metric, exports, skipped, previous)
+    print(f"registered {model_name} version {version}{scored.label}; @{alias} -> version {version}"
+          + (f" (was version {previous})" if previous else ""))
+    print(f'load it: {scored.loader}.load_model("models:/{model_name}@{alias}")  '
+          f"or  {stores.command(f'predict models:/{model_name}@{alias} INPUT.npy')}{scored.note}")
     return EXIT_OK
+
+
+def _decide(args, study, info, metric: str, ch, scored, holder, contest):
+    """(the gate's decision, the gate metric or None): the challenger's test metrics against the alias
+    holder's, scored the same way; prints them."""
+    from hpolab.registry import gate
+
+    if scored.metrics is None:  # nothing can score it: only --force comes here (candidate.Logged)
+        return gate.Decision(gate.PROMOTE, f"experiment {info.experiment} has no evaluate(model, split): --force registers "
+                                           "the trial's logged model ungated (no test metrics)"), None
+    test = scored.metrics
+    gate_name = gate.gate_metric((metric, info.metric), test) or "loss"  # (a task's evaluation always has its loss)
+    held, why_not = scored.holder_metrics(holder, contest.model, info, ch, gate_name) if holder is not None else (None, None)
+    scored.print_table(info, ch, contest.alias, holder, held)
+    contest = replace(contest, not_comparable=why_not)
+    if info.objectives:
+        return _gate_every_objective(study, info, ch, test, holder, held, bool(args.force), contest), gate_name
+    directions = gate.directions(test, gate_name, scored.declared, info.direction)
+    return gate.decide(test, held, gate_name, bool(args.force), contest, directions, prefix=scored.prefix(gate_name)), gate_name
 
 
 def _challenger(args, client, study, info, metric: str, direction: str):
@@ -230,36 +245,3 @@ def _gate_every_objective(study, info, ch, test: dict, holder, held: dict | None
               + (f", {contest.alias} {'-' if other is None else f'{other:.4g}'}" if holder is not None else ""))
     bound_values = go.gate_values([m for m, _, _ in ch.bounds], test, ch.values)  # constrained metrics too
     return go.decide(ch.gate_values, theirs, directions, ch.bounds, force, contest, bound_values)
-
-
-def _print_registered(model_name: str, version, alias: str, previous, stores: Stores) -> None:
-    print(f"registered {model_name} version {version}; @{alias} -> version {version}"
-          + (f" (was version {previous})" if previous else ""))
-    print(f'load it: mlflow.pyfunc.load_model("models:/{model_name}@{alias}")  '
-          f"or  {stores.command(f'predict models:/{model_name}@{alias} INPUT.npy')}")
-
-
-def _declared_directions(bound, config: dict) -> dict[str, str]:
-    """The task's metric directions by val_ name: what the gate reads, as an own loop's METRIC_DIRECTIONS
-    (classification's test evaluation always has macro_f1, its epochs only when imbalance is on)."""
-    from hpolab.train.config import trainer_config
-
-    val = bound.task.metric_directions(trainer_config(config["trainer"]))
-    return {**val, **({"val_macro_f1": "maximize"} if bound.task.name == "classification" else {})}
-
-
-def _print_table(info, ch, test: dict, alias: str, holder, held: dict | None, n: int) -> None:
-    vm = info.metric
-    rows = [(f"challenger: trial {ch.trial_number}", ch.val_value, test)]
-    if holder is not None:
-        val = holder.tags.get(f"hpolab.{vm}")
-        rows.append((f"{alias}: version {holder.version}", float(val) if val else None, held))
-    names = [k for k in test if k not in ("n", "recall") and isinstance(test[k], (int, float))]
-    # classification keeps its columns: acc, loss, macro_f1
-    names = sorted(names, key=lambda k: (k != "acc", k != "loss", k))
-    print(f"held-out test split: {n} samples (no trial trained or selected on them)")
-    print(f"  {'':28s} {vm:>10s} " + " ".join(f"{'test_' + k:>{max(10, len(k) + 5)}s}" for k in names))
-    for label, val, m in rows:
-        f = (lambda k: f"{m[k]:.4f}" if k in m else "-") if m else (lambda k: "-")
-        v = f"{val:.4f}" if val is not None else "-"
-        print(f"  {label:28s} {v:>10s} " + " ".join(f"{f(k):>{max(10, len(k) + 5)}s}" for k in names))

@@ -4,8 +4,8 @@ results, drop who the paired test drops, record the round (registry/race.py says
 The race's spec is the study's (its `parallel`, `trial_timeout`, retries, device placement) with
 what a race must not have: no search space (each seed trial brings its whole config), no pruner (a
 pruned seed run is no measurement), no trial scheduler, no LR range test, no enqueue or warm start,
-no stop rules. Every seed run keeps its checkpoints (the winner's best.pt is what promote registers);
-an own loop's logs its model (what own-loop promote registers).
+no stop rules. Every seed run keeps its checkpoints (the winner's best.pt is what promote rebuilds),
+and logs its model where promote registers the trial's logged model (candidate.registers_logged_model).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class RaceInterrupted(Exception):
         self.signum = signum
 
 
-def companion_spec(spec, name: str, n_trials: int, own_loop: bool):
+def companion_spec(spec, name: str, n_trials: int, logged_model: bool):
     """The study's spec as the race's driver runs it (module docstring)."""
     from hpolab.config.spec import LRRangeTestSpec, Named
     from hpolab.config.trial_scheduler import Budget
@@ -37,7 +37,7 @@ def companion_spec(spec, name: str, n_trials: int, own_loop: bool):
         "lr_range_test": LRRangeTestSpec(), "sampler": Named(type="random"), "pruner": Named(type="none"),
         "trial_scheduler": None, "budget": Budget(), "stop_after_no_improvement": None,
         "stop_when_converged": None, "noise_probe": None,
-        "log_models": "complete" if own_loop else "none", "keep_checkpoints": "all"})
+        "log_models": "complete" if logged_model else "none", "keep_checkpoints": "all"})
     race._project_dir = spec.project_dir
     return race
 
@@ -91,9 +91,10 @@ def drive(result, companion, stores, spec, n_trials: int, command: bool) -> None
     from hpolab.study.driver.progress import Progress
     from hpolab.study.driver.run import run_checked
 
-    from hpolab.config.experiment import is_own_loop, load_experiment
+    from hpolab.config.experiment import load_experiment
+    from hpolab.registry.candidate import registers_logged_model
 
-    race_spec = companion_spec(spec, companion.study_name, n_trials, is_own_loop(load_experiment(spec.experiment)))
+    race_spec = companion_spec(spec, companion.study_name, n_trials, registers_logged_model(load_experiment(spec.experiment)))
     try:
         outcome = run_checked(race_spec, stores, Progress(race_spec, summary=False), allow_spec_change=True, command=command)
     except StudyError as e:

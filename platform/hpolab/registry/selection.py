@@ -156,7 +156,7 @@ def _metric_at_best_epoch(client, run_id: str, metric: str) -> tuple[float | Non
 
 def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp: Path, exp=None):
     """(experiment, splits, model, serving model, bound task) from the trial's config.yaml and
-    checkpoints/best.pt; fills ch.config and ch.run_tags. The task is bound to the data as in training
+    checkpoints/best.pt (without it, the model the trial logged: the same weights); fills ch.config and ch.run_tags. The task is bound to the data as in training
     (target standardisation from the train split), so serving returns values in the target's units.
     `exp`: the experiment module when the caller already found it (challenger_experiment)."""
     import torch
@@ -180,12 +180,20 @@ def load_challenger(client, stores: Stores, info: StudyInfo, ch: Challenger, tmp
             raise UserError(f"trial {ch.trial_number} (run {ch.run_id}) has no artifact {path}: {e}") from e
 
     ch.config = yaml.safe_load(fetch("config.yaml").read_text())
-    ckpt = load_checkpoint(fetch("checkpoints/best.pt"), map_location="cpu")
     exp = exp or challenger_experiment(client, info, ch, run)
     splits = exp.load_data(ch.config["data"], data_seed_of(ch.config))
-    model = exp.build_model(ch.config["model"], tuple(splits.input_shape), splits.num_classes)
-    load_model_state(model, ckpt["state"]["model"])  # (the routine's state: checkpoint.py)
-    model.eval()
+    try:
+        best = fetch("checkpoints/best.pt")
+    except UserError as missing:  # retention removed it: the model the trial logged from it, if it kept one
+        try:
+            uri = trial_model_uri(client, ch)
+        except UserError:
+            raise missing from None
+        model = load_logged(uri, f"trial {ch.trial_number}'s logged model {uri}")
+    else:
+        model = exp.build_model(ch.config["model"], tuple(splits.input_shape), splits.num_classes)
+        load_model_state(model, load_checkpoint(best, map_location="cpu")["state"]["model"])
+        model.eval()
     bound = task_for(exp).bind(trainer_config(ch.config["trainer"]), splits, torch.device("cpu"))
     return exp, splits, model, ServingModel(splits.preprocess, model, bound.head()).eval(), bound
 
@@ -214,3 +222,39 @@ def challenger_experiment(client, info: StudyInfo, ch: Challenger, run):
         print(f"hpolab: warning: {mismatch(info.experiment, found.here, found.recorded_hash, f'trial {ch.trial_number}')}; "
               "promoting with the module here (its model must load the trial's checkpoint)", file=sys.stderr)
     return found.module
+
+
+def trial_model_uri(client, ch) -> str:
+    """The trial run's logged model (tag hpolab.model_uri, else the run's logged model named "model")."""
+    from hpolab.errors import UserError
+
+    uri = ch.run_tags.get("hpolab.model_uri")
+    if uri and "hpolab.model_deleted" not in ch.run_tags:
+        return uri
+    run = client.get_run(ch.run_id)
+    models = [m for m in client.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{ch.run_id}'")
+              if m.name == "model"]
+    if models:
+        return f"models:/{models[0].model_id}"
+    why = ch.run_tags.get("hpolab.model_skipped") or ch.run_tags.get("hpolab.model_error") or ch.run_tags.get("hpolab.model_deleted")
+    raise UserError(f"trial {ch.trial_number} (run {ch.run_id}) has no logged model"
+                    + (f" ({why})" if why else "") + ": the experiment's train() must call trial.log_model(model, "
+                    "input_example) and the study keep models (log_models)")
+
+
+def load_logged(uri: str, what: str):
+    """A logged model as a module in eval mode; UserError when its code does not import here."""
+    import mlflow.pytorch
+
+    from hpolab.errors import UserError
+    from hpolab.registry.evaluation import PromotionFailed
+    from hpolab.registry.exported_module import as_module
+
+    try:
+        model = mlflow.pytorch.load_model(uri, map_location="cpu")
+    except ModuleNotFoundError as e:
+        raise UserError(f"{what} needs module {e.name!r} to load (its classes were pickled with it); run promote "
+                        "where the experiment's code imports") from e
+    except Exception as e:  # noqa: BLE001
+        raise PromotionFailed(f"loading {what} failed: {type(e).__name__}: {e}") from e
+    return as_module(model)  # the pt2 format's graph module cannot switch to eval(): evaluate() may call it

@@ -6,11 +6,15 @@ table, see hpolab_pyfunc), export/model.onnx,
 export/model.torchscript.pt and the test metrics. A new version of the registered model is created
 from that serving model, tagged with its lineage, and the alias moves to it. If anything fails on
 the way the run is marked FAILED with the reason.
+
+A model registered as it was logged (candidate.py: one its experiment scores itself) gets the same
+promote run and lineage, and a version whose source is the trial's logged model.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 from pathlib import Path
 
@@ -32,6 +36,7 @@ TAG_PREVIOUS = "hpolab.previous_champion"
 TAG_ONNX_DIFF = "hpolab.onnx_max_abs_diff"
 TAG_TS_DIFF = "hpolab.torchscript_max_abs_diff"
 TAG_GATE = "hpolab.gate_metric"
+TAG_EXPORT_SKIPPED = "hpolab.export_skipped"  # why ONNX / TorchScript are missing (a logged model's exports may fail)
 
 
 def move_alias_to_existing(client, model_name: str, alias: str, version: str, previous: str | None) -> None:
@@ -56,43 +61,64 @@ def move_to_existing(client, model_name: str, alias: str, version: str, previous
     return EXIT_OK
 
 
-def write_version(client, model_name: str, alias: str, info: StudyInfo, ch: Challenger, ev: Evaluation, exports: Exports,
-                  gate: str, selection_metric: str, previous: str | None) -> str:
-    """Promote run + serving model + exports + a new registered version holding `alias`; returns the version."""
-    from hpolab.registry.serving import serving_tags
+def write_version(client, model_name: str, alias: str, info: StudyInfo, ch: Challenger, test: dict, gate: str | None,
+                  selection_metric: str, exported: tuple[Exports | None, str | None], previous: str | None, *,
+                  ev: Evaluation | None = None, logged: tuple[str, dict] | None = None) -> str:
+    """Promote run + exports + a new registered version holding `alias`; returns the version. Its model:
+    `ev`'s serving model (a task's evaluation), logged here with what predict needs, else `logged`: the
+    trial's logged model (its URI, what the caller knows of it), registered as it is. `exported`:
+    (the exports, or why they were skipped)."""
     from hpolab.stores import mlflow_runs as tr
 
+    exports = exported[0]
     run_id = _create_promote_run(client, model_name, info, ch)
     try:
-        threshold = getattr(ev.bound, "threshold", None)
-        s_tags = serving_tags(info.experiment, ev.x_raw, ev.y, ev.num_classes, ev.class_names, ev.bound.task.name, threshold)
-        # Named after the version it becomes (a logged model cannot be renamed): the registry's next one.
-        expected = next_version(client, model_name)
-        name = serving_model_name(model_name, expected)
-        m_tags = {**s_tags, "optuna.study": info.name, TAG_TRIAL: str(ch.trial_number), "hpolab.registered_model": model_name}
-        logged, served_diff = _log_serving_model(client, run_id, ev, ch.run_tags, m_tags, name)
-        for f in (exports.onnx, exports.torchscript):
+        for f in (exports.onnx, exports.torchscript) if exports is not None else ():
             client.log_artifact(run_id, str(f), EXPORT_DIR)
-        tests = {f"test_{k}": v for k, v in ev.metrics.items() if k != "n"}
-        # the gate's test metrics, linked to the serving model and to the trial's own logged model
-        link_test_metrics(client, run_id, [logged.model_id, *_trial_model(client, ch.run_tags)], tests, ev.fingerprint)
-        metrics = {"onnx_max_abs_diff": exports.onnx_diff, "torchscript_max_abs_diff": exports.torchscript_diff,
-                   "serving_max_abs_diff": served_diff}
-        if ch.val_value is not None:
-            metrics[info.metric] = ch.val_value
-        tr.log_epoch(client, run_id, 0, metrics)
-
-        lineage = _lineage(info, ch, ev, exports, gate, selection_metric, previous, run_id, s_tags)
-        version = _register(client, model_name, info, ch, ev, logged, run_id, lineage)
-        # Another promote may have registered a version meanwhile: the model then says which it is.
-        client.set_logged_model_tags(logged.model_id, {"hpolab.registered_version": version})
+        if ev is not None:
+            served, known = _log_served(client, run_id, model_name, info, ch, ev, exports)
+            source, model_id, source_run = served.model_uri, served.model_id, run_id
+            trial_uri, about = ch.run_tags.get("hpolab.model_uri", ""), f"{info.metric} {ch.val_value:.4f}"
+        else:
+            (source, known), source_run, trial_uri, about = logged, ch.run_id, logged[0], "its logged model"
+            model_id = source.removeprefix("models:/") if source.startswith("models:/m-") else None
+            if test:
+                tr.log_epoch(client, run_id, 0, {f"test_{k.removeprefix('test_')}": v for k, v in test.items()})
+        lineage = _lineage(info, ch, test, gate, selection_metric, previous, run_id, exported, trial_uri, known)
+        gate_text = f"{lineage[TAG_GATE]} {test[gate]:.4f}" if gate else "no gate"
+        version = _register(client, model_name, info, source, source_run, model_id, lineage,
+                            f"study {info.name}, trial {ch.trial_number}: {about}, {gate_text}")
+        if ev is not None:  # another promote may have registered a version meanwhile: the model then says which it is
+            client.set_logged_model_tags(model_id, {"hpolab.registered_version": version})
         client.set_registered_model_alias(model_name, alias, version)
-        tr.set_tags(client, run_id, {"hpolab.registered_version": version, "hpolab.serving_model_uri": logged.model_uri})
+        tr.set_tags(client, run_id, {"hpolab.registered_version": version, "hpolab.serving_model_uri": source})
         client.set_terminated(run_id, status="FINISHED")
         return version
     except BaseException as e:
         tr.close_failed(client, run_id, e)
         raise
+
+
+def _log_served(client, run_id: str, model_name: str, info: StudyInfo, ch: Challenger, ev: Evaluation, exports: Exports):
+    """(the serving model logged on the promote run, its serving tags); the test metrics and parities logged too."""
+    from hpolab.registry.serving import serving_tags
+    from hpolab.stores import mlflow_runs as tr
+
+    threshold = getattr(ev.bound, "threshold", None)
+    s_tags = serving_tags(info.experiment, ev.x_raw, ev.y, ev.num_classes, ev.class_names, ev.bound.task.name, threshold)
+    # Named after the version it becomes (a logged model cannot be renamed): the registry's next one.
+    name = serving_model_name(model_name, next_version(client, model_name))
+    m_tags = {**s_tags, "optuna.study": info.name, TAG_TRIAL: str(ch.trial_number), "hpolab.registered_model": model_name}
+    served, served_diff = _log_serving_model(client, run_id, ev, ch.run_tags, m_tags, name)
+    tests = {f"test_{k}": v for k, v in ev.metrics.items() if k != "n"}
+    # the gate's test metrics, linked to the serving model and to the trial's own logged model
+    link_test_metrics(client, run_id, [served.model_id, *_trial_model(client, ch.run_tags)], tests, ev.fingerprint)
+    metrics = {"onnx_max_abs_diff": exports.onnx_diff, "torchscript_max_abs_diff": exports.torchscript_diff,
+               "serving_max_abs_diff": served_diff}
+    if ch.val_value is not None:
+        metrics[info.metric] = ch.val_value
+    tr.log_epoch(client, run_id, 0, metrics)
+    return served, s_tags
 
 
 def _create_promote_run(client, model_name: str, info: StudyInfo, ch: Challenger) -> str:
@@ -223,8 +249,12 @@ class _ServingFlavor:
         mlflow_model.save(str(Path(path) / "MLmodel"))
 
 
-def _lineage(info: StudyInfo, ch: Challenger, ev: Evaluation, exports: Exports, gate: str, selection_metric: str,
-             previous: str | None, run_id: str, s_tags: dict[str, str]) -> dict[str, str]:
+def _lineage(info: StudyInfo, ch: Challenger, test: dict, gate: str | None, selection_metric: str, previous: str | None,
+             run_id: str, exported: tuple[Exports | None, str | None], trial_model_uri: str, known: dict) -> dict[str, str]:
+    """The version's tags: what it was promoted from, its test metrics, its exports (or why not), and
+    `known`: what predict needs to know of the model (serving.serving_tags, or what candidate.Logged knows)."""
+    exports, skipped = exported
+    config = ch.config
     lineage = {
         TAG_STUDY: info.name,
         TAG_TRIAL: str(ch.trial_number),
@@ -235,26 +265,29 @@ def _lineage(info: StudyInfo, ch: Challenger, ev: Evaluation, exports: Exports, 
         **{TAG_OBJECTIVE + k: repr(v) for k, v in ch.gate_values.items()},  # ... and each objective's gate value
         **({"hpolab.gate": "every objective: " + ", ".join(ch.gate_values)} if ch.gate_values else {}),
         f"hpolab.{info.metric}": repr(ch.val_value),
-        **{f"hpolab.test_{k}": repr(v) for k, v in ev.metrics.items()},
-        TAG_GATE: f"test_{gate}",
+        # test_<x> whether or not an evaluate() named it test_
+        **{f"hpolab.test_{k.removeprefix('test_')}": repr(v) for k, v in test.items()},
+        TAG_GATE: f"test_{gate.removeprefix('test_')}" if gate else "none",  # none: --force registered it ungated
         TAG_PREVIOUS: str(previous or "none"),
-        TAG_ONNX_DIFF: repr(exports.onnx_diff),
-        "hpolab.onnx_exporter": exports.exporter,
-        TAG_TS_DIFF: repr(exports.torchscript_diff),
-        "hpolab.seed": str(ch.config["seed"]),
-        "hpolab.data": json.dumps(ch.config["data"], sort_keys=True),
-        "hpolab.model_config": json.dumps(ch.config["model"], sort_keys=True),
-        "hpolab.trial_model_uri": ch.run_tags.get("hpolab.model_uri", ""),
-        "hpolab.export_onnx": f"{EXPORT_DIR}/{exports.onnx.name}",
-        "hpolab.export_torchscript": f"{EXPORT_DIR}/{exports.torchscript.name}",
-        **s_tags,
+        **({"hpolab.seed": str(config["seed"])} if "seed" in config else {}),
+        **({"hpolab.data": json.dumps(config["data"], sort_keys=True)} if "data" in config else {}),
+        **({"hpolab.model_config": json.dumps(config["model"], sort_keys=True)} if "model" in config else {}),
+        "hpolab.trial_model_uri": trial_model_uri,
         **{k: v for k, v in ch.run_tags.items() if k.startswith("env.")},  # what trained it
     }
-    return {k: str(v)[:MAX_TAG] for k, v in lineage.items()}
+    if exports is not None:
+        lineage.update({TAG_ONNX_DIFF: repr(exports.onnx_diff), "hpolab.onnx_exporter": exports.exporter,
+                        TAG_TS_DIFF: repr(exports.torchscript_diff), "hpolab.export_onnx": f"{EXPORT_DIR}/{exports.onnx.name}",
+                        "hpolab.export_torchscript": f"{EXPORT_DIR}/{exports.torchscript.name}"})
+    else:
+        lineage[TAG_EXPORT_SKIPPED] = skipped or "unknown"
+        print(f"exports skipped: {lineage[TAG_EXPORT_SKIPPED]}", file=sys.stderr)
+    return {k: str(v)[:MAX_TAG] for k, v in {**lineage, **known}.items()}
 
 
-def _register(client, model_name: str, info: StudyInfo, ch: Challenger, ev: Evaluation, logged, run_id: str, lineage: dict[str, str]) -> str:
-    """A new version of `model_name` (created on first use) from the logged serving model."""
+def _register(client, model_name: str, info: StudyInfo, source: str, run_id: str, model_id: str | None, tags: dict[str, str],
+              description: str) -> str:
+    """A new version of `model_name` (created on first use) from the model at `source`."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -262,13 +295,5 @@ def _register(client, model_name: str, info: StudyInfo, ch: Challenger, ev: Eval
     except MlflowException as e:
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    mv = client.create_model_version(
-        model_name,
-        source=logged.model_uri,
-        run_id=run_id,
-        tags=lineage,
-        model_id=logged.model_id,
-        description=f"study {info.name}, trial {ch.trial_number}: {info.metric} {ch.val_value:.4f}, "
-                    f"{lineage[TAG_GATE]} {ev.metrics[lineage[TAG_GATE].removeprefix('test_')]:.4f}",
-    )
+    mv = client.create_model_version(model_name, source=source, run_id=run_id, tags=tags, model_id=model_id, description=description)
     return str(mv.version)
