@@ -117,7 +117,7 @@ def runner_for(spec, project_dir: Path | None) -> "TrialRunner":
 
 def cannot_stop_early(spec) -> bool:
     """Nothing but the driver's own stop (Ctrl-C, SIGTERM) ends the study's trials early: no pruner
-    and no trial scheduler. An own loop's reports then do not wait for the driver (reports.py)."""
+    and no trial scheduler. A trial's reports then do not wait for the driver (reports.py; the routine's never do)."""
     return spec.pruner.type == "none" and spec.trial_scheduler is None
 
 
@@ -140,8 +140,8 @@ class TrialRunner:
         self.parallel = parallel
         self.project_dir = project_dir
         self.export_models = export_models  # the spec logs models: a trial saves its own (child_export.py)
-        self.pipelined_reports = pipelined_reports  # an own loop's reports need not wait for answers (cannot_stop_early)
-        self.scheduler_keys = scheduler_keys  # PBT's mutated keys: an own loop must read their changes (config_changes.py)
+        self.pipelined_reports = pipelined_reports  # a trial's reports need not wait for answers (cannot_stop_early)
+        self.scheduler_keys = scheduler_keys  # PBT's mutated keys: a loop must read their changes (config_changes.py)
         self._ctx = None
         self._n_gpus: int | None = None
         self._cpus: int | None = None
@@ -273,7 +273,7 @@ class TrialRunner:
         job = {
             "experiment": self.experiment,
             "config": r.config,
-            "number": r.number,  # an own loop's trial.number and trial.params (trial.py)
+            "number": r.number,  # trial.number and trial.params (trial.py)
             "params": dict(r.trial.params),
             "pipelined_reports": self.pipelined_reports,
             "scheduler_keys": list(self.scheduler_keys),

@@ -198,7 +198,7 @@ class TrialTracker:
         self.uploads.submit(f"uploading {path}", self.client.log_artifact, run_id, path, artifact_path)
 
     def log_loop_params(self, r: Running, params: dict[str, str]) -> None:
-        """An own loop's trial.log_params, on the upload thread; a param the run has with another value
+        """A loop's trial.log_params, on the upload thread; a param the run has with another value
         stays (MLflow params are write-once) and the conflict is noted."""
         def log() -> None:
             have = self.client.get_run(r.run_id).data.params
