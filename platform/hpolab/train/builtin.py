@@ -9,7 +9,9 @@ function, which the trial process reads, not by branches on which loop it runs:
 - `sets_up_before_go`: building data, model and optimizer writes nothing, so it happens while the
   driver records the segment's start (the trial waits for "go" at its first report or stop check);
 - `polls_stop`: fit() asks `trial.stop_requested()` between batches, so its reports never wait for the
-  driver's answer and a stop abandons the epoch in progress.
+  driver's answer and a stop abandons the epoch in progress (on one device; on several, rank 0 waits
+  for each answer so that every rank stops after the same epoch);
+- a trial whose `trial.ranks_of` is set (study/trials/ranks.py) trains as one of several ranks (DDP).
 Its model is described as `model_from_checkpoint`: the driver can rebuild it from best.pt with the
 experiment's build_model when this process could not save it.
 """
@@ -31,6 +33,8 @@ def builtin_train(experiment: ModuleType) -> Callable[[dict[str, Any], Any], Any
         from .tasks import task_for
 
         tcfg = trainer_config(config["trainer"])
+        ranks_of = getattr(trial, "ranks_of", None)  # one of several ranks (study/trials/ranks.py): before the model
+        ranks = ranks_of(tcfg) if ranks_of is not None else None
         data = experiment.load_data(config["data"], data_seed_of(config))  # the split: the study's data seed
         model = experiment.build_model(config["model"], data.input_shape, data.num_classes)
         trial.config_changes  # fit() gives a restored optimizer the config's values itself (state.restore)
@@ -38,9 +42,10 @@ def builtin_train(experiment: ModuleType) -> Callable[[dict[str, Any], Any], Any
         notes: list[str] = []
         result = fit(tcfg, model, data, metric=config["metric"], direction=config["direction"], seed=config["seed"],
                      checkpoint_dir=trial.dir, task=task_for(experiment), resume_from=trial.resume_path, log=notes.append,
-                     on_epoch=lambda epoch, metrics: trial.report(epoch, metrics, checkpoint=last),
-                     stop_requested=trial.stop_requested)
-        _describe(trial, experiment, config, result, model, data, notes)
+                     on_epoch=lambda epoch, metrics: trial.report(epoch, metrics, checkpoint=last), ranks=ranks,
+                     stop_requested=trial.stop_requested if ranks is None else None)  # (ranks: rank 0 answers at once)
+        if ranks is None or ranks.is_rank0:
+            _describe(trial, experiment, config, result, model, data, notes, devices=tcfg.devices)
         return result
 
     train.resumes_exactly = True  # type: ignore[attr-defined]
@@ -49,7 +54,7 @@ def builtin_train(experiment: ModuleType) -> Callable[[dict[str, Any], Any], Any
     return train
 
 
-def _describe(trial, experiment, config: dict[str, Any], result, model, data, notes: list[str]) -> None:
+def _describe(trial, experiment, config: dict[str, Any], result, model, data, notes: list[str], devices: int) -> None:
     """What the trial's summary says of the routine's run: its model (kept when the study logs models,
     the best epoch's weights), its examples, the objectives measured on the training device."""
     import torch
@@ -57,7 +62,7 @@ def _describe(trial, experiment, config: dict[str, Any], result, model, data, no
     from .checkpoint import load_checkpoint, load_model_state
 
     example = torch.stack([torch.as_tensor(data.val[i][0]) for i in range(min(2, len(data.val)))]).float()
-    objectives = objective_values(config, result, model, example, getattr(experiment, "costs", None)) if config.get("objectives") else None
+    objectives = _objective_values(config, result, model, example, getattr(experiment, "costs", None)) if config.get("objectives") else None
     # The study logs models, and the best epoch's weights are here: in memory (it was the last), or in best.pt
     at_hand = result.best_epoch == result.epochs_run or result.best_checkpoint is not None
     keep = bool(getattr(trial, "keeps_model", False) and result.best_epoch and at_hand)
@@ -70,11 +75,11 @@ def _describe(trial, experiment, config: dict[str, Any], result, model, data, no
         trial.log_model(model_cpu, example, epoch=result.best_epoch)
     trial.describe(model_from_checkpoint=True, input_shape=list(data.input_shape), num_classes=data.num_classes,
                    input_example=example.numpy(), output_example=out.float().numpy(), amp=result.amp, device=result.device,
-                   devices=1, notes=notes, stop_reason=result.stop_reason, objectives=objectives,
+                   devices=devices, notes=notes, stop_reason=result.stop_reason, objectives=objectives,
                    metrics_from="the experiment's metrics()")  # (its task's: the routine computes the epoch metrics)
 
 
-def objective_values(config: dict[str, Any], result, model, example, own_costs=None) -> dict[str, float]:
+def _objective_values(config: dict[str, Any], result, model, example, own_costs=None) -> dict[str, float]:
     """For a study with `objectives:`/`constraints:`: every epoch metric at the best epoch (picked by
     the pruning metric) and the cost metrics it asks for, measured now on the trial's device."""
     import torch

@@ -1,8 +1,9 @@
 """A trial on N devices (trainer.devices > 1): the trial process starts N rank processes and relays.
 
     driver <--pipe--> trial process (this module: starts the ranks, hosts the TCPStore, relays)
-                        ├─ rank 0 <--pipe-->  fit(ranks=...): evaluates, checkpoints, asks "continue"/"stop"
-                        └─ rank 1..N-1 <--pipe-->  fit(ranks=...): train their share, follow rank 0
+                        ├─ rank 0 <--pipe-->  the routine's train(config, trial) (train/builtin.py) with
+                        │                     trial.ranks_of: fit(ranks=...) evaluates, checkpoints, reports
+                        └─ rank 1..N-1 <--pipe-->  the same, with no report: train their share, follow rank 0
 
 How the ranks start, and why not torch's elastic launcher: `elastic_launch` runs its own agent
 that starts fresh interpreters (seconds each, importing torch again), restarts failed workers, and
@@ -38,7 +39,7 @@ STORE_TIMEOUT_S = 1800.0  # rendezvous and every collective; a backstop: a dead 
 def run_ranks(conn, lifeline, job: dict[str, Any], world: int, child: Any) -> None:
     """In the trial process: start `world` ranks, relay rank 0 <-> driver, report one outcome to the driver.
 
-    `child`: the trial_process module (its train / report / ask_driver run in every rank).
+    `child`: the trial_process module (its report runs in every rank).
     """
     ctx = mp.get_context("fork")  # see the module docstring
     pipes = [ctx.Pipe(duplex=True) for _ in range(world)]
@@ -146,8 +147,19 @@ def _rank_main(rank: int, world: int, pipes: list, driver_conn, lifeline, job: d
         return init_ranks(rank, world, host="127.0.0.1", port=port, device=resolve_device(tcfg.device), timeout_s=STORE_TIMEOUT_S)
 
     def work():
-        summary = child.train(job, child.ask_driver(me) if rank == 0 else None, ranks_of)
+        from hpolab.config.experiment import load_experiment, train_of
+        from hpolab.study.trials.trial import Trial
+        from hpolab.train import seed_everything
+
+        exp = load_experiment(job["experiment"])
+        # Rank 0's reports go to the driver through this process and wait for each answer (every rank
+        # stops after the same epoch); its model is rebuilt from best.pt by the driver (export_model off).
+        trial = Trial(me, {**job, "export_model": False, "pipelined_reports": False})
+        trial.ranks_of = ranks_of  # the routine's capability: it trains as one of `world` ranks
+        cfg = trial.config
+        seed_everything(cfg["seed"], bool(cfg["trainer"].get("deterministic", False)))
+        train_of(exp)(cfg, trial)
         close_ranks()
-        return summary
+        return trial.summary(False, getattr(exp, "costs", None)) if rank == 0 else None
 
     child.report(me, work)

@@ -35,13 +35,9 @@ import torch._dynamo  # noqa: F401  -- torch.optim's constructors import it lazi
 
 from hpolab.study.trials.child_export import offer_export
 from hpolab.study.trials.gpu_memory import watch_gpu_memory
-from hpolab.study.trials.lifeline import ORPHAN_EXIT_CODE, watch_lifeline
+from hpolab.study.trials.lifeline import watch_lifeline
 from hpolab.study.trials.trial import TrialFailure, await_go, run_trial
-from hpolab.train import NonFiniteLossError, fit, seed_everything
-from hpolab.train.builtin import objective_values
-from hpolab.train.config import trainer_config
-from hpolab.train.data import data_seed_of
-from hpolab.train.tasks import task_for
+from hpolab.train import NonFiniteLossError
 
 
 def run(conn, lifeline, job: dict[str, Any]) -> None:
@@ -77,79 +73,6 @@ def work_in(folder: str) -> None:
     sys.path[:] = [os.path.join(here, p) if not os.path.isabs(p) else p for p in sys.path]
     os.makedirs(folder, exist_ok=True)
     os.chdir(folder)
-
-
-def ask_driver(conn):
-    """fit()'s on_epoch for a trial on several devices (ranks.py): send the epoch's metrics, wait for
-    "continue" or "stop" (every rank must stop after the same epoch, so rank 0 waits)."""
-
-    def on_epoch(epoch: int, metrics: dict[str, float]) -> bool:
-        try:
-            conn.send(("epoch", epoch, metrics))
-            return conn.recv() == "stop"
-        except (EOFError, OSError):  # the driver is gone (its end closed or reset): nobody to train for
-            os._exit(ORPHAN_EXIT_CODE)
-
-    return on_epoch
-
-
-def train(job: dict[str, Any], on_epoch, ranks_of) -> dict[str, Any] | None:
-    """The routine on several devices (ranks.py: every rank runs it): build the experiment's data and
-    model, fit(); the summary the driver logs (None on ranks other than 0). ranks_of(cfg): this
-    process's Ranks, called before the model is built. (One device: train/builtin.py, through the Trial.)
-    """
-    from hpolab.config.experiment import load_experiment
-
-    cfg = job["config"]
-    exp = load_experiment(job["experiment"])
-    tcfg = trainer_config(cfg["trainer"])
-    ranks = ranks_of(tcfg)
-    # Seed before the model is built: its initial weights come from the global RNG, which a
-    # forked process would otherwise inherit unseeded (then no trial could be reproduced).
-    seed_everything(cfg["seed"], bool(cfg["trainer"].get("deterministic", False)))
-    data = exp.load_data(cfg["data"], data_seed_of(cfg))  # the split: the study's data seed, not the training seed
-    model = exp.build_model(cfg["model"], data.input_shape, data.num_classes)
-    notes: list[str] = []
-    result = fit(
-        tcfg,
-        model,
-        data,
-        metric=cfg["metric"],
-        direction=cfg["direction"],
-        seed=cfg["seed"],
-        on_epoch=on_epoch,
-        checkpoint_dir=job["checkpoint_dir"],
-        resume_from=job.get("resume_from"),
-        log=notes.append,
-        task=task_for(exp),  # the experiment's TASK: its loss, metrics and target checks
-        ranks=ranks,
-    )
-    if not ranks.is_rank0:
-        return None
-    example = torch.stack([torch.as_tensor(data.val[i][0]) for i in range(min(2, len(data.val)))]).float()
-    objectives = objective_values(cfg, result, model, example, getattr(exp, "costs", None)) if cfg.get("objectives") else None
-    model_cpu = model.to("cpu").eval()
-    with torch.inference_mode():
-        out = model_cpu(example)
-    return {
-        "best_value": result.best_value,
-        "best_epoch": result.best_epoch,
-        "epochs_run": result.epochs_run,
-        "stop_reason": result.stop_reason,
-        "best_checkpoint": str(result.best_checkpoint) if result.best_checkpoint else None,
-        "last_checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
-        "last_checkpoint_epoch": result.epochs_run if result.last_checkpoint else None,  # (fit writes last.pt every epoch)
-        "model_from_checkpoint": True,  # the routine's capability: its model is rebuilt from best.pt (build_model)
-        "amp": result.amp,
-        "device": result.device,
-        "devices": tcfg.devices,
-        "input_shape": list(data.input_shape),
-        "num_classes": data.num_classes,
-        "input_example": example.numpy(),
-        "output_example": out.float().numpy(),
-        "notes": notes,
-        "objectives": objectives,
-    }
 
 
 def report(conn, work, close: bool = True) -> dict[str, Any] | None:
