@@ -41,6 +41,7 @@ END_TO_END_ONLY = {
     "test_nan_under_schedulers.py": "ASHA and PBT studies whose metric is NaN, through the CLI",
     "test_one_path.py": "ASHA, PBT and a SIGKILLed driver's retry, for a routine and an own-loop experiment",
     "test_one_path_results.py": "one study per experiment kind: its best epoch, logged model, promote, reproduce",
+    "test_promote_kinds.py": "promote on a two-objective study of each experiment kind, and from a logged model without best.pt",
 }
 
 
