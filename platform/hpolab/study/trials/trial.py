@@ -88,12 +88,13 @@ class Trial:
 
     # ---------------------------------------------------------------- what train() calls
 
-    def report(self, epoch: Any, metrics: dict[str, float] | None = None, checkpoint: dict[str, Any] | None = None) -> bool:
-        """Send this epoch's metrics (after saving `checkpoint`): True = stop now (reports.py
-        says when the answer is this epoch's and when the previous one's). `trial.report(metrics)`
-        reports the epoch after the last one."""
+    def report(self, epoch: Any, metrics: dict[str, float] | None = None, checkpoint: dict[str, Any] | Path | None = None) -> bool:
+        """Send this epoch's metrics (after saving `checkpoint`: a state dict, or the path of the file
+        the loop wrote itself for this epoch): True = stop now (reports.py says when the answer is this
+        epoch's and when the previous one's). `trial.report(metrics)` reports the epoch after the last one."""
         if metrics is None and isinstance(epoch, dict):
             epoch, metrics = None, epoch
+        self._go()  # (a loop set up before "go" that reports without asking stop_requested first)
         self._reports.settle()  # the previous report's write, message and answer (pipelined)
         if self._reports.stopped:
             return True
