@@ -58,10 +58,11 @@ def close_orphan_runs(client, experiment_id: str, study: optuna.Study, close_run
 
 def delete_unlinked_runs(client, experiment_id: str, study: optuna.Study, number: int) -> int:
     """Trial `number`'s runs that it does not point at (a dead driver made one and died before linking
-    it): deleted when a driver takes the claimed trial over (they are empty). How many."""
+    it): deleted when a driver takes the claimed trial over (they are empty). How many. Only this Optuna
+    study's runs: the experiment also holds a promotion race's seed runs, whose trial numbers repeat."""
     linked = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)).user_attrs
     runs = client.search_runs([experiment_id], filter_string=f"tags.`optuna.trial_number` = '{number}'", max_results=100)
-    gone = [r.info.run_id for r in runs if is_trial_run(r.data.tags) and r.info.run_id != linked.get("mlflow_run_id")]
+    gone = [r.info.run_id for r in runs if is_trial_run(r.data.tags, study.study_name) and r.info.run_id != linked.get("mlflow_run_id")]
     for run_id in gone:
         client.delete_run(run_id)
     return len(gone)
