@@ -7,9 +7,14 @@ optional `METRIC_DIRECTIONS = {"val_acc": "maximize", ...}` (without it the spec
 and a trial whose reports never carry the study metric fails saying so). The spec's metric,
 objectives, constraints and COSTS are checked against that declaration by the same code.
 
-What only the built-in loop can do is a capability of it (`Loop.builds_model`), not a branch of each
-check: several devices per trial (DDP ranks run fit()), the LR range test, `doctor` and `lr-find` (they
-build the model and data themselves). A spec that asks one of a loop without it is refused in one line.
+What only the built-in loop can do is a capability its `train` function carries (train/builtin.py),
+read here as any loop's would be, not a branch on which loop it is:
+- `builds_model`: several devices per trial (DDP ranks run fit()), the LR range test, `doctor` and
+  `lr-find` (they build the model and data themselves). A spec that asks one of a loop without it is
+  refused in one line;
+- `task()`: the task that declares its metrics (else the loop's METRIC_DIRECTIONS, or the spec's names);
+- `takes_every_trainer_option`: its run records the whole trainer config (else only the options the
+  spec set or the trial changed: the others are defaults the loop may never have read).
 """
 
 from __future__ import annotations
@@ -36,18 +41,24 @@ class Loop:
     declaration_problems: tuple[str, ...] = ()  # what is wrong with its declaration (then no metric is checked)
 
 
+def _train(exp: ModuleType):
+    from hpolab.config.experiment import train_of
+
+    return train_of(exp)
+
+
 def loop_of(spec, exp: ModuleType) -> tuple[Loop | None, list[str]]:
     """The experiment's loop, or None with the problems that keep it from being read."""
-    from hpolab.config.experiment import is_own_loop
+    train = _train(exp)
+    task_of = getattr(train, "task", None)
+    return _task_loop(spec, task_of) if task_of is not None else _declared_loop(spec, exp)
 
-    return _own_loop(spec, exp) if is_own_loop(exp) else _builtin_loop(spec, exp)
 
-
-def _builtin_loop(spec, exp: ModuleType) -> tuple[Loop | None, list[str]]:
-    from hpolab.train.tasks import metric_problems, task_for
+def _task_loop(spec, task_of: Callable) -> tuple[Loop | None, list[str]]:
+    from hpolab.train.tasks import metric_problems
 
     try:
-        task = task_for(exp)
+        task = task_of()
     except ValueError as e:
         return None, [f"experiment: {e}"]
 
@@ -58,7 +69,7 @@ def _builtin_loop(spec, exp: ModuleType) -> tuple[Loop | None, list[str]]:
                 declares_metrics=True, builds_model=True, config_problems=tuple(task.check_config(spec.trainer))), []
 
 
-def _own_loop(spec, exp: ModuleType) -> tuple[Loop | None, list[str]]:
+def _declared_loop(spec, exp: ModuleType) -> tuple[Loop | None, list[str]]:
     problems = train_signature_problems(spec, exp)
     if problems:
         return None, problems
@@ -130,9 +141,7 @@ def _declared_metric_problems(spec, declared: dict[str, str], metric: str, direc
 
 def require_builtin_loop(exp: ModuleType, command: str) -> None:
     """UserError (exit 2) for a command that builds the model and data itself (doctor, lr-find)."""
-    from hpolab.config.experiment import is_own_loop
-
-    if is_own_loop(exp):
+    if not getattr(_train(exp), "builds_model", False):
         raise UserError(f"experiment {exp.__name__.rpartition('.')[2]} brings its own training loop (train(config, trial)); "
                         f"hpolab {command} needs the load_data/build_model contract")
 
@@ -142,9 +151,7 @@ def recorded_config(spec, config: dict[str, Any], exp: ModuleType) -> dict[str, 
     for an own loop its config with only the trainer: keys the spec set and those this trial's config
     changed (sampled, a retry's halved batch, a trial scheduler's): the routine's other options are
     defaults the loop may never have used (trial.log_params records what it did use)."""
-    from hpolab.config.experiment import is_own_loop
-
-    if not is_own_loop(exp):
+    if getattr(_train(exp), "takes_every_trainer_option", False):
         return config
     given = spec.trainer_dict()
     trainer = {k: v for k, v in config["trainer"].items() if k in spec._trainer_keys or given.get(k) != v}

@@ -11,6 +11,10 @@ function, which the trial process reads, not by branches on which loop it runs:
 - `polls_stop`: fit() asks `trial.stop_requested()` between batches, so its reports never wait for the
   driver's answer and a stop abandons the epoch in progress (on one device; on several, rank 0 waits
   for each answer so that every rank stops after the same epoch);
+- `builds_model`: it builds the experiment's model and data itself, so a spec may ask several devices
+  per trial, the LR range test, `doctor` and `lr-find` of it;
+- `task()`: the experiment's task, which declares its metrics and their directions (ValueError: it has none);
+- `takes_every_trainer_option`: fit() reads every trainer option, so its run records them all;
 - a trial whose `trial.ranks_of` is set (study/trials/ranks.py) trains as one of several ranks (DDP).
 Its model is described as `model_from_checkpoint`: the driver can rebuild it from best.pt with the
 experiment's build_model when this process could not save it.
@@ -49,9 +53,18 @@ def builtin_train(experiment: ModuleType) -> Callable[[dict[str, Any], Any], Any
         return result
 
     train.resumes_exactly = True  # type: ignore[attr-defined]
+    train.builds_model = True  # type: ignore[attr-defined]
+    train.takes_every_trainer_option = True  # type: ignore[attr-defined]
+    train.task = lambda: _task(experiment)  # type: ignore[attr-defined]
     train.sets_up_before_go = True  # type: ignore[attr-defined]
     train.polls_stop = True  # type: ignore[attr-defined]
     return train
+
+
+def _task(experiment: ModuleType):
+    from .tasks import task_for
+
+    return task_for(experiment)
 
 
 def _describe(trial, experiment, config: dict[str, Any], result, model, data, notes: list[str], devices: int) -> None:
