@@ -15,6 +15,10 @@ function, which the trial process reads, not by branches on which loop it runs:
   per trial, the LR range test, `doctor` and `lr-find` of it;
 - `task()`: the experiment's task, which declares its metrics and their directions (ValueError: it has none);
 - `takes_every_trainer_option`: fit() reads every trainer option, so its run records them all;
+- `preload(data, data_seed)`: load the data before the trial is known (a standby trial process,
+  study/trials/runner.py); the trial whose config asks for the same data and seed takes it instead of
+  loading it. Kept only when load_data left the global RNGs as it found them: then loading it
+  earlier cannot change the trial's initial weights or anything else it draws;
 - a trial whose `trial.ranks_of` is set (study/trials/ranks.py) trains as one of several ranks (DDP).
 Its model is described as `model_from_checkpoint`: the driver can rebuild it from best.pt with the
 experiment's build_model when this process could not save it.
@@ -39,7 +43,9 @@ def builtin_train(experiment: ModuleType) -> Callable[[dict[str, Any], Any], Any
         tcfg = trainer_config(config["trainer"])
         ranks_of = getattr(trial, "ranks_of", None)  # one of several ranks (study/trials/ranks.py): before the model
         ranks = ranks_of(tcfg) if ranks_of is not None else None
-        data = experiment.load_data(config["data"], data_seed_of(config))  # the split: the study's data seed
+        data = _PRELOADED.pop(_data_key(experiment, config["data"], data_seed_of(config)), None)
+        if data is None:
+            data = experiment.load_data(config["data"], data_seed_of(config))  # the split: the study's data seed
         model = experiment.build_model(config["model"], data.input_shape, data.num_classes)
         trial.config_changes  # fit() gives a restored optimizer the config's values itself (state.restore)
         last = Path(trial.dir) / "last.pt"
@@ -56,9 +62,45 @@ def builtin_train(experiment: ModuleType) -> Callable[[dict[str, Any], Any], Any
     train.builds_model = True  # type: ignore[attr-defined]
     train.takes_every_trainer_option = True  # type: ignore[attr-defined]
     train.task = lambda: _task(experiment)  # type: ignore[attr-defined]
+    train.preload = lambda data, data_seed: _preload(experiment, data, data_seed)  # type: ignore[attr-defined]
     train.sets_up_before_go = True  # type: ignore[attr-defined]
     train.polls_stop = True  # type: ignore[attr-defined]
     return train
+
+
+_PRELOADED: dict[str, Any] = {}  # this process's preloaded data by _data_key
+
+
+def _data_key(experiment: ModuleType, data: dict[str, Any], data_seed: int) -> str:
+    import json
+
+    return json.dumps([experiment.__name__, data, int(data_seed)], sort_keys=True, default=repr)
+
+
+def _preload(experiment: ModuleType, data: dict[str, Any], data_seed: int) -> bool:
+    """Load and keep the data (see the module doc); whether it was kept."""
+    import random
+
+    import numpy as np
+    import torch
+
+    def rng_states():
+        return random.getstate(), np.random.get_state(legacy=False), torch.get_rng_state()
+
+    before = rng_states()
+    loaded = experiment.load_data(data, data_seed)
+    after = rng_states()
+    same = before[0] == after[0] and _same_numpy_state(before[1], after[1]) and torch.equal(before[2], after[2])
+    if same:
+        _PRELOADED[_data_key(experiment, data, data_seed)] = loaded
+    return same
+
+
+def _same_numpy_state(a: dict, b: dict) -> bool:
+    import numpy as np
+
+    return a["bit_generator"] == b["bit_generator"] and np.array_equal(a["state"]["key"], b["state"]["key"]) and \
+        a["state"]["pos"] == b["state"]["pos"] and a["has_gauss"] == b["has_gauss"] and a["gauss"] == b["gauss"]
 
 
 def _task(experiment: ModuleType):

@@ -262,6 +262,7 @@ class Driver:
                 self.pauses.start(trial, self.experiment, self.runner)
             else:
                 self._start_trial(trial)
+            self.runner.stand_by(self.running.values())  # (the next start's process, when every slot is taken)
 
     def _give_back(self, trial) -> None:
         give_back(self, trial)
@@ -312,6 +313,7 @@ class Driver:
             self._on_error(e)
             raise
         finally:
+            self.runner.drop_standby()
             self.runner.host_slots.release()
             self.signals.restore()
 

@@ -20,5 +20,12 @@ def _watch(lifeline) -> None:
     os._exit(ORPHAN_EXIT_CODE)
 
 
+_watched: list = []
+
+
 def watch_lifeline(lifeline) -> None:
+    """Watch it on a thread of its own (once per process: a standby's trial watches the same pipe)."""
+    if lifeline in _watched:
+        return
+    _watched.append(lifeline)
     threading.Thread(target=_watch, args=(lifeline,), name="lifeline", daemon=True).start()

@@ -5,6 +5,12 @@ routine and the experiment: tens of milliseconds to start instead of seconds, an
 segfault ends that child only. Every child gets two pipes: a duplex one for messages, and a lifeline
 whose write end only the driver holds, so the child exits as soon as the driver dies
 (see lifeline.py).
+
+While trials train, the runner keeps one standby process: the next trial's process, forked before
+its trial is claimed. It imports the experiment and loads the spec's data (when the experiment's
+train can preload it: train/builtin.py), then waits; the next start sends it its job instead of
+forking. The fork, the process's start and the data leave the time from a claim to its first batch.
+It writes nothing until it gets a job, and ends with the driver (its lifeline) or drop_standby().
 """
 
 from __future__ import annotations
@@ -95,6 +101,25 @@ def spawn_with_lifeline(ctx, target: Callable, name: str, args_for: Callable[[An
     return proc, parent_conn, life_write
 
 
+@dataclass
+class Standby:
+    """A forked trial process without a trial yet (the module doc), and the GPU it was readied for."""
+
+    process: Any
+    conn: Any
+    lifeline: Any
+    output: Any  # the read end of its output pipe
+    cuda_device: str | None
+
+
+def _sent(conn, message) -> bool:
+    try:
+        conn.send(message)
+        return True
+    except OSError:  # (it died since)
+        return False
+
+
 def next_message(conn) -> Any | None:
     """The next message a child sent, or None when there is none now (or its pipe is closed)."""
     try:
@@ -110,9 +135,14 @@ def runner_for(spec, project_dir: Path | None) -> "TrialRunner":
     from hpolab.config.experiment import load_experiment
 
     ts = spec.trial_scheduler
-    return TrialRunner(spec.experiment, load_experiment(spec.experiment).__name__, spec.parallel, (project_dir or Path.cwd()).resolve(),
+    exp = load_experiment(spec.experiment)
+    scheduler_keys = tuple(ts.mutations) if ts is not None and ts.type == "pbt" else ()
+    # The data a standby loads: the spec's, when no trial samples or changes its own
+    varies = any(k.startswith("data.") for k in (*spec.search_space, *scheduler_keys))
+    preload = None if varies else {"data": spec.resolved_config(exp)["data"], "data_seed": spec.resolved_config(exp)["data_seed"]}
+    return TrialRunner(spec.experiment, exp.__name__, spec.parallel, (project_dir or Path.cwd()).resolve(),
                        export_models=spec.log_models != "none", pipelined_reports=cannot_stop_early(spec),
-                       scheduler_keys=tuple(ts.mutations) if ts is not None and ts.type == "pbt" else ())
+                       scheduler_keys=scheduler_keys, preload=preload)
 
 
 def cannot_stop_early(spec) -> bool:
@@ -134,7 +164,7 @@ class TrialRunner:
     """Starts trial processes: the forkserver context, threads per trial and the GPU of each."""
 
     def __init__(self, experiment: str, experiment_module: str, parallel: int, project_dir: Path, export_models: bool = False,
-                 pipelined_reports: bool = False, scheduler_keys: tuple[str, ...] = ()):
+                 pipelined_reports: bool = False, scheduler_keys: tuple[str, ...] = (), preload: dict[str, Any] | None = None):
         self.experiment = experiment  # the spec's experiment reference, as the child loads it
         self.experiment_module = experiment_module  # the imported module's name, preloaded
         self.parallel = parallel
@@ -149,6 +179,8 @@ class TrialRunner:
         self.host_slots = HostSlots(cpu_set(), parallel)  # held while the driver's loop runs trials
         self.outputs: list[TrialOutput] = []  # the trial processes' output pipes still open (trial_output.py)
         self.show_output: Callable[[int, str], None] | None = None  # prints a trial's line on the console
+        self.preload = preload  # the data a standby loads ({"data", "data_seed"}; None: none)
+        self._standby: Standby | None = None
 
     def retire(self, r: Running) -> None:
         """A trial that has ended (reported its result, or was killed, or died): its process exits by
@@ -285,15 +317,63 @@ class TrialRunner:
             # DDP trials (devices > 1) leave their model to the driver (its fallback export)
             "export_model": self.export_models and int(r.config["trainer"].get("devices", 1)) == 1,
         }
+        standby = self._take_standby(job["cuda_device"])
+        if standby is not None and not _sent(standby.conn, job):
+            self._end(standby)
+            standby = None
+        if standby is not None:
+            r.process, r.conn, r.lifeline, out_read = standby.process, standby.conn, standby.lifeline, standby.output
+        else:
+            r.process, r.conn, r.lifeline, out_read = self._spawn(f"trial-{r.number}", job)
+        r.output = TrialOutput(out_read, r.number, r.trial_dir, self.show_output)
+        self.outputs.append(r.output)
+
+    def _spawn(self, name: str, job: dict[str, Any] | None, ready: dict[str, Any] | None = None) -> tuple:
+        """Fork a trial process (job None: a standby, `ready` says for what): (process, conn, lifeline, output's read end)."""
         from hpolab.study.trials import trial_entry  # not trial_process: that one imports torch._dynamo (seconds)
 
         out_read, out_write = self.context().Pipe(duplex=False)  # its stdout and stderr (trial_output.py)
-        r.process, r.conn, r.lifeline = spawn_with_lifeline(
-            self.context(), trial_entry.run, f"trial-{r.number}",
-            lambda conn, lifeline: (conn, lifeline, job, out_write), daemon=False)
+        process, conn, lifeline = spawn_with_lifeline(self.context(), trial_entry.run, name,
+                                                      lambda conn, lifeline: (conn, lifeline, job, out_write, ready), daemon=False)
         out_write.close()  # the child holds it now: the pipe ends when the child and its children do
-        r.output = TrialOutput(out_read, r.number, r.trial_dir, self.show_output)
-        self.outputs.append(r.output)
+        return process, conn, lifeline, out_read
+
+    def stand_by(self, running: Iterable[Running]) -> None:
+        """With every slot taken: fork the next trial's process now, unless one waits already (the module doc)."""
+        running = list(running)
+        if self._standby is not None or len(running) < self.parallel:
+            return
+        self.reap_retired()
+        cuda_device = self.devices_for(self.least_used_gpu(running))  # (the GPU the next trial would get now)
+        ready = {"experiment": self.experiment, "project_dir": str(self.project_dir), "cuda_device": cuda_device,
+                 "preload": self.preload}
+        self._standby = Standby(*self._spawn("trial-standby", None, ready), cuda_device=cuda_device)
+
+    def _take_standby(self, cuda_device: str | None) -> Standby | None:
+        """The standby, sent `job` next, for a trial on `cuda_device`; None when there is none, it
+        died, or it was readied for another GPU (then it ends)."""
+        standby, self._standby = self._standby, None
+        if standby is None:
+            return None
+        if standby.cuda_device == cuda_device and standby.process.is_alive():
+            return standby
+        self._end(standby)
+        return None
+
+    def drop_standby(self) -> None:
+        """End the standby (the driver's loop is over)."""
+        standby, self._standby = self._standby, None
+        if standby is not None:
+            self._end(standby)
+
+    def _end(self, standby: Standby) -> None:
+        standby.process.kill()
+        for c in (standby.conn, standby.lifeline, standby.output):
+            try:
+                c.close()
+            except OSError:
+                pass
+        self._retired.append((standby.process, None))
 
     def handles(self, running: Iterable[Running]) -> list:
         """What the driver's loop waits on: the running trials' pipes and processes, and every output still open."""

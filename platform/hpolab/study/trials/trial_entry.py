@@ -11,11 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def run(conn, lifeline, job: dict[str, Any], output=None) -> None:
+def run(conn, lifeline, job: dict[str, Any] | None, output=None, standby: dict[str, Any] | None = None) -> None:
+    """`job` None: a standby process (runner.py), which gets ready and waits for its trial's job."""
     if output is not None:  # first: whatever the trial prints goes to its log (trial_output.py)
         from hpolab.study.trials.trial_output import capture
 
         capture(output)
     from hpolab.study.trials import trial_process
 
+    if job is None:
+        job = trial_process.stand_by(conn, lifeline, standby or {})
     trial_process.run(conn, lifeline, job)

@@ -17,6 +17,10 @@ state meanwhile; any other, and a trial on several devices, waits for "go" first
 process writes nothing anywhere. How a trial's reports wait (or not) for the driver's answer:
 trial.py and reports.py.
 
+A standby process (runner.py) is forked before the driver claims its trial: it gets as far as it can
+without one (the experiment imported, the spec's data loaded when its train can `preload` it) and
+waits for its job, the first message on its pipe; then it runs as any trial process.
+
 It never writes to Optuna or MLflow (its model it saves to a local folder): the driver is the only
 writer to both stores. A lifeline pipe (whose other end only the driver holds) ends the process
 within a second of the driver dying, so no orphan keeps a GPU busy.
@@ -40,11 +44,46 @@ from hpolab.study.trials.trial import TrialFailure, await_go, run_trial
 from hpolab.train import NonFiniteLossError
 
 
-def run(conn, lifeline, job: dict[str, Any]) -> None:
-    """Process entry point. `job` is plain data (picklable): built by the driver's trial runner."""
+def _ignore_stop_signals() -> None:
     # Ctrl-C (sent to the whole process group) and SIGTERM are the driver's to handle (graceful stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def stand_by(conn, lifeline, ready: dict[str, Any]) -> dict[str, Any]:
+    """A standby's wait: get ready for a trial of the study (`ready`: experiment, project_dir,
+    cuda_device, preload), then return the job the driver sends. A driver that is gone, or that drops
+    the standby (its pipe closes), ends the process: it has written nothing."""
+    _ignore_stop_signals()
+    watch_lifeline(lifeline)
+    if ready.get("cuda_device") is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(ready["cuda_device"])  # before CUDA initializes (the job's is the same)
+    if ready.get("project_dir") and ready["project_dir"] not in sys.path:
+        sys.path.insert(0, ready["project_dir"])
+    if ready.get("preload") is not None:
+        _preload(ready["experiment"], ready["preload"])
+    try:
+        return conn.recv()
+    except (EOFError, OSError):
+        os._exit(0)
+
+
+def _preload(experiment: str, preload: dict[str, Any]) -> None:
+    """The spec's data, loaded by the experiment's train's `preload` (train/builtin.py) while no trial
+    waits for it. Any failure is left to the trial, which loads the data again and says why."""
+    try:
+        from hpolab.config.experiment import load_experiment, train_of
+
+        keep = getattr(train_of(load_experiment(experiment)), "preload", None)
+        if keep is not None:
+            keep(preload["data"], preload["data_seed"])
+    except Exception:  # noqa: BLE001 -- see above
+        pass
+
+
+def run(conn, lifeline, job: dict[str, Any]) -> None:
+    """Process entry point. `job` is plain data (picklable): built by the driver's trial runner."""
+    _ignore_stop_signals()
     watch_lifeline(lifeline)
     if job.get("cuda_device") is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(job["cuda_device"])  # before CUDA initializes
