@@ -42,7 +42,7 @@ def evaluate_holder(holder, model_name: str, experiment: str, config: dict, x_ra
     tags = holder.tags
     if tags.get(TAG_TEST_FINGERPRINT) != fp:
         if tags.get("hpolab.gate_source") is not None:  # scored by an experiment's evaluate() (candidate.Logged): no test split
-            why = "it is an own-loop model, scored by its experiment's evaluate(), not on this test split"
+            why = "it was scored by its experiment's evaluate(model, split), not on this test split"
         elif TAG_TEST_FINGERPRINT not in tags:
             why = "it carries no hpolab test fingerprint (it was not registered by hpolab promote)"
         elif tags.get(TAG_EXPERIMENT) != experiment:
