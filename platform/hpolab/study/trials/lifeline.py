@@ -20,12 +20,14 @@ def _watch(lifeline) -> None:
     os._exit(ORPHAN_EXIT_CODE)
 
 
-_watched: list = []
+_watched: set[tuple[int, int]] = set()  # (process id, id of the pipe): threads do not survive a fork, this set does
 
 
 def watch_lifeline(lifeline) -> None:
-    """Watch it on a thread of its own (once per process: a standby's trial watches the same pipe)."""
-    if lifeline in _watched:
+    """Watch it on a thread of its own, once per process (a standby's trial watches the same pipe;
+    a DDP rank forked from the trial process watches it again)."""
+    key = (os.getpid(), id(lifeline))
+    if key in _watched:
         return
-    _watched.append(lifeline)
+    _watched.add(key)
     threading.Thread(target=_watch, args=(lifeline,), name="lifeline", daemon=True).start()
