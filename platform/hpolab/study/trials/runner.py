@@ -20,7 +20,7 @@ import time
 from multiprocessing.connection import wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Collection, Iterable
 
 import optuna
 
@@ -109,14 +109,14 @@ class Standby:
     conn: Any
     lifeline: Any
     output: Any  # the read end of its output pipe
-    cuda_device: str | None
+    cuda_device: str | None  # (None: no GPU)
 
 
-def _sent(conn, message) -> bool:
+def _sent(conn, message) -> bool:  # (False: the other end is gone)
     try:
         conn.send(message)
         return True
-    except OSError:  # (it died since)
+    except OSError:
         return False
 
 
@@ -338,10 +338,10 @@ class TrialRunner:
         out_write.close()  # the child holds it now: the pipe ends when the child and its children do
         return process, conn, lifeline, out_read
 
-    def stand_by(self, running: Iterable[Running]) -> None:
+    def stand_by(self, running: Collection[Running]) -> None:
         """With every slot taken: fork the next trial's process now, unless one waits already (the module doc)."""
-        running = list(running)
-        if self._standby is not None or len(running) < self.parallel:
+        # (several GPUs: the next trial's is known at its start only; a standby readied for another would end unused)
+        if self._standby is not None or len(running) < self.parallel or self.gpu_count() > 1:
             return
         self.reap_retired()
         cuda_device = self.devices_for(self.least_used_gpu(running))  # (the GPU the next trial would get now)
@@ -362,11 +362,11 @@ class TrialRunner:
 
     def drop_standby(self) -> None:
         """End the standby (the driver's loop is over)."""
-        standby, self._standby = self._standby, None
-        if standby is not None:
-            self._end(standby)
+        if self._standby is not None:
+            self._end(self._standby)
 
     def _end(self, standby: Standby) -> None:
+        self._standby = None
         standby.process.kill()
         for c in (standby.conn, standby.lifeline, standby.output):
             try:
