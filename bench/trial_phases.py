@@ -92,7 +92,8 @@ class Segments:
     """The driver's marks per segment: claim, fork, start (fresh or resumed), go, first epoch message.
 
     Where the runner forks a trial's process before its segment starts (TrialRunner.prepare/_fork) the
-    fork and the "go" are two marks; where spawn_trial forks and starts at once, both are its call."""
+    fork and the "go" are two marks; where spawn_trial forks and starts at once, both are its call.
+    A trial that starts in the runner's standby process has its job sent where the fork was."""
 
     def __init__(self) -> None:
         self.list: list[dict] = []
@@ -141,11 +142,11 @@ class Segments:
 PHASES = [
     ("claim (budget lock, ask or claim_paused)", "claim", "claimed"),
     ("claimed -> fork (config; a resume: checkpoint; without a prepared fork: the run too)", "claimed", "fork"),
-    ("fork call on the driver (fork request, pipes)", "fork", "forked"),
+    ("fork call on the driver (fork request, pipes; a standby: its job sent)", "fork", "forked"),
     ("forked -> go (run made or run state, segment_started)", "forked", "go"),
-    ("fork -> trial process entry", "fork", "c.entry"),
+    ("fork -> trial process entry (a standby: job sent -> entry)", "fork", "c.entry"),
     ("entry -> data (experiment lookup, config, seed)", "c.entry", "c.data_start"),
-    ("data: experiment.load_data", "c.data_start", "c.data_end"),
+    ("data: experiment.load_data (blank: a standby preloaded it before the claim)", "c.data_start", "c.data_end"),
     ("model: experiment.build_model", "c.model_start", "c.model_end"),
     ("fit set-up (device, batches, optimizer, schedule)", "c.fit_start", "c.set_up_end"),
     ("checkpoint load (torch.load)", "c.restore_start", "c.checkpoint_loaded"),
