@@ -98,3 +98,31 @@ def test_a_driver_killed_while_a_standby_waits_takes_it_along(store, tmp_path):
     _, study = open_study(store)
     assert len(study.get_trials()) == 1  # the standby's trial was never claimed
     assert os.path.exists(store / "trials" / "faulty" / "trial-0")
+
+
+@pytest.mark.parametrize("draw", [None, "random", "numpy", "torch"])
+def test_a_preload_is_kept_only_when_load_data_leaves_every_global_rng_as_it_was(draw):
+    import random
+    import types
+
+    import numpy as np
+    import torch
+
+    from hpolab.train import builtin
+
+    calls = []
+
+    def load_data(data, seed):
+        calls.append((dict(data), seed))
+        {"random": random.random, "numpy": np.random.rand, "torch": lambda: torch.rand(1), None: lambda: None}[draw]()
+        np.random.default_rng(seed).permutation(10)  # a generator of its own: never the global one
+        return object()
+
+    exp = types.ModuleType(f"standby_probe_{draw}")
+    exp.load_data = load_data
+    kept = builtin.builtin_train(exp).preload({"a": 1}, 3)
+    key = builtin._data_key(exp, {"a": 1}, 3)
+    assert kept == (draw is None) and (key in builtin._PRELOADED) == (draw is None)
+    assert builtin._data_key(exp, {"a": 2}, 3) != key and builtin._data_key(exp, {"a": 1}, 4) != key
+    builtin._PRELOADED.pop(key, None)
+    assert calls == [({"a": 1}, 3)]

@@ -17,8 +17,8 @@ function, which the trial process reads, not by branches on which loop it runs:
 - `takes_every_trainer_option`: fit() reads every trainer option, so its run records them all;
 - `preload(data, data_seed)`: load the data before the trial is known (a standby trial process,
   study/trials/runner.py); the trial whose config asks for the same data and seed takes it instead of
-  loading it. Kept only when load_data left the global RNGs as it found them: then loading it
-  earlier cannot change the trial's initial weights or anything else it draws;
+  loading it. Kept only when load_data left the global RNGs as it found them (and did not start
+  CUDA): then loading it earlier cannot change the trial's initial weights or anything else it draws;
 - a trial whose `trial.ranks_of` is set (study/trials/ranks.py) trains as one of several ranks (DDP).
 Its model is described as `model_from_checkpoint`: the driver can rebuild it from best.pt with the
 experiment's build_model when this process could not save it.
@@ -87,10 +87,11 @@ def _preload(experiment: ModuleType, data: dict[str, Any], data_seed: int) -> bo
     def rng_states():
         return random.getstate(), np.random.get_state(legacy=False), torch.get_rng_state()
 
-    before = rng_states()
+    before, cuda_before = rng_states(), torch.cuda.is_initialized()
     loaded = experiment.load_data(data, data_seed)
     after = rng_states()
     same = before[0] == after[0] and _same_numpy_state(before[1], after[1]) and torch.equal(before[2], after[2])
+    same = same and torch.cuda.is_initialized() == cuda_before  # (one that starts CUDA may draw from its RNGs: not compared)
     if same:
         _PRELOADED[_data_key(experiment, data, data_seed)] = loaded
     return same
