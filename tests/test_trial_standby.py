@@ -32,6 +32,10 @@ def _env(loads: Path) -> dict[str, str]:
     return {**hpolab_env(), "HPOLAB_TEST_LOADS_FILE": str(loads)}
 
 
+def _preloading(cwd: str) -> bool:
+    return Path(cwd).name.startswith("hpolab-preload-")  # (train/builtin.py: a preload's empty folder)
+
+
 def _in_trial_folders(loads, store: Path) -> list[str]:
     return [cwd for _, cwd in loads if Path(cwd).parent == store / "trials" / "faulty"]
 
@@ -50,9 +54,9 @@ def test_trials_after_the_first_start_in_the_standby_on_the_data_it_preloaded(st
     assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE] * 3
     seen = _loads(loads)
     # trial 0 loads its own data in its folder; trials 1 and 2 take a standby's, loaded before their
-    # claim from the driver's folder (a third standby, never used, may have loaded too)
+    # claim, in an empty folder of their own (a third standby, never used, may have loaded too)
     assert _in_trial_folders(seen, store) == [str(store / "trials" / "faulty" / "trial-0")], seen
-    preloaded = [pid for pid, cwd in seen if Path(cwd) == FAULT_PROJECT]
+    preloaded = [pid for pid, cwd in seen if _preloading(cwd)]
     assert len(preloaded) in (2, 3) and len(set(preloaded)) == len(preloaded), seen
     _reproduced(store, study)
 
@@ -84,10 +88,10 @@ def test_a_driver_killed_while_a_standby_waits_takes_it_along(store, tmp_path):
                        *[a for a in ARGS if not a.startswith("trainer.max_epochs")], "trainer.max_epochs=30",
                        cwd=FAULT_PROJECT, env=_env(loads), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
-    while not [pid for pid, cwd in _loads(loads) if Path(cwd) == FAULT_PROJECT]:
+    while not [pid for pid, cwd in _loads(loads) if _preloading(cwd)]:
         assert time.monotonic() < deadline and driver.poll() is None, "no standby loaded the data while trial 0 trained"
         time.sleep(0.1)
-    (standby,) = [pid for pid, cwd in _loads(loads) if Path(cwd) == FAULT_PROJECT]
+    (standby,) = [pid for pid, cwd in _loads(loads) if _preloading(cwd)]
     assert not _gone(standby)
     driver.send_signal(signal.SIGKILL)
     driver.communicate(timeout=60)
@@ -100,9 +104,17 @@ def test_a_driver_killed_while_a_standby_waits_takes_it_along(store, tmp_path):
     assert os.path.exists(store / "trials" / "faulty" / "trial-0")
 
 
-@pytest.mark.parametrize("draw", [None, "random", "numpy", "torch"])
-def test_a_preload_is_kept_only_when_load_data_leaves_every_global_rng_as_it_was(draw):
+def _read_relative() -> None:
+    try:
+        open("data.csv").close()  # (a trial's folder may hold one; the preload's folder never does)
+    except FileNotFoundError:
+        pass
+
+
+@pytest.mark.parametrize("draw", [None, "random", "numpy", "torch", "writes", "reads", "lists"])
+def test_a_preload_is_kept_only_when_load_data_leaves_every_global_rng_as_it_was_and_its_folder_alone(draw, tmp_path, monkeypatch):
     import random
+    import tempfile
     import types
 
     import numpy as np
@@ -114,15 +126,19 @@ def test_a_preload_is_kept_only_when_load_data_leaves_every_global_rng_as_it_was
 
     def load_data(data, seed):
         calls.append((dict(data), seed))
-        {"random": random.random, "numpy": np.random.rand, "torch": lambda: torch.rand(1), None: lambda: None}[draw]()
+        {"random": random.random, "numpy": np.random.rand, "torch": lambda: torch.rand(1), None: lambda: None,
+         "writes": lambda: Path("cache.pt").write_text("x"), "reads": _read_relative,
+         "lists": lambda: os.listdir()}[draw]()
         np.random.default_rng(seed).permutation(10)  # a generator of its own: never the global one
         return object()
 
+    monkeypatch.chdir(tmp_path)
     exp = types.ModuleType(f"standby_probe_{draw}")
     exp.load_data = load_data
     kept = builtin.builtin_train(exp).preload({"a": 1}, 3)
     key = builtin._data_key(exp, {"a": 1}, 3)
     assert kept == (draw is None) and (key in builtin._PRELOADED) == (draw is None)
+    assert os.getcwd() == str(tmp_path) and not list(Path(tempfile.gettempdir()).glob("hpolab-preload-*"))
     assert builtin._data_key(exp, {"a": 2}, 3) != key and builtin._data_key(exp, {"a": 1}, 4) != key
     builtin._PRELOADED.pop(key, None)
     assert calls == [({"a": 1}, 3)]

@@ -16,9 +16,11 @@ function, which the trial process reads, not by branches on which loop it runs:
 - `task()`: the experiment's task, which declares its metrics and their directions (ValueError: it has none);
 - `takes_every_trainer_option`: fit() reads every trainer option, so its run records them all;
 - `preload(data, data_seed)`: load the data before the trial is known (a standby trial process,
-  study/trials/runner.py); the trial whose config asks for the same data and seed takes it instead of
-  loading it. Kept only when load_data left the global RNGs as it found them (and did not start
-  CUDA): then loading it earlier cannot change the trial's initial weights or anything else it draws;
+  study/trials/runner.py); the trial whose config asks for the same data and seed, with the same torch
+  threads and deterministic mode, takes it instead of loading it. Kept only when load_data left the
+  global RNGs as it found them (and did not start CUDA), and opened no relative path and left no file
+  in the empty folder it ran in: then loading it earlier, elsewhere, cannot change what the trial
+  trains on, its initial weights or anything else it draws;
 - a trial whose `trial.ranks_of` is set (study/trials/ranks.py) trains as one of several ranks (DDP).
 Its model is described as `model_from_checkpoint`: the driver can rebuild it from best.pt with the
 experiment's build_model when this process could not save it.
@@ -26,6 +28,8 @@ experiment's build_model when this process could not save it.
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
@@ -43,7 +47,8 @@ def builtin_train(experiment: ModuleType) -> Callable[[dict[str, Any], Any], Any
         tcfg = trainer_config(config["trainer"])
         ranks_of = getattr(trial, "ranks_of", None)  # one of several ranks (study/trials/ranks.py): before the model
         ranks = ranks_of(tcfg) if ranks_of is not None else None
-        data = _PRELOADED.pop(_data_key(experiment, config["data"], data_seed_of(config)), None)
+        data = _PRELOADED.pop(_data_key(experiment, config["data"], data_seed_of(config)), None) if _PRELOADED else None
+        _PRELOADED.clear()  # (another config's: not this process's to keep)
         if data is None:
             data = experiment.load_data(config["data"], data_seed_of(config))  # the split: the study's data seed
         model = experiment.build_model(config["model"], data.input_shape, data.num_classes)
@@ -71,15 +76,28 @@ def builtin_train(experiment: ModuleType) -> Callable[[dict[str, Any], Any], Any
 _PRELOADED: dict[str, Any] = {}  # this process's preloaded data by _data_key
 
 
-def _data_key(experiment: ModuleType, data: dict[str, Any], data_seed: int) -> str:
-    import json
+def _data_key(experiment: ModuleType, data: Any, data_seed: int) -> str:
+    """What load_data's result depends on: the experiment, its data config and seed, and torch's
+    thread count and deterministic mode (they change float reductions) when it loads."""
+    import torch
 
-    return json.dumps([experiment.__name__, data, int(data_seed)], sort_keys=True, default=repr)
+    def exact(x: Any) -> Any:  # a dict's keys by repr: {0: ..} and {"0": ..} differ, and mixed key types sort
+        if isinstance(x, dict):
+            return ("dict", sorted((repr(k), exact(v)) for k, v in x.items()))
+        if isinstance(x, (list, tuple)):
+            return (type(x).__name__, [exact(v) for v in x])
+        return (type(x).__name__, repr(x))
+
+    return repr((experiment.__name__, exact(data), int(data_seed), torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()))
 
 
 def _preload(experiment: ModuleType, data: dict[str, Any], data_seed: int) -> bool:
-    """Load and keep the data (see the module doc); whether it was kept."""
+    """Load and keep the data (see the module doc); whether it was kept. It loads in an empty folder
+    of its own: a load_data that opened a relative path, or left a file there, may depend on the
+    folder it runs in (a trial's is its own), and is not kept; nor is one that moved a global RNG."""
     import random
+    import shutil
+    import tempfile
 
     import numpy as np
     import torch
@@ -87,14 +105,38 @@ def _preload(experiment: ModuleType, data: dict[str, Any], data_seed: int) -> bo
     def rng_states():
         return random.getstate(), np.random.get_state(legacy=False), torch.get_rng_state()
 
+    key = _data_key(experiment, data, data_seed)  # (before load_data: it may change `data`)
+    if not _AUDIT[1]:  # (a hook stays for the process's life: only a process that preloads gets it)
+        sys.addaudithook(_audit_opens)
+        _AUDIT[1] = True
+    here, folder, relative = os.getcwd(), tempfile.mkdtemp(prefix="hpolab-preload-"), []
+    _AUDIT[0] = relative
     before, cuda_before = rng_states(), torch.cuda.is_initialized()
-    loaded = experiment.load_data(data, data_seed)
+    try:
+        os.chdir(folder)
+        loaded = experiment.load_data(data, data_seed)
+    finally:
+        _AUDIT[0] = None
+        os.chdir(here)
+        left = os.listdir(folder)
+        shutil.rmtree(folder, ignore_errors=True)
     after = rng_states()
     same = before[0] == after[0] and _same_numpy_state(before[1], after[1]) and torch.equal(before[2], after[2])
     same = same and torch.cuda.is_initialized() == cuda_before  # (one that starts CUDA may draw from its RNGs: not compared)
-    if same:
-        _PRELOADED[_data_key(experiment, data, data_seed)] = loaded
-    return same
+    if same and not relative and not left:
+        _PRELOADED[key] = loaded
+        return True
+    return False
+
+
+_AUDIT: list = [None, False]  # while a preload runs, the list its relative opens go to; whether the hook is in
+
+
+def _audit_opens(event: str, args: tuple) -> None:
+    if _AUDIT[0] is not None and event in ("open", "os.listdir", "os.scandir") and args:
+        path = args[0]
+        if path is None or (isinstance(path, (str, bytes, os.PathLike)) and not os.path.isabs(path)):
+            _AUDIT[0].append(path)
 
 
 def _same_numpy_state(a: dict, b: dict) -> bool:

@@ -262,7 +262,7 @@ class Driver:
                 self.pauses.start(trial, self.experiment, self.runner)
             else:
                 self._start_trial(trial)
-            self.runner.stand_by(self.running.values())  # (the next start's process, when every slot is taken)
+            self.runner.stand_by(self.running.values(), more=not (self.signals.stopping or self.draining))  # (the next start's process)
 
     def _give_back(self, trial) -> None:
         give_back(self, trial)

@@ -338,15 +338,15 @@ class TrialRunner:
         out_write.close()  # the child holds it now: the pipe ends when the child and its children do
         return process, conn, lifeline, out_read
 
-    def stand_by(self, running: Collection[Running]) -> None:
-        """With every slot taken: fork the next trial's process now, unless one waits already (the module doc)."""
-        # (several GPUs: the next trial's is known at its start only; a standby readied for another would end unused)
-        if self._standby is not None or len(running) < self.parallel or self.gpu_count() > 1:
+    def stand_by(self, running: Collection[Running], more: bool = True) -> None:
+        """With every slot taken and `more` starts to come: fork the next trial's process now, unless one
+        waits already (the module doc). Not with several GPUs: the next trial's is known at its start only."""
+        if self._standby is not None or len(running) < self.parallel or not more or self.gpu_count() > 1:
             return
         self.reap_retired()
         cuda_device = self.devices_for(self.least_used_gpu(running))  # (the GPU the next trial would get now)
         ready = {"experiment": self.experiment, "project_dir": str(self.project_dir), "cuda_device": cuda_device,
-                 "preload": self.preload}
+                 "preload": self.preload, "threads": self.threads_per_trial()}
         self._standby = Standby(*self._spawn("trial-standby", None, ready), cuda_device=cuda_device)
 
     def _take_standby(self, cuda_device: str | None) -> Standby | None:

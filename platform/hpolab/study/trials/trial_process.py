@@ -52,7 +52,7 @@ def _ignore_stop_signals() -> None:
 
 def stand_by(conn, lifeline, ready: dict[str, Any]) -> dict[str, Any]:
     """A standby's wait: get ready for a trial of the study (`ready`: experiment, project_dir,
-    cuda_device, preload), then return the job the driver sends. A driver that is gone, or that drops
+    cuda_device, threads, preload), then return the job the driver sends. A driver that is gone, or that drops
     the standby (its pipe closes), ends the process: it has written nothing."""
     _ignore_stop_signals()
     watch_lifeline(lifeline)
@@ -60,6 +60,7 @@ def stand_by(conn, lifeline, ready: dict[str, Any]) -> dict[str, Any]:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(ready["cuda_device"])  # before CUDA initializes (the job's is the same)
     if ready.get("project_dir") and ready["project_dir"] not in sys.path:
         sys.path.insert(0, ready["project_dir"])
+    torch.set_num_threads(int(ready.get("threads") or 1))  # (a trial given other threads loads its own data)
     if ready.get("preload") is not None:
         _preload(ready["experiment"], ready["preload"])
     try:
