@@ -302,6 +302,7 @@ class TrialRunner:
         r.gpu = self.least_used_gpu(running)
         # (a later segment of a paused trial brings the count its first recorded: capped at the CPUs here)
         r.threads = self.threads_per_trial() if r.threads is None else max(1, min(r.threads, self.cpus()))
+        devices = int(r.config["trainer"].get("devices", 1))
         job = {
             "experiment": self.experiment,
             "config": r.config,
@@ -314,10 +315,10 @@ class TrialRunner:
             "threads": r.threads,
             "cuda_device": self.trial_gpus(r),
             "project_dir": str(self.project_dir),
-            # DDP trials (devices > 1) leave their model to the driver (its fallback export)
-            "export_model": self.export_models and int(r.config["trainer"].get("devices", 1)) == 1,
+            "export_model": self.export_models and devices == 1,  # (DDP trials leave their model to the driver's fallback export)
         }
-        standby = self._take_standby(job["cuda_device"])
+        # (a trial on several devices forks its ranks from a process that has run no torch yet: not a standby)
+        standby = self._take_standby(job["cuda_device"]) if devices == 1 else None
         if standby is not None and not _sent(standby.conn, job):
             self._end(standby)
             standby = None
@@ -350,8 +351,7 @@ class TrialRunner:
         self._standby = Standby(*self._spawn("trial-standby", None, ready), cuda_device=cuda_device)
 
     def _take_standby(self, cuda_device: str | None) -> Standby | None:
-        """The standby, sent `job` next, for a trial on `cuda_device`; None when there is none, it
-        died, or it was readied for another GPU (then it ends)."""
+        """The standby for a trial on `cuda_device`; None: none, dead, or readied for another GPU (it ends)."""
         standby, self._standby = self._standby, None
         if standby is None:
             return None
