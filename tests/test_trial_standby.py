@@ -73,6 +73,23 @@ def test_a_load_data_that_draws_from_the_global_rng_is_loaded_again_by_the_trial
     _reproduced(store, study)
 
 
+def test_a_killed_standbys_preload_folder_is_removed_by_the_next_preload(tmp_path):
+    import types
+
+    from hpolab.train import builtin
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # (a process id that is gone)
+    left = Path(builtin.preload_folder(dead.pid))
+    left.mkdir(exist_ok=True)
+    (left / "cache.pt").write_text("x")  # what its load_data had written when it was killed
+    exp = types.ModuleType("standby_sweep_probe")
+    exp.load_data = lambda data, seed: object()
+    assert builtin.builtin_train(exp).preload({}, 0)
+    builtin._PRELOADED.clear()
+    assert not left.exists()
+
+
 def _gone(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -114,7 +131,6 @@ def _read_relative() -> None:
 @pytest.mark.parametrize("draw", [None, "random", "numpy", "torch", "writes", "reads", "lists"])
 def test_a_preload_is_kept_only_when_load_data_leaves_every_global_rng_as_it_was_and_its_folder_alone(draw, tmp_path, monkeypatch):
     import random
-    import tempfile
     import types
 
     import numpy as np
@@ -138,7 +154,7 @@ def test_a_preload_is_kept_only_when_load_data_leaves_every_global_rng_as_it_was
     kept = builtin.builtin_train(exp).preload({"a": 1}, 3)
     key = builtin._data_key(exp, {"a": 1}, 3)
     assert kept == (draw is None) and (key in builtin._PRELOADED) == (draw is None)
-    assert os.getcwd() == str(tmp_path) and not list(Path(tempfile.gettempdir()).glob("hpolab-preload-*"))
+    assert os.getcwd() == str(tmp_path) and not os.path.exists(builtin.preload_folder(os.getpid()))
     assert builtin._data_key(exp, {"a": 2}, 3) != key and builtin._data_key(exp, {"a": 1}, 4) != key
     builtin._PRELOADED.pop(key, None)
     assert calls == [({"a": 1}, 3)]

@@ -97,7 +97,6 @@ def _preload(experiment: ModuleType, data: dict[str, Any], data_seed: int) -> bo
     folder it runs in (a trial's is its own), and is not kept; nor is one that moved a global RNG."""
     import random
     import shutil
-    import tempfile
 
     import numpy as np
     import torch
@@ -109,7 +108,10 @@ def _preload(experiment: ModuleType, data: dict[str, Any], data_seed: int) -> bo
     if not _AUDIT[1]:  # (a hook stays for the process's life: only a process that preloads gets it)
         sys.addaudithook(_audit_opens)
         _AUDIT[1] = True
-    here, folder, relative = os.getcwd(), tempfile.mkdtemp(prefix="hpolab-preload-"), []
+    here, folder, relative = os.getcwd(), preload_folder(os.getpid()), []
+    _sweep_preload_folders()
+    shutil.rmtree(folder, ignore_errors=True)
+    os.mkdir(folder, 0o700)
     _AUDIT[0] = relative
     before, cuda_before = rng_states(), torch.cuda.is_initialized()
     try:
@@ -127,6 +129,34 @@ def _preload(experiment: ModuleType, data: dict[str, Any], data_seed: int) -> bo
         _PRELOADED[key] = loaded
         return True
     return False
+
+
+def preload_folder(pid: int) -> str:
+    """The empty folder process `pid` preloads in (removed after; a killed one's by the next preload)."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"hpolab-preload-{pid}")
+
+
+def _sweep_preload_folders() -> None:
+    """Remove the preload folders of processes that are gone (a standby killed while it loaded)."""
+    import shutil
+
+    root = os.path.dirname(preload_folder(0))
+    for name in os.listdir(root):
+        pid = name.removeprefix("hpolab-preload-")
+        if name.startswith("hpolab-preload-") and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (another user's)
+        pass
+    return True
 
 
 _AUDIT: list = [None, False]  # while a preload runs, the list its relative opens go to; whether the hook is in
