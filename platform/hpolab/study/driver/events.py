@@ -244,7 +244,8 @@ class TrialEvents:
     def on_done(self, r: Running, info: dict[str, Any]) -> None:
         r.awaits_export = bool(info.get("export_in_child"))  # it saves its model if the tracker says so
         if self.pauses is not None and self.pauses.pausing(r, info):  # stopped at its rung: paused, not finished
-            if self.pauses.never_finite(r):  # (ASHA: nothing to rank it by; it fails as a plain trial would)
+            frozen = self.pauses.read(r)
+            if self.pauses.never_finite(r, frozen):  # (ASHA: nothing to rank it by; it fails as a plain trial would)
                 self.finish(r, TrialState.FAIL, {
                     "hpolab.fail_reason": f"the study metric {self.metric} was never finite (NaN or inf after each of "
                                           f"{info['epochs_run']} epochs): check {metrics_source(info)}",
@@ -253,7 +254,7 @@ class TrialEvents:
             if info.get("last_checkpoint_epoch") != info["epochs_run"]:  # (a loop that did not checkpoint this epoch)
                 self._cannot_pause(r, info)  # a resume would train and log its epochs again
                 return
-            self.pauses.pause(r, info)
+            self.pauses.pause(r, info, frozen)
             return
         tags = {
             "hpolab.best_epoch": str(info["best_epoch"]),

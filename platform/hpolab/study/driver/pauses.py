@@ -136,12 +136,16 @@ class Pauses:
         at = self.pause_at.get(r.number)
         return at is not None and info.get("stop_reason") == "stopped_by_caller" and int(info["epochs_run"]) >= at
 
-    def never_finite(self, r: Running) -> bool:
+    def read(self, r: Running) -> FrozenTrial:
+        """The trial as stored now: one read for the steps of its pause (never_finite, pause)."""
+        return self.guard(self.storage.get_trial, r.trial._trial_id)
+
+    def never_finite(self, r: Running, frozen: FrozenTrial) -> bool:
         """At its pause point with no finite value of the study metric yet, under a scheduler that fails
         such a trial there (ASHA: it has nothing to rank it by; PBT ranks it worst and it exploits)."""
         if not getattr(self.scheduler, "fails_never_finite", False):
             return False
-        values = self.guard(self.storage.get_trial, r.trial._trial_id).intermediate_values.values()
+        values = frozen.intermediate_values.values()
         if any(math.isfinite(v) for v in values):
             return False
         self.pause_at.pop(r.number, None)
@@ -150,12 +154,12 @@ class Pauses:
 
     # ------------------------------------------------------------ pause
 
-    def pause(self, r: Running, info: dict[str, Any]) -> None:
+    def pause(self, r: Running, info: dict[str, Any], frozen: FrozenTrial) -> None:
         epoch = int(info["epochs_run"])
         self.running.pop(r.number, None)  # (no more heartbeats: a paused trial has no process)
         self.pause_at.pop(r.number, None)
         self.until_of.pop(r.number, None)
-        rung = self._rung(r, epoch)
+        rung = self._rung_of(frozen, epoch)
         # Its run first, then the paused mark in Optuna (from then on any worker may resume it). A driver
         # killed in between leaves a RUNNING trial of a dead owner: put back as paused at its pause point.
         lifecycle.pause(self.storage, r.trial._trial_id, r.number, rung, epoch, lambda tags: self.tracker.pause(r, tags), self.guard)
@@ -169,9 +173,6 @@ class Pauses:
             return {}
         self.guard(self.storage.set_trial_user_attr, r.trial._trial_id, RUNG_ATTR, int(k))
         return {"hpolab.rung": str(k)}
-
-    def _rung(self, r: Running, epoch: int) -> int:
-        return self._rung_of(self.guard(self.storage.get_trial, r.trial._trial_id), epoch)
 
     # ------------------------------------------------------------ resume
 
