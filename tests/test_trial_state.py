@@ -204,8 +204,8 @@ def test_a_trial_pauses_at_its_rung_only_with_a_checkpoint_of_that_epoch_whichev
 
     # (the summary does not say which loop ran: the driver decides on the checkpoint's epoch alone)
     info = {"epochs_run": 2, "stop_reason": "stopped_by_caller", "last_checkpoint_epoch": checkpointed, "best_epoch": 2}
-    scheduler = SimpleNamespace(pausing=lambda r, i: True, never_finite=lambda r: False,
-                                pause=lambda r, i: seen.append(("paused", i["epochs_run"])))
+    scheduler = SimpleNamespace(pausing=lambda r, i: True, read=lambda r: None, never_finite=lambda r, frozen: False,
+                                pause=lambda r, i, frozen: seen.append(("paused", i["epochs_run"])))
     spec = SimpleNamespace(trial_scheduler=SimpleNamespace(type="asha"), pruner=SimpleNamespace(type="none"),
                            objective_list=[SimpleNamespace(metric="val_acc")], is_multi_objective=False)
     r = Running(trial=SimpleNamespace(number=0), run_id="run", config={}, trial_dir=tmp_path)
