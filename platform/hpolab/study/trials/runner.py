@@ -137,9 +137,9 @@ def runner_for(spec, project_dir: Path | None) -> "TrialRunner":
     ts = spec.trial_scheduler
     exp = load_experiment(spec.experiment)
     scheduler_keys = tuple(ts.mutations) if ts is not None and ts.type == "pbt" else ()
-    # The data a standby loads: the spec's, when no trial samples or changes its own
     varies = any(k.startswith("data.") for k in (*spec.search_space, *scheduler_keys))
-    preload = None if varies else {"data": spec.resolved_config(exp)["data"], "data_seed": spec.resolved_config(exp)["data_seed"]}
+    config = spec.resolved_config(exp)  # (a standby preloads the spec's data when no trial samples or changes its own)
+    preload = None if varies else {"data": config["data"], "data_seed": config["data_seed"]}
     return TrialRunner(spec.experiment, exp.__name__, spec.parallel, (project_dir or Path.cwd()).resolve(),
                        export_models=spec.log_models != "none", pipelined_reports=cannot_stop_early(spec),
                        scheduler_keys=scheduler_keys, preload=preload)
