@@ -122,6 +122,29 @@ def test_of_workers_claiming_together_one_runs_the_test_and_the_others_use_its_r
     assert len(tickets) == 4 and all(t.state == TrialState.FAIL and t.system_attrs["hpolab.released"] for t in tickets)
 
 
+def test_a_holder_that_records_and_ends_between_a_waiters_two_looks_is_not_followed_by_a_second_test(proxy_url):
+    """The waiter looks for a result, then at the tickets ahead. When the holder records its result and
+    ends its ticket between those two looks, the waiter sees nothing live ahead; it must find the result
+    then, not run the test a second time."""
+    from hpolab.study.lr_test.lr_claim import LRTestClaim
+
+    study = optuna.load_study(study_name="claims", storage=_client(proxy_url))
+    holder, waiter = LRTestClaim(study), LRTestClaim(study)
+    holder.take()
+    waiter.take()
+    looks = []
+
+    def recorded() -> bool:
+        looks.append(_recorded(study))
+        if len(looks) == 1:  # right after the waiter's first look: the holder finishes its turn
+            study.set_user_attr("lr_range_test", {"low": 0.001, "high": 0.1})
+            holder.end("recorded")
+        return looks[-1]
+
+    assert waiter.wait_for_turn(recorded, timeout=30, aborting=lambda: False) is False
+    assert looks == [False, True]
+
+
 def test_a_claim_whose_holder_is_gone_is_taken_over(proxy_url):
     from hpolab.study.lr_test.lr_claim import CLAIM, LRTestClaim
 

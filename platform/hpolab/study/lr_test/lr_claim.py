@@ -119,7 +119,9 @@ class LRTestClaim:
         while not recorded():
             ahead = self.ahead()
             if not ahead:
-                return True
+                # The holder ahead records its result before it ends its ticket, so a ticket seen ended
+                # after the look above may have left a result that look missed: look once more.
+                return not recorded()
             if aborting():
                 return False
             if time.monotonic() > deadline:
