@@ -102,7 +102,8 @@ def test_a_spent_epoch_budget_promotes_no_paused_trial_even_while_a_retry_copy_w
     stores = Stores(store, f"sqlite:///{store / 'optuna.db'}", f"sqlite:///{store / 'mlflow.db'}", None)
     pauses = Pauses(scheduler_for(spec, stores), spec, stores, study, study._storage, {}, None, SimpleNamespace(note=print), guard)
     driver = SimpleNamespace(storage=study._storage, spec=spec, study=study, signals=SimpleNamespace(stopping=False), pauses=pauses,
-                             outage=SimpleNamespace(call=guard), _dead_claimed=[], progress=SimpleNamespace(note=print))
+                             outage=SimpleNamespace(call=guard), _dead_claimed=[], progress=SimpleNamespace(note=print),
+                             reap=lambda trials: False)  # (no dead driver's trial to reap)
     taken = claim_next(driver)
     assert not isinstance(taken, Claimed), f"trial {taken.trial.number} was promoted with budget.epochs spent"
     assert taken is not None and taken.number == 3  # the retry copy runs

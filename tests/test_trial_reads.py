@@ -1,6 +1,6 @@
-"""What a driver reads per trial start: every trial is read once to reap and once to claim (each read
-fetches every unfinished trial, the paused ones of a trial scheduler too, so a read costs O(trials));
-a trial that is no retry copy is not read again to find what it continues."""
+"""What a driver reads per trial start: every trial once, under the budget lock, for both the reap and
+the claim (each read fetches every unfinished trial, the paused ones of a trial scheduler too, so a
+read costs O(trials)); a trial that is no retry copy is not read again to find what it continues."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from conftest import FAULT_PROJECT, FAULT_SPEC
 pytestmark = pytest.mark.slow
 
 
-def test_a_trial_start_reads_every_trial_once_to_reap_and_once_to_claim(store, monkeypatch):
+def test_a_trial_start_reads_every_trial_once_to_reap_and_claim(store, monkeypatch):
     from hpolab.config.spec import load_spec
     from hpolab.stores.paths import resolve_stores
     from hpolab.study.driver.driver import Driver
@@ -29,14 +29,15 @@ def test_a_trial_start_reads_every_trial_once_to_reap_and_once_to_claim(store, m
         return get_trials(self, *args, **kwargs)
 
     monkeypatch.setattr(optuna.Study, "get_trials", counted)
-    reaps = Counter()
-    reap = Driver._reap
-    monkeypatch.setattr(Driver, "_reap", lambda self: reaps.update(["_reap"]) or reap(self))
+    reaps: Counter = Counter()
+    reap = Driver.reap
+    monkeypatch.setattr(Driver, "reap", lambda self, trials=None: reaps.update([trials is not None]) or reap(self, trials))
     monkeypatch.chdir(FAULT_PROJECT)
     spec = load_spec(FAULT_PROJECT / FAULT_SPEC, ["n_trials=3", "parallel=1", "trainer.max_epochs=1", "log_models=none", "search_space={}"])
     outcome = Driver(spec, resolve_stores(str(store)), Progress(spec, quiet=True), project_dir=FAULT_PROJECT).run()
     assert outcome.counts["complete"] == 3
     assert readers["retry_source"] == 0, readers  # before: one read of every trial per trial start
     assert readers["reap_dead_trials"] == 0, readers  # before: a second read in every reap
-    assert readers["_reap"] == reaps["_reap"] >= 3, (readers, reaps)
-    assert readers["claim_next"] >= 3, readers
+    # every start's reap takes the claim's read (before: a read of its own, outside the lock)
+    assert readers["claim_next"] == reaps[True] >= 3, (readers, reaps)
+    assert readers["reap"] == reaps[False], (readers, reaps)  # (only the reap with nothing to run reads itself)

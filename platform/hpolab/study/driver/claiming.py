@@ -1,6 +1,7 @@
 """What a driver takes next, under the study's budget lock (the trial lifecycle's claims:
-study/state/lifecycle.py): a dead driver's claimed trial first, then a trial scheduler's paused trial
-that may resume, then a new (or WAITING) trial while n_trials and budget.epochs allow.
+study/state/lifecycle.py): dead drivers' trials are reaped first (from the same read of the study's
+trials), then a dead driver's claimed trial is taken over, else a trial scheduler's paused trial
+that may resume, else a new (or WAITING) trial while n_trials and budget.epochs allow.
 
 Counted and claimed under the lock: with any number of workers, never more than n_trials (the asked
 trial is RUNNING, so the next worker's count includes it), no new trial once budget.epochs is spent
@@ -28,7 +29,11 @@ def claim_next(d) -> optuna.Trial | Claimed | None:
     with budget_lock(d.storage, d.spec.name) as locked:
         if d.signals.stopping:
             return None
+        # One read of every trial (each read fetches every unfinished trial, a paused one too) for the
+        # reap and the claim; read again only when the reap changed a trial (a dead driver's: rare).
         trials = d.study.get_trials(deepcopy=False)
+        if d.reap(trials):
+            trials = d.study.get_trials(deepcopy=False)
         counts = count_trials(trials)  # (the trials just read: not a second read under the lock)
         in_flight = d.pauses.in_flight(trials) if d.pauses else 0  # (slots never spend the last epochs twice)
         spent = epoch_budget_spent(trials, d.spec, in_flight)

@@ -236,36 +236,35 @@ class Driver:
             self.runner.discard(r)  # (a start that did not happen: its prepared process ends; a no-op once started)
         self.progress.trial_started(trial.number, trial.params or seed_trial_tags(trial), src.retry_of)
 
-    def _reap(self) -> None:
+    def reap(self, trials: list | None = None) -> bool:
+        """Dead drivers' trials reaped (or paused again), owed retry copies queued, dead drivers' claimed
+        trials kept for the claim. `trials`: the study's trials as the caller just read them (else read
+        here); a trial reaped here queues its own retry copy, so that read serves the owed ones too.
+        True when it changed a trial (that read is stale)."""
         close = self.notify.watch_reaps(closing_with_backfill(self.tracker.close_run_if_open, self.client, self.study, self.stores,
                                                               self.progress.note))  # (worker_lost)
-        # One read of every trial for both (each read fetches every unfinished trial, a paused one too):
-        # a trial reaped here queues its own retry copy, so the read from before the reap serves the owed ones.
-        trials = self.study.get_trials(deepcopy=False)
-        self._dead_claimed = reap_dead_trials(self.study, self.storage, self.running, self.retry, close, self.progress.note,
-                                              self.outage.call, self.beat_watch, self.pauses.put_back if self.pauses else None,
-                                              trials=trials)
+        if trials is None:
+            trials = self.study.get_trials(deepcopy=False)
+        self._dead_claimed, changed = reap_dead_trials(
+            self.study, self.storage, self.running, self.retry, close, self.progress.note, self.outage.call,
+            self.beat_watch, self.pauses.put_back if self.pauses else None, trials=trials)
         self.pruning.close_orphans(self.study)  # several objectives: a dead driver's companion trials
-        lifecycle.owed_retries(self.study, trials, self.retry, self.outage.call)
+        return bool(changed) or bool(lifecycle.owed_retries(self.study, trials, self.retry, self.outage.call))
 
     def _start_trials(self) -> None:
         """Start trials while there are free slots and the budget allows."""
         while not (self.signals.stopping or self.draining or self.control.paused) and len(self.running) < self.spec.parallel:
-            self.outage.call(self._reap)
-            trial = self.outage.call(self._claim_trial)  # before ask(): all again; after it, its own writes are retried
+            trial = self.outage.call(self._claim_trial)  # (reaps first) before ask(): all again; after it, its own writes are retried
             if trial is None:
                 break
             if self.signals.stopping:  # a stop signal while it was claimed: not started (a re-run takes it)
-                self._give_back(trial)
+                give_back(self, trial)
                 break
             if isinstance(trial, Claimed):  # a paused trial resumes
                 self.pauses.start(trial, self.experiment, self.runner)
             else:
                 self._start_trial(trial)
             self.runner.stand_by(self.running.values(), more=not (self.signals.stopping or self.draining))  # (the next start's process)
-
-    def _give_back(self, trial) -> None:
-        give_back(self, trial)
 
     def _claim_trial(self) -> optuna.Trial | Claimed | None:
         return claim_next(self)
@@ -285,7 +284,7 @@ class Driver:
         if self.signals.stopping or self.draining:
             return False
         g = self.outage.call
-        g(self._reap)
+        g(self.reap)
         others = g(others_running, self.study, self.storage, self.running, self.beat_watch)
         if others and time.monotonic() - self._waiting_note > 30:
             self._waiting_note = time.monotonic()

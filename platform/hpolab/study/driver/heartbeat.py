@@ -154,7 +154,7 @@ def reap_dead_trials(
     watch: AttrBeats | None = None,
     put_back: Callable[[Any, str], bool] | None = None,
     trials: list | None = None,
-) -> list:
+) -> tuple[list, int]:
     """Running trials of other drivers that are dead -> FAIL, a WAITING retry copy, and their MLflow
     runs closed with the reason, so none stays RUNNING (lifecycle.reap). Dead: an owner on this host
     that is gone (at once), or no heartbeat for GRACE_PERIOD seconds (any host).
@@ -164,14 +164,14 @@ def reap_dead_trials(
     `put_back`: a trial scheduler's (driver/pauses.py): a dead segment becomes paused again in the same
     trial and run, no FAIL, no retry copy (False: max_interrupts reached, reaped as always).
     `trials`: the study's trials as the caller just read them (else read here).
-    Returns the dead drivers' claimed trials (no run made): not reaped, the claim takes them over
-    (lifecycle.reclaim)."""
+    Returns the dead drivers' claimed trials (no run made: not reaped, the claim takes them over,
+    lifecycle.reclaim) and how many trials it reaped or put back (each changes what `trials` says)."""
     if trials is None:
         trials = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     others = [t for t in trials if t.state == TrialState.RUNNING and t.number not in mine]
     others = [t for t in others if state_of(t) in OWNED]  # (paused ones have no process: never dead)
     if not others:
-        return []
+        return [], 0
     if not hasattr(storage, "record_heartbeat"):
         stale_ids = watch.stale_ids(others) if watch is not None else set()
     else:
@@ -179,16 +179,18 @@ def reap_dead_trials(
             stale_ids = set(storage._get_stale_trial_ids(study._study_id))
         except Exception:
             stale_ids = set()
-    claimed = []
+    claimed, changed = [], 0
     for t in others:
         why = why_dead(t, stale_ids, storage)
         if why is None:
             continue
         if state_of(t) == State.CLAIMED:
             claimed.append(t)
-        elif put_back is None or not guard(put_back, t, why[1]):
+            continue
+        if put_back is None or not guard(put_back, t, why[1]):
             lifecycle.reap(study, storage, t, why, retry, close_run, note, guard)
-    return claimed
+        changed += 1
+    return claimed, changed
 
 
 def reap_trial(study: optuna.Study, storage, t, why: tuple[str, str], retry: RetryCopy,
