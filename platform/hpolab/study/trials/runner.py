@@ -77,12 +77,17 @@ class Running:
 
     def close_pipes(self) -> None:
         """Close its message pipe and lifeline: its process, which has nothing more to hear, exits."""
-        for c in (self.conn, self.lifeline):
-            if c is not None:
-                try:
-                    c.close()
-                except OSError:
-                    pass
+        close_all(self.conn, self.lifeline)
+
+
+def close_all(*ends) -> None:
+    """Close pipe ends (None: none), whatever state each is in: the process on the other side is gone or going."""
+    for c in ends:
+        if c is not None:
+            try:
+                c.close()
+            except OSError:
+                pass
 
 
 def spawn_with_lifeline(ctx, target: Callable, name: str, args_for: Callable[[Any, Any], tuple], daemon: bool | None = None):
@@ -289,11 +294,7 @@ class TrialRunner:
             return
         r.prepared = None
         r.process.kill()
-        for c in (r.conn, r.lifeline):
-            try:
-                c.close()
-            except OSError:
-                pass
+        r.close_pipes()
         self.retire(r)
 
     def _fork(self, r: Running, resume_from: str | None, running: Iterable[Running]) -> None:
@@ -368,11 +369,7 @@ class TrialRunner:
     def _end(self, standby: Standby) -> None:
         self._standby = None
         standby.process.kill()
-        for c in (standby.conn, standby.lifeline, standby.output):
-            try:
-                c.close()
-            except OSError:
-                pass
+        close_all(standby.conn, standby.lifeline, standby.output)
         self._retired.append((standby.process, None))
 
     def handles(self, running: Iterable[Running]) -> list:
