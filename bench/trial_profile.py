@@ -133,8 +133,8 @@ def targets(segs: trial_phases.Segments):
 
     D, E, T = driver.Driver, events.TrialEvents, tracker.TrialTracker
     return [
-        (D, "_claim_trial", "1 start: claim (budget lock, reap, count, ask, owner, heartbeat)", segs.claimed),
-        (D, "reap", "1 start:   reap dead trials", None),
+        (D, "_claim_trial", "1 start: claim (budget lock, dead trials?, count, ask, owner, heartbeat)", segs.claimed),
+        (D, "reap", "1 start:   reap dead trials (when the claim's read finds one)", None),
         (optuna.Study, "ask", "1 start:   ask", None),
         (driver, "trial_counts", "1 start:   trial counts (budget) / loop counts", None),
         (D, "_start_trial", "1 start: start trial (run, params, files, spawn)", _both(_mark("start"), segs.started("fresh"))),

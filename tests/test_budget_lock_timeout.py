@@ -84,24 +84,6 @@ def test_sqlite_flock_times_out_with_a_clear_error(tmp_path, monkeypatch):
     assert "optuna.budget.lock" in str(result["error"])
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
-def test_the_lock_is_reentrant_in_its_thread_and_held_against_other_threads_until_the_outer_section_ends(kind, tmp_path, request,
-                                                                                                        monkeypatch):
-    """The claim reaps under the lock, and a reaped trial put back as paused takes the lock again: the
-    inner section must go on at once (not wait out the timeout on its own thread), and the lock stays
-    held, against another thread too, until the outer section ends."""
-    monkeypatch.setattr(bl, "LOCK_TIMEOUT", 1.0, raising=False)
-    url = f"sqlite:///{tmp_path / 'optuna.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_url")
-    storage = optuna.storages.RDBStorage(url)
-    with bl.budget_lock(storage, "s") as outer:
-        with bl.budget_lock(storage, "s") as inner:
-            assert outer is inner is True
-        other = _wait_in_thread(storage, "s")  # after the inner section: still held
-        assert isinstance(other.get("error"), StudyError), other
-    other = _wait_in_thread(storage, "s")
-    assert other.get("took") and "error" not in other, other
-
-
 @pytest.mark.slow
 def test_a_worker_whose_budget_lock_is_held_exits_1_with_one_line(store):
     env = {**hpolab_env(), "HPOLAB_LOCK_TIMEOUT": "3"}

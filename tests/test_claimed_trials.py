@@ -1,7 +1,8 @@
 """Trials between two states, through the real CLI: one claimed by a driver killed before it made the
 trial's MLflow run (the next driver starts it in the same Optuna trial, a worker alive meanwhile
 never crashes), one claimed when a stop signal came (not started: the re-run takes it), and a
-spent epoch budget that still had a paused trial and a retry copy (nothing is promoted)."""
+spent epoch budget that still had a paused trial and a retry copy (nothing is promoted); and a claim
+that finds a dead driver's trial gives way, so it is reaped with the budget lock free."""
 
 from __future__ import annotations
 
@@ -102,10 +103,54 @@ def test_a_spent_epoch_budget_promotes_no_paused_trial_even_while_a_retry_copy_w
     stores = Stores(store, f"sqlite:///{store / 'optuna.db'}", f"sqlite:///{store / 'mlflow.db'}", None)
     pauses = Pauses(scheduler_for(spec, stores), spec, stores, study, study._storage, {}, None, SimpleNamespace(note=print), guard)
     driver = SimpleNamespace(storage=study._storage, spec=spec, study=study, signals=SimpleNamespace(stopping=False), pauses=pauses,
-                             outage=SimpleNamespace(call=guard), _dead_claimed=[], progress=SimpleNamespace(note=print),
-                             reap=lambda trials: False)  # (no dead driver's trial to reap)
-    taken = claim_next(driver)
+                             outage=SimpleNamespace(call=guard), _dead_claimed=[], progress=SimpleNamespace(note=print))
+    taken = claim_next(driver, reaped=True)  # (no dead driver's trial to look for)
     assert not isinstance(taken, Claimed), f"trial {taken.trial.number} was promoted with budget.epochs spent"
     assert taken is not None and taken.number == 3  # the retry copy runs
     assert [t.state for t in study.get_trials()][:2] == [TrialState.RUNNING] * 2 and all(
         t.system_attrs.get(PAUSED) for t in study.get_trials()[:2])  # both still paused
+
+
+def test_a_claim_that_finds_a_dead_drivers_trial_reaps_it_with_the_budget_lock_free(store):
+    """A reap restores and closes runs in MLflow, which can take long: under the budget lock it would
+    hold up every other worker's claim (and `study pause|stop|set`) up to their lock timeout. The claim's
+    read finds the dead trial, the claim gives way, the driver reaps with the lock free, then claims."""
+    import fcntl
+    import subprocess
+    from types import SimpleNamespace
+
+    from hpolab.config.spec import load_spec
+    from hpolab.study.driver import claiming
+    from hpolab.study.state.owners import OWNER_ATTR, owner_record
+
+    study = optuna.create_study(study_name="faulty", storage=f"sqlite:///{store / 'optuna.db'}", direction="maximize")
+    dead = study.ask()  # a trial of a driver on this host that is gone, its run made
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    study._storage.set_trial_user_attr(dead._trial_id, OWNER_ATTR, {**owner_record(dead.number), "pid": gone.pid})
+    study._storage.set_trial_user_attr(dead._trial_id, "mlflow_run_id", "r")
+
+    def lock_free() -> bool:
+        with open(store / "optuna.budget.lock", "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return True
+
+    seen: list = []
+
+    def reap() -> None:  # the driver's reap, as far as this test needs: the dead trial failed
+        seen.append(("reap", lock_free(), study.trials[dead.number].state))
+        study._storage.set_trial_state_values(dead._trial_id, TrialState.FAIL)
+
+    spec = load_spec(KINDS["plain"][0] / "studies" / "faulty.yaml", ["n_trials=5"])
+    driver = SimpleNamespace(storage=study._storage, spec=spec, study=study, signals=SimpleNamespace(stopping=False), pauses=None,
+                             running={}, beat_watch=None, _dead_claimed=[], reap=reap, outage=SimpleNamespace(call=lambda f, *a, **k: f(*a, **k)),
+                             pruning=SimpleNamespace(close_orphans=lambda s: 0))
+    assert claiming.claim_next(driver) is claiming.REAP_FIRST
+    assert study.trials[dead.number].state == TrialState.RUNNING and not seen  # nothing reaped under the lock
+    trial = claiming.claim(driver)
+    assert seen == [("reap", True, TrialState.RUNNING)], seen  # reaped once, the lock free
+    assert trial is not None and trial.number == dead.number + 1  # then claimed: a new trial

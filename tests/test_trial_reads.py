@@ -15,7 +15,7 @@ from conftest import FAULT_PROJECT, FAULT_SPEC
 pytestmark = pytest.mark.slow
 
 
-def test_a_trial_start_reads_every_trial_once_to_reap_and_claim(store, monkeypatch):
+def test_a_trial_start_reads_every_trial_once_and_reaps_only_when_that_read_finds_a_dead_drivers_trial(store, monkeypatch):
     from hpolab.config.spec import load_spec
     from hpolab.stores.paths import resolve_stores
     from hpolab.study.driver.driver import Driver
@@ -31,13 +31,13 @@ def test_a_trial_start_reads_every_trial_once_to_reap_and_claim(store, monkeypat
     monkeypatch.setattr(optuna.Study, "get_trials", counted)
     reaps: Counter = Counter()
     reap = Driver.reap
-    monkeypatch.setattr(Driver, "reap", lambda self, trials=None: reaps.update([trials is not None]) or reap(self, trials))
+    monkeypatch.setattr(Driver, "reap", lambda self: reaps.update(["reap"]) or reap(self))
     monkeypatch.chdir(FAULT_PROJECT)
     spec = load_spec(FAULT_PROJECT / FAULT_SPEC, ["n_trials=3", "parallel=1", "trainer.max_epochs=1", "log_models=none", "search_space={}"])
     outcome = Driver(spec, resolve_stores(str(store)), Progress(spec, quiet=True), project_dir=FAULT_PROJECT).run()
     assert outcome.counts["complete"] == 3
     assert readers["retry_source"] == 0, readers  # before: one read of every trial per trial start
     assert readers["reap_dead_trials"] == 0, readers  # before: a second read in every reap
-    # every start's reap takes the claim's read (before: a read of its own, outside the lock)
-    assert readers["claim_next"] == reaps[True] >= 3, (readers, reaps)
-    assert readers["reap"] == reaps[False], (readers, reaps)  # (only the reap with nothing to run reads itself)
+    # each start reads once, under the lock, and looks for dead drivers' trials on that read (before:
+    # a reap with a read of its own first); with none dead, the only reap is the one at the loop's end
+    assert readers["claim_next"] >= 3 and readers["reap"] == reaps["reap"] == 1, (readers, reaps)

@@ -13,11 +13,6 @@ Waiting is bounded (`timeout`, default LOCK_TIMEOUT seconds, env HPOLAB_LOCK_TIM
 tried without blocking (`pg_try_advisory_lock`, `LOCK_NB`) in a loop, so one hung holder (a worker
 stopped in a debugger, a frozen host whose session the server keeps) ends the others' wait with a
 clear error naming the lock, instead of stalling every worker's loop.
-
-Re-entrant in a thread: a step that takes the lock (a reaped trial put back as paused, a study event
-claimed once) may run inside a section that holds it already (the claim reaps under it). The inner
-one goes on at once; the outer one lets go. Another thread of the same process waits as another
-worker does (flock and advisory locks are per open file and per session, not per process).
 """
 
 from __future__ import annotations
@@ -25,7 +20,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +28,6 @@ from typing import Callable, Iterator
 from hpolab.errors import StudyError
 
 LOCK_TIMEOUT = float(os.environ.get("HPOLAB_LOCK_TIMEOUT", "120"))  # seconds a worker waits for the lock
-_held = threading.local()  # .locks: {(database url, study name): what the outermost section yielded} of this thread
 
 
 def _key(study_name: str) -> int:
@@ -56,25 +49,12 @@ def _wait(try_once: Callable[[], bool], timeout: float, what: str) -> None:
 
 @contextmanager
 def budget_lock(storage, study_name: str, timeout: float | None = None) -> Iterator[bool]:
+    timeout = LOCK_TIMEOUT if timeout is None else timeout
     engine = getattr(storage, "engine", None)
     if engine is None:
         yield False
         return
-    locks = _held.__dict__.setdefault("locks", {})
-    key = (str(engine.url), study_name)
-    if key in locks:  # this thread holds it already (see the module doc)
-        yield locks[key]
-        return
-    with _take(storage, engine.url, study_name, LOCK_TIMEOUT if timeout is None else timeout) as locked:
-        locks[key] = locked
-        try:
-            yield locked
-        finally:
-            del locks[key]
-
-
-@contextmanager
-def _take(storage, url, study_name: str, timeout: float) -> Iterator[bool]:
+    url = engine.url
     if url.get_backend_name() == "postgresql":
         from sqlalchemy import text
         from sqlalchemy.exc import SQLAlchemyError

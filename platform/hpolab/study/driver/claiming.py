@@ -1,7 +1,11 @@
 """What a driver takes next, under the study's budget lock (the trial lifecycle's claims:
-study/state/lifecycle.py): dead drivers' trials are reaped first (from the same read of the study's
-trials), then a dead driver's claimed trial is taken over, else a trial scheduler's paused trial
-that may resume, else a new (or WAITING) trial while n_trials and budget.epochs allow.
+study/state/lifecycle.py): a dead driver's claimed trial first, then a trial scheduler's paused trial
+that may resume, then a new (or WAITING) trial while n_trials and budget.epochs allow.
+
+One read of the study's trials under the lock serves the claim and the look for dead drivers' trials
+(each read fetches every unfinished trial, a paused one too: its cost grows with them). When it finds
+one to reap, or a retry copy owed, the claim gives way: the driver reaps outside the lock (a reap
+restores and closes runs in MLflow, which must not hold up other workers' claims) and claims again.
 
 Counted and claimed under the lock: with any number of workers, never more than n_trials (the asked
 trial is RUNNING, so the next worker's count includes it), no new trial once budget.epochs is spent
@@ -16,6 +20,7 @@ import optuna
 
 from hpolab.stores.budget_lock import budget_lock
 from hpolab.stores.trial_counts import count_trials
+from hpolab.study.driver.heartbeat import dead_trials
 from hpolab.study.driver.pauses import Claimed
 from hpolab.study.lr_test.lr_step import lr_bounds
 from hpolab.study.sampling.search_space import optuna_distributions
@@ -24,16 +29,30 @@ from hpolab.study.state.budget import epoch_budget_spent, may_start_another, ove
 from hpolab.study.state.repair import delete_unlinked_runs
 
 
-def claim_next(d) -> optuna.Trial | Claimed | None:
-    """The trial driver `d` starts next (None: nothing now)."""
+REAP_FIRST = "reap first"  # claim_next's answer when its read finds a dead driver's trial to reap
+
+
+def claim(d) -> optuna.Trial | Claimed | None:
+    """The trial driver `d` starts next (None: nothing now); dead drivers' trials that the claim's read
+    finds are reaped first, outside the lock (the module doc)."""
+    d.pruning.close_orphans(d.study)  # several objectives: a dead driver's companion trials (before the ask)
+    trial = claim_next(d)
+    if trial is REAP_FIRST:
+        d.reap()
+        trial = claim_next(d, reaped=True)
+    return trial
+
+
+def claim_next(d, reaped: bool = False) -> optuna.Trial | Claimed | str | None:
+    """Under the lock: what `d` starts next, or REAP_FIRST (not once `reaped`: the driver just did)."""
     with budget_lock(d.storage, d.spec.name) as locked:
         if d.signals.stopping:
             return None
-        # One read of every trial (each read fetches every unfinished trial, a paused one too) for the
-        # reap and the claim; read again only when the reap changed a trial (a dead driver's: rare).
         trials = d.study.get_trials(deepcopy=False)
-        if d.reap(trials):
-            trials = d.study.get_trials(deepcopy=False)
+        if not reaped:
+            d._dead_claimed, dead = dead_trials(d.study, d.storage, d.running, trials, d.beat_watch)
+            if dead or lifecycle.owed(trials):
+                return REAP_FIRST
         counts = count_trials(trials)  # (the trials just read: not a second read under the lock)
         in_flight = d.pauses.in_flight(trials) if d.pauses else 0  # (slots never spend the last epochs twice)
         spent = epoch_budget_spent(trials, d.spec, in_flight)
@@ -45,10 +64,6 @@ def claim_next(d) -> optuna.Trial | Claimed | None:
             return claimed
         if not may_start_another(counts, d.spec.n_trials):
             return None
-        # Whether a fresh trial may follow this one (else the driver forks no standby process for it;
-        # a resume, a retry copy or a take-over may still come, and starts without one).
-        after = {**counts, "running": counts["running"] + 1, "waiting": max(0, counts["waiting"] - 1)}
-        d.more_to_start = bool(d.pauses) or may_start_another(after, d.spec.n_trials)
         distributions = optuna_distributions(d.spec, lr_bounds(d.study))
         optimistic = None if locked else (lambda n: over_budget(d.study, n, d.spec.n_trials))  # (no lock: the proxy)
         return lifecycle.claim(d.study, d.storage, distributions, optimistic, d.outage.call)

@@ -65,7 +65,7 @@ from hpolab.study.lr_test.lr_step import ensure_lr_range_test, lr_bounds
 from hpolab.study.state.outage import StorageOutage
 from hpolab.study.state.owners import owner_gone, owner_of
 from hpolab.study.driver.parent_run import close_parent_run, fail_parent_run, open_parent_run
-from hpolab.study.driver.claiming import claim_next, give_back
+from hpolab.study.driver.claiming import claim, give_back
 from hpolab.study.driver.events import TrialEvents
 from hpolab.study.driver.control import StudyControl
 from hpolab.study.driver.notify import Notifier
@@ -114,7 +114,7 @@ class Driver:
         self.env_tags: dict[str, str] = {}
         self.runner = runner or runner_for(spec, self.project_dir)  # (the CLI starts its forkserver early)
         self.runner.show_output = self.progress.trial_line  # what trials print: `trial N | line` (trial_output.py)
-        self._waiting_note, self.more_to_start = 0.0, True  # (more_to_start: claiming.py's hint; False: no standby forked)
+        self._waiting_note = 0.0
         self._dead_claimed: list = []  # claimed trials of dead drivers (no run made): taken over in place (lifecycle.reclaim)
         # The loop's store calls ride out a database restart (outage.py): one per store, each says its name.
         aborting = lambda: self.signals.aborting  # noqa: E731
@@ -236,25 +236,24 @@ class Driver:
             self.runner.discard(r)  # (a start that did not happen: its prepared process ends; a no-op once started)
         self.progress.trial_started(trial.number, trial.params or seed_trial_tags(trial), src.retry_of)
 
-    def reap(self, trials: list | None = None) -> bool:
-        """Dead drivers' trials reaped (or paused again), owed retry copies queued, dead drivers' claimed
-        trials kept for the claim. `trials`: the study's trials as the caller just read them (else read
-        here); a trial reaped here queues its own retry copy, so that read serves the owed ones too.
-        True when it changed a trial (that read is stale)."""
+    def reap(self) -> None:
+        """Dead drivers' trials reaped (or paused again) and owed retry copies queued, outside the budget
+        lock (a reap restores and closes runs in MLflow); dead drivers' claimed trials kept for the claim."""
         close = self.notify.watch_reaps(closing_with_backfill(self.tracker.close_run_if_open, self.client, self.study, self.stores,
                                                               self.progress.note))  # (worker_lost)
-        if trials is None:
-            trials = self.study.get_trials(deepcopy=False)
-        self._dead_claimed, changed = reap_dead_trials(
-            self.study, self.storage, self.running, self.retry, close, self.progress.note, self.outage.call,
-            self.beat_watch, self.pauses.put_back if self.pauses else None, trials=trials)
+        # One read of every trial for both (each read fetches every unfinished trial, a paused one too):
+        # a trial reaped here queues its own retry copy, so the read from before the reap serves the owed ones.
+        trials = self.study.get_trials(deepcopy=False)
+        self._dead_claimed = reap_dead_trials(self.study, self.storage, self.running, self.retry, close, self.progress.note,
+                                              self.outage.call, self.beat_watch, self.pauses.put_back if self.pauses else None,
+                                              trials=trials)
         self.pruning.close_orphans(self.study)  # several objectives: a dead driver's companion trials
-        return bool(changed) or bool(lifecycle.owed_retries(self.study, trials, self.retry, self.outage.call))
+        lifecycle.owed_retries(self.study, trials, self.retry, self.outage.call)
 
     def _start_trials(self) -> None:
         """Start trials while there are free slots and the budget allows."""
         while not (self.signals.stopping or self.draining or self.control.paused) and len(self.running) < self.spec.parallel:
-            trial = self.outage.call(self._claim_trial)  # (reaps first) before ask(): all again; after it, its own writes are retried
+            trial = self.outage.call(self._claim_trial)  # before ask(): all again; after it, its own writes are retried
             if trial is None:
                 break
             if self.signals.stopping:  # a stop signal while it was claimed: not started (a re-run takes it)
@@ -264,10 +263,10 @@ class Driver:
                 self.pauses.start(trial, self.experiment, self.runner)
             else:
                 self._start_trial(trial)
-            self.runner.stand_by(self.running.values(), more=self.more_to_start and not (self.signals.stopping or self.draining))
+            self.runner.stand_by(self.running.values(), more=not (self.signals.stopping or self.draining))  # (the next start's process)
 
     def _claim_trial(self) -> optuna.Trial | Claimed | None:
-        return claim_next(self)
+        return claim(self)
 
     def _check_timeouts(self) -> None:
         now = time.monotonic()

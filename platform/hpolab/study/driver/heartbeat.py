@@ -143,6 +143,33 @@ def put_back_reason(t) -> Lost | None:
     return None
 
 
+def dead_trials(study: optuna.Study, storage, mine: dict[int, Running], trials: list,
+                watch: AttrBeats | None = None) -> tuple[list, list]:
+    """Running trials of other drivers in `trials` that are dead: an owner on this host that is gone
+    (at once), or no heartbeat for GRACE_PERIOD seconds (any host). Returns (the claimed ones: no run
+    made, the claim takes them over in place, lifecycle.reclaim; the others, each with why it is dead).
+    `mine`: the trials this driver runs (alive by definition). `watch`: the driver's AttrBeats, for a
+    storage without Optuna heartbeats (the gRPC proxy). Reads the stale heartbeats only, when `trials`
+    has a running trial of another driver."""
+    others = [t for t in trials if t.state == TrialState.RUNNING and t.number not in mine]
+    others = [t for t in others if state_of(t) in OWNED]  # (paused ones have no process: never dead)
+    if not others:
+        return [], []
+    if not hasattr(storage, "record_heartbeat"):
+        stale_ids = watch.stale_ids(others) if watch is not None else set()
+    else:
+        try:
+            stale_ids = set(storage._get_stale_trial_ids(study._study_id))
+        except Exception:
+            stale_ids = set()
+    claimed, dead = [], []
+    for t in others:
+        why = why_dead(t, stale_ids, storage)
+        if why is not None:
+            (claimed.append(t) if state_of(t) == State.CLAIMED else dead.append((t, why)))
+    return claimed, dead
+
+
 def reap_dead_trials(
     study: optuna.Study,
     storage,
@@ -154,43 +181,22 @@ def reap_dead_trials(
     watch: AttrBeats | None = None,
     put_back: Callable[[Any, str], bool] | None = None,
     trials: list | None = None,
-) -> tuple[list, int]:
-    """Running trials of other drivers that are dead -> FAIL, a WAITING retry copy, and their MLflow
-    runs closed with the reason, so none stays RUNNING (lifecycle.reap). Dead: an owner on this host
-    that is gone (at once), or no heartbeat for GRACE_PERIOD seconds (any host).
-    `mine`: the trials this driver runs (alive by definition; never reaped here). `guard`: the driver's
-    store calls, retried through a database outage (outage.py), so a reap is not left half done.
-    `watch`: the driver's AttrBeats, for a storage without Optuna heartbeats (the gRPC proxy).
+) -> list:
+    """Running trials of other drivers that are dead (dead_trials) -> FAIL, a WAITING retry copy, and
+    their MLflow runs closed with the reason, so none stays RUNNING (lifecycle.reap). `guard`: the
+    driver's store calls, retried through a database outage (outage.py), so a reap is not left half done.
     `put_back`: a trial scheduler's (driver/pauses.py): a dead segment becomes paused again in the same
     trial and run, no FAIL, no retry copy (False: max_interrupts reached, reaped as always).
     `trials`: the study's trials as the caller just read them (else read here).
-    Returns the dead drivers' claimed trials (no run made: not reaped, the claim takes them over,
-    lifecycle.reclaim) and how many trials it reaped or put back (each changes what `trials` says)."""
+    Returns the dead drivers' claimed trials (no run made): not reaped, the claim takes them over
+    (lifecycle.reclaim)."""
     if trials is None:
         trials = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    others = [t for t in trials if t.state == TrialState.RUNNING and t.number not in mine]
-    others = [t for t in others if state_of(t) in OWNED]  # (paused ones have no process: never dead)
-    if not others:
-        return [], 0
-    if not hasattr(storage, "record_heartbeat"):
-        stale_ids = watch.stale_ids(others) if watch is not None else set()
-    else:
-        try:
-            stale_ids = set(storage._get_stale_trial_ids(study._study_id))
-        except Exception:
-            stale_ids = set()
-    claimed, changed = [], 0
-    for t in others:
-        why = why_dead(t, stale_ids, storage)
-        if why is None:
-            continue
-        if state_of(t) == State.CLAIMED:
-            claimed.append(t)
-            continue
+    claimed, dead = dead_trials(study, storage, mine, trials, watch)
+    for t, why in dead:
         if put_back is None or not guard(put_back, t, why[1]):
             lifecycle.reap(study, storage, t, why, retry, close_run, note, guard)
-        changed += 1
-    return claimed, changed
+    return claimed
 
 
 def reap_trial(study: optuna.Study, storage, t, why: tuple[str, str], retry: RetryCopy,

@@ -169,17 +169,22 @@ def queue_retry(retry, study: optuna.Study, trial: FrozenTrial, kind: str, overr
         return retry(study, trial, kind=kind, overrides=overrides)
 
 
-def owed_retries(study: optuna.Study, trials: list[FrozenTrial], retry, guard: Callable[..., Any] = passthrough) -> list[int]:
-    """The retry copies failed attempts owe (their driver died between the FAIL and the copy), queued
-    now; the copies' numbers (a copy the limits refuse is refused again, and never queued)."""
+def owed(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The failed attempts that owe a retry copy (their driver died between the FAIL and the copy)."""
     retried = retried_numbers(trials)
+    return [t for t in trials if t.state == TrialState.FAIL and isinstance(t.system_attrs.get(RETRY_DUE), dict)
+            and t.number not in retried]
+
+
+def owed_retries(study: optuna.Study, trials: list[FrozenTrial], retry, guard: Callable[..., Any] = passthrough) -> list[int]:
+    """The retry copies `owed`, queued now; the copies' numbers (a copy the limits refuse is refused
+    again, and never queued)."""
     out = []
-    for t in trials:
-        due = t.system_attrs.get(RETRY_DUE)
-        if t.state == TrialState.FAIL and isinstance(due, dict) and t.number not in retried:
-            copy = guard(queue_retry, retry, study, t, due["kind"], due.get("overrides") or None)
-            if copy is not None:
-                out.append(copy)
+    for t in owed(trials):
+        due = t.system_attrs[RETRY_DUE]
+        copy = guard(queue_retry, retry, study, t, due["kind"], due.get("overrides") or None)
+        if copy is not None:
+            out.append(copy)
     return out
 
 
