@@ -64,6 +64,10 @@ def claim_next(d, reaped: bool = False) -> optuna.Trial | Claimed | str | None:
             return claimed
         if not may_start_another(counts, d.spec.n_trials):
             return None
+        # Whether a fresh trial may follow this one (else the driver forks no standby process for it;
+        # a resume, a retry copy or a take-over may still come, and starts without one).
+        after = {**counts, "running": counts["running"] + 1, "waiting": max(0, counts["waiting"] - 1)}
+        d.more_to_start = bool(d.pauses) or may_start_another(after, d.spec.n_trials)
         distributions = optuna_distributions(d.spec, lr_bounds(d.study))
         optimistic = None if locked else (lambda n: over_budget(d.study, n, d.spec.n_trials))  # (no lock: the proxy)
         return lifecycle.claim(d.study, d.storage, distributions, optimistic, d.outage.call)

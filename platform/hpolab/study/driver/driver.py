@@ -114,7 +114,7 @@ class Driver:
         self.env_tags: dict[str, str] = {}
         self.runner = runner or runner_for(spec, self.project_dir)  # (the CLI starts its forkserver early)
         self.runner.show_output = self.progress.trial_line  # what trials print: `trial N | line` (trial_output.py)
-        self._waiting_note = 0.0
+        self._waiting_note, self.more_to_start = 0.0, True  # (more_to_start: claiming.py's hint; False: no standby forked)
         self._dead_claimed: list = []  # claimed trials of dead drivers (no run made): taken over in place (lifecycle.reclaim)
         # The loop's store calls ride out a database restart (outage.py): one per store, each says its name.
         aborting = lambda: self.signals.aborting  # noqa: E731
@@ -263,7 +263,7 @@ class Driver:
                 self.pauses.start(trial, self.experiment, self.runner)
             else:
                 self._start_trial(trial)
-            self.runner.stand_by(self.running.values(), more=not (self.signals.stopping or self.draining))  # (the next start's process)
+            self.runner.stand_by(self.running.values(), more=self.more_to_start and not (self.signals.stopping or self.draining))
 
     def _claim_trial(self) -> optuna.Trial | Claimed | None:
         return claim(self)
