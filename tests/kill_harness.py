@@ -31,7 +31,8 @@ KINDS = {
     "plain": (FAULT_PROJECT, "studies/faulty.yaml", ["n_trials=2", "parallel=1", "trainer.max_epochs=2", "log_models=none",
                                                      "max_retries=3", "max_failures=null"], "val_acc"),
     "own_loop": (OWN_LOOP_PROJECT, "studies/tiny_loop.yaml", ["parallel=1", "trainer.max_epochs=2", "max_failures=null"], "val_acc"),
-    "asha": (FAULT_PROJECT, "studies/faulty.yaml", ["n_trials=4", "parallel=1", "trainer.max_epochs=2", "log_models=none",
+    # (seed 2: trials 0-2 sample hidden=16 and pause or resume, trial 3 hidden=32 is promoted as it reaches its rung)
+    "asha": (FAULT_PROJECT, "studies/faulty.yaml", ["seed=2", "n_trials=4", "parallel=1", "trainer.max_epochs=2", "log_models=none",
                                                     "trial_scheduler={type: asha, min_epochs: 1, max_epochs: 2, reduction_factor: 2}"],
              "val_acc"),
     "pbt": (FAULT_PROJECT, "studies/faulty.yaml", ["parallel=1", "trainer.max_epochs=2", "log_models=none", PBT], "val_acc"),

@@ -1,6 +1,6 @@
-"""A trial that pauses at every rung and resumes in a new process (forked and set up before its segment
-starts) records what the same configuration trained straight through records: the same metric values at
-steps 1..N in one run."""
+"""A promoted trial records what the same configuration trained straight through records (the same
+metric values at steps 1..N in one run), whether it paused at its rung and resumed in a new process
+(forked and set up before its segment starts) or, promoted as it reached its rung, went on in its process."""
 
 from __future__ import annotations
 
@@ -23,14 +23,18 @@ def _records(store, name: str, t) -> dict:
     return {**out, "tags": run.data.tags}
 
 
-def test_a_trial_resumed_at_every_rung_records_what_an_uninterrupted_one_does(store, tmp_path):
-    # 4 configurations, rungs 1, 2, 4 at factor 2: the best of rung 0 resumes twice and completes
+def test_a_promoted_trial_records_what_an_uninterrupted_one_does_resumed_or_gone_on(store, tmp_path):
+    # 4 configurations, rungs 1, 2, 4 at factor 2 (seed 3): trial 1 pauses at rung 0, resumes in a new
+    # process once trial 0 is beaten there, and as it reaches rung 1 it is promoted and goes on in that process
     asha = "trial_scheduler={type: asha, min_epochs: 1, max_epochs: 4, reduction_factor: 2, brackets: 1}"
-    run_cli("--store", str(store), "study", "run", SPEC, "name=paused", "n_trials=4", asha, *COMMON)
+    out = run_cli("--store", str(store), "study", "run", SPEC, "name=paused", "n_trials=4", asha, *COMMON).stdout
+    assert "trial 1 resumed after epoch 1" in out and "trial 1 promoted at rung 1 (epoch 2): goes on in its process" in out, out
     _, study = open_study(store, "paused")
     [top] = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert top.number == 1 and top.user_attrs["hpolab.rung"] == 2, top
     paused = _records(store, "paused", top)
-    assert paused.pop("tags").get("hpolab.resumed_after_epoch") == "2"  # (paused at rungs 1 and 2, resumed twice)
+    tags = paused.pop("tags")
+    assert tags.get("hpolab.resumed_after_epoch") == "1" and tags.get("hpolab.promoted_from_rung") == "1", tags
     # The same configuration trained straight through, in a study of its own
     fixed = [f"{k}={v!r}" for k, v in top.params.items()]
     straight = tmp_path / "straight"

@@ -26,22 +26,22 @@ def _args(name: str, *more: str) -> list[str]:
 
 
 def assert_asha_study(store, name: str, n_trials: int, top: int = 4) -> list:
-    """Every configuration finished; promoted ones resumed in their own run from their checkpoint
-    (one curve 1..N, no epoch logged twice); never-promoted ones are PRUNED with the rung they reached."""
+    """Every configuration finished; promoted ones went on in their own run (from their checkpoint, or
+    in their process: one curve 1..N, no epoch logged twice); never-promoted ones are PRUNED with the rung they reached."""
     client, study = open_study(store, name)
     trials = study.get_trials()
     assert len(trials) == n_trials
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials), [t.state for t in trials]
     runs = client.search_runs([client.get_experiment_by_name(name).experiment_id])
     assert len([r for r in runs if "optuna.trial_number" in r.data.tags]) == n_trials  # one run per trial across its pauses
-    resumed = 0
+    promoted = 0
     for t in trials:
         run = trial_run(t, client)
         steps = metric_steps(client, run.info.run_id, "val_acc")
         last = max(t.intermediate_values)
         assert steps == list(range(1, last + 1)), (t.number, steps)  # continued its epoch axis, nothing twice
-        if "hpolab.resumed_after_epoch" in run.data.tags:
-            resumed += 1
+        if "hpolab.promoted_from_rung" in run.data.tags:  # (resumed in a new process, or gone on in its own)
+            promoted += 1
         if t.state == TrialState.PRUNED:
             assert run.data.tags["hpolab.pruned_at_rung"] == run.data.tags["hpolab.rung"], run.data.tags
             assert run.data.tags["hpolab.state"] == "PRUNED" and run.info.status == "KILLED"
@@ -49,7 +49,7 @@ def assert_asha_study(store, name: str, n_trials: int, top: int = 4) -> list:
             assert last == top and run.data.tags["hpolab.state"] == "COMPLETE"
             top_rung = str(len(rungs(1, top, 2)) - 1)  # (the specs here: min_epochs 1, eta 2)
             assert run.data.tags["hpolab.rung"] == top_rung and str(t.user_attrs["hpolab.rung"]) == top_rung, (t.number, run.data.tags)
-    assert resumed >= 1  # some trial was promoted and resumed
+    assert promoted >= 1  # some trial was promoted
     assert_study_check_clean(store, name)
     return trials
 
@@ -74,7 +74,8 @@ def test_trial_scheduler_specs_are_refused_in_one_line(store):
 def test_trials_pause_get_promoted_and_resume_from_their_checkpoint(store):
     out = run_cli("--store", str(store), "study", "run", *_args("asha-e2e", "n_trials=5"))
     assert re.search(r"trial \d+ paused at rung 0 \(epoch 1\)", out.stdout), out.stdout
-    assert "resumed after epoch 1" in out.stdout  # a resumed segment starts at the rung's epoch + 1
+    # promoted: resumed from its checkpoint after the rung's epoch, or gone on in its process as it reached it
+    assert re.search(r"trial \d+ (resumed after epoch \d|promoted at rung \d \(epoch \d\): goes on in its process)", out.stdout), out.stdout
     trials = assert_asha_study(store, "asha-e2e", 5)
     assert any(t.state == TrialState.PRUNED for t in trials)
     # every segment of a trial trains with the thread count its run records (the first segment's):

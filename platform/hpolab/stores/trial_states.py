@@ -182,6 +182,10 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("pause", (S.RUNNING,), (S.PAUSED,),
                "MLflow: epochs and checkpoint uploaded, tags hpolab.state=PAUSED, hpolab.rung; Optuna: hpolab.rung, "
                "hpolab.paused {rung, epoch}, an owner record without a process", SCHEDULED),
+    Transition("continued", (S.RUNNING,), (S.RUNNING,),
+               "Optuna, under the budget lock, at a pause point where the scheduler names the trial as the next to resume: "
+               "hpolab.rung, hpolab.segment_after, hpolab.segment_until; its process told to go on (no pause, no new process); "
+               "MLflow (upload thread): tags hpolab.rung and the scheduler's", ("asha",)),
     Transition("boundary_decided", (S.PAUSED,), (S.PAUSED,),
                "files (PBT): each member paused at the boundary keeps its checkpoints as pbt_epoch_<t>.pt", ("pbt",)),
     Transition("exploit_copied", (S.PAUSED,), (S.PAUSED,),

@@ -118,16 +118,23 @@ class TrialEvents:
             return
         # After its last epoch a trial is done anyway: a Ctrl-C then must not make it an interrupted one.
         last = epoch >= int(r.config["trainer"]["max_epochs"])
+        stop = r.pruned_at is not None or (self.stopping() and not last)
         pause = self.pauses is not None and self.pauses.stop_here(r, epoch)  # its rung: it pauses (pauses.py)
-        reply = "stop" if r.pruned_at is not None or pause or (self.stopping() and not last) else "continue"
+        reply = "stop" if stop or pause else "continue"
         staged = self.tracker.stage_upload(r)  # before the reply: the child cannot overwrite last.pt yet
-        try:
-            r.conn.send(reply)
-        except OSError:  # BrokenPipe/ConnectionReset: the child died after its epoch; handle() sees its exit
-            pass
         # A trial scheduler ranks a NaN epoch worst: Optuna gets it too (a PBT boundary waits for every
         # member's value there; the epoch budget counts it). Under a pruner a NaN report would prune.
         told = finite or self.pauses is not None
+        if pause and not stop and self.pauses.scheduler.goes_on_when_next:
+            # Its pause point: the scheduler sees its value there, then it may go on in this process
+            # when it would be the next resume anyway (pauses.go_on answers it), else it pauses.
+            if told and self.never_prunes and not self._report(r, value if finite else float("nan"), epoch):
+                return
+            told = False  # (reported)
+            if self.pauses.go_on(r, epoch, self.stopping, lambda: _answer(r, "continue")):
+                reply = None
+        if reply is not None:
+            _answer(r, reply)
         if told and self.never_prunes and not self._report(r, value if finite else float("nan"), epoch):
             return
         # The child trains its next epoch while we record this one (the pruner needed Optuna's report only):
@@ -361,3 +368,11 @@ class TrialEvents:
                 "hpolab.fail_kind": "interrupted", "hpolab.epochs_run": str(r.epoch)}, retry="interrupted")
             return
         self.finish(r, TrialState.FAIL, {"hpolab.fail_reason": exit_reason(code), "hpolab.fail_kind": "process", "hpolab.epochs_run": str(r.epoch)})
+
+
+def _answer(r: Running, reply: str) -> None:
+    """The driver's answer to an epoch ("continue" or "stop")."""
+    try:
+        r.conn.send(reply)
+    except OSError:  # BrokenPipe/ConnectionReset: the child died after its epoch; handle() sees its exit
+        pass

@@ -13,6 +13,11 @@ The states (paused, put back) and the transitions' writes are the trial lifecycl
             driver's before the lock is let go (lifecycle.claim_paused: two workers never resume the
             same trial). A new trial process resumes it from its checkpoint in the same Optuna trial
             and MLflow run (lifecycle.resumed): its epochs continue the step axis (nothing logged twice).
+    go on   a segment at its pause point that the claim right after its pause would resume anyway (the
+            scheduler's next resume, decided the same way under the lock) goes on in its process:
+            lifecycle.continued records the rung and the next segment, and the driver answers
+            "continue" (no checkpoint wait, no pause and resume writes, no new process). Schedulers
+            whose next_resume only reads say so (goes_on_when_next: ASHA; PBT keeps files there).
     end     nothing runs anywhere, nothing can be resumed and no new trial may start: the trials
             still paused end as the scheduler says (ASHA: PRUNED, tagged with the rung reached).
 
@@ -31,6 +36,7 @@ A Ctrl-C or SIGTERM stop is not a pause (events.py: FAIL and a retry copy, as al
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +48,7 @@ from optuna.trial import FrozenTrial, TrialState
 from hpolab.stores.artifacts import fetch_checkpoint
 from hpolab.stores.budget_lock import budget_lock
 from hpolab.stores.trial_counts import last_reported
-from hpolab.stores.trial_states import OWNED, PAUSED_STATES, states
+from hpolab.stores.trial_states import OWNED, PAUSED, PAUSED_STATES, states
 from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR, RUNG_ATTR, Resume, TrialScheduler, paused_at
 from hpolab.study.state import lifecycle
 from hpolab.study.state.budget import epoch_budget_spent
@@ -74,6 +80,13 @@ def epochs_in_flight(scheduler: TrialScheduler, trials: list[FrozenTrial]) -> in
         target = scheduler.pause_epoch(t, last + 1) or int(scheduler.top_epochs())
         out += max(0, target - last)
     return out
+
+
+def seen_paused(t: FrozenTrial, rung: int, epoch: int) -> FrozenTrial:
+    """`t` as it would be once paused at `epoch` (its paused mark): what a claim right after the pause reads."""
+    view = copy.copy(t)
+    view.system_attrs = {**t.system_attrs, PAUSED: {"rung": rung, "epoch": epoch}}
+    return view
 
 
 def set_dotted(config: dict[str, Any], changes: dict[str, Any]) -> None:
@@ -150,6 +163,35 @@ class Pauses:
             return False
         self.pause_at.pop(r.number, None)
         self.until_of.pop(r.number, None)
+        return True
+
+    # ------------------------------------------------------------ go on, or pause
+
+    def go_on(self, r: Running, epoch: int, stopping: Callable[[], bool], reply: Callable[[], None]) -> bool:
+        """At its pause point (its value there reported): the segment goes on in its process when the
+        claim right after its pause would resume it anyway. The claim's decision, made as the claim
+        makes it: under the budget lock, on one read, with this trial seen paused at `epoch` (the
+        epoch budget, then the scheduler's next_resume); only a plain resume (no config changes, records
+        or other weights) goes on. Recorded (lifecycle.continued) before `reply` tells the process; no
+        checkpoint wait, no pause and resume writes, no new process. False: it pauses as always."""
+        with budget_lock(self.storage, self.spec.name):
+            if stopping():
+                return False
+            trials = self.guard(self.study.get_trials, deepcopy=False)
+            me = trials[r.number]
+            rung = self._rung_of(me, epoch)
+            view = [seen_paused(t, rung, epoch) if t.number == r.number else t for t in trials]
+            if epoch_budget_spent(view, self.spec, epochs_in_flight(self.scheduler, view)):
+                return False
+            res = self.scheduler.next_resume(view)
+            if res is None or res.number != r.number or res.config_changes or res.attrs or res.params or res.source is not None:
+                return False
+            at = self.scheduler.pause_epoch(me, epoch + 1)
+            until = None if at is None else {"epoch": at, "rung": self._rung_of(me, at)}
+            lifecycle.continued(self.storage, r.trial._trial_id, rung, epoch, until, reply, self.guard)
+        self.pause_at[r.number], self.until_of[r.number] = at, until
+        self.tracker.set_tags_later(r, {"hpolab.rung": str(rung), **res.tags})
+        self.progress.trial_promoted(r.number, rung, epoch)
         return True
 
     # ------------------------------------------------------------ pause

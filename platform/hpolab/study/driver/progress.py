@@ -73,6 +73,10 @@ class Progress:
         where = "boundary" if ts is not None and ts.type == "pbt" else "rung"  # (PBT's pause points are boundaries)
         self._print(f"[dim]{self._clock()}[/] trial {number} [cyan]paused[/] at {where} {rung} (epoch {epoch}) | running: {self._running()}")
 
+    def trial_promoted(self, number: int, rung: int, epoch: int) -> None:
+        """Promoted at its rung as it reached it: it goes on in its process (driver/pauses.py's go_on)."""
+        self._print(f"[dim]{self._clock()}[/] trial {number} [cyan]promoted[/] at rung {rung} (epoch {epoch}): goes on in its process")
+
     def trial_resumed(self, number: int, epoch: int, checkpoint) -> None:
         self.epochs[number] = epoch
         self._print(f"[dim]{self._clock()}[/] trial {number} resumed after epoch {epoch} (promoted; from {escape(str(checkpoint))})")

@@ -35,6 +35,7 @@ class Asha:
     """The ASHA trial scheduler (trial_scheduler.py's interface)."""
 
     fails_never_finite = True  # a trial with no finite value at its rung fails there (nothing ranks it; never promoted)
+    goes_on_when_next = True  # a trial promoted as it reaches its rung trains on in its process (driver/pauses.py's go_on)
 
     def __init__(self, spec, stores=None, *, min_epochs: int | None = None, max_epochs: int | None = None,
                  eta: int | None = None, brackets: int | None = None, direction: str | None = None):

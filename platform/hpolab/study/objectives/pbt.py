@@ -100,6 +100,7 @@ class Pbt:
     """The PBT trial scheduler (trial_scheduler.py's interface)."""
 
     fails_never_finite = False  # a member whose value is NaN at a boundary ranks worst there and exploits a better one
+    goes_on_when_next = False  # next_resume keeps boundary snapshots (files): it runs only for a claim
 
     def __init__(self, spec, stores=None):
         ts = spec.trial_scheduler

@@ -7,7 +7,8 @@ Optuna trial kept RUNNING with a paused mark, MLflow run kept open); the schedul
     pause_epoch(trial, start_epoch)  where the segment that starts training at `start_epoch` pauses
     rung_index(trial, epoch)         which rung (ASHA) or boundary (PBT) `epoch` is for the trial, if any
     top_epochs()                     the epochs a trial trains in all (its trainer.max_epochs)
-    next_resume(trials)              which paused trial resumes now (called under the budget lock)
+    next_resume(trials)              which paused trial resumes now (called under the budget lock; with
+                                     goes_on_when_next, also at a pause point: see driver/pauses.py's go_on)
     may_start_new(trials)            whether a new configuration may be sampled now
     at_end(paused)                   what the trials still paused become when nothing can run
 
@@ -50,6 +51,7 @@ class Resume:
 
 class TrialScheduler(Protocol):
     fails_never_finite: bool  # a trial with no finite value of the study metric at its pause point fails there (else: ranked worst)
+    goes_on_when_next: bool  # next_resume only reads: a trial at its pause point that it would name next goes on in its process
 
     def pause_epoch(self, trial: FrozenTrial, start_epoch: int) -> int | None:
         """The epoch after which the segment starting at `start_epoch` pauses (None: it runs to the end)."""

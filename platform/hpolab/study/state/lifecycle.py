@@ -243,6 +243,20 @@ def pause(storage, trial_id: int, number: int, rung: int, epoch: int, run_side: 
         guard(storage.set_trial_user_attr, trial_id, OWNER, {"trial": number, PAUSED_OWNER: True})
 
 
+def continued(storage, trial_id: int, rung: int, epoch: int, until: dict | None, go_on: Callable[[], None],
+              guard: Callable[..., Any] = passthrough) -> None:
+    """Under the budget lock: a segment at its pause point that the scheduler would resume next goes on
+    in its process (a pause and a resume with nothing between them). Recorded as a resumed segment is:
+    the rung reached, where the next segment started and where it pauses; then `go_on` tells the
+    process. A driver killed before this leaves a segment that reached its pause point (put back:
+    paused there); after it, a segment of the next rung (put back: interrupted, from its checkpoint)."""
+    with step("continued"):
+        guard(storage.set_trial_user_attr, trial_id, RUNG, rung)
+        guard(storage.set_trial_system_attr, trial_id, SEGMENT_AFTER, epoch)
+        guard(storage.set_trial_system_attr, trial_id, SEGMENT_UNTIL, until)
+        go_on()
+
+
 def claim_paused(storage, t: FrozenTrial, config_changes: dict[str, Any], attrs: dict[str, Any],
                  guard: Callable[..., Any] = passthrough) -> dict[str, Any]:
     """Under the budget lock: paused (or put back) trial `t` becomes this driver's, with the scheduler's

@@ -193,6 +193,10 @@ class TrialTracker:
     def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
         tr.set_tags(self.client, run_id, tags)
 
+    def set_tags_later(self, r: Running, tags: dict[str, str]) -> None:
+        """The run's `tags`, on the upload thread (after what was queued for it before)."""
+        self.uploads.submit(f"trial {r.number}: tagging its run", tr.set_tags, self.client, r.run_id, tags)
+
     def log_file(self, run_id: str, path: str, artifact_path: str | None = None) -> None:
         self.flush_metrics(run_id)
         self.uploads.submit(f"uploading {path}", self.client.log_artifact, run_id, path, artifact_path)
