@@ -34,3 +34,30 @@ def test_check_repairs_a_dead_segment_by_putting_it_back_as_the_next_run_would(s
     assert_study_check_clean(store, "mid", cwd=project)
     _, study = open_study(store, "mid")
     assert len(study.get_trials()) == 4 and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.get_trials())
+
+
+@pytest.mark.slow
+def test_a_run_left_open_by_a_driver_killed_while_ending_a_paused_trial_is_closed_by_the_next_run(store, tmp_path):
+    # lifecycle.end_paused tells Optuna PRUNED, then closes the run: a driver SIGKILLed between the two
+    # (e.g. by another of its threads' kill point) leaves the run RUNNING and PAUSED, owned by no process.
+    # That state is made here from a finished study (the kill lands between a step's writes, where
+    # no kill point is); the next `study run` closes the run as the dead driver would have.
+    from mlflow import MlflowClient
+
+    project = KINDS["asha"][0]
+    assert_no_crash(run_driver(store, "asha", "ended", None, tmp_path))
+    client, study = open_study(store, "ended")
+    [t, *_] = [t for t in study.get_trials() if t.state == TrialState.PRUNED]
+    run_id = t.user_attrs["mlflow_run_id"]
+    assert client.get_run(run_id).info.status == "KILLED"
+    client.set_tag(run_id, "hpolab.state", "PAUSED")
+    client.update_run(run_id, status="RUNNING")
+    check = run_cli("--store", str(store), "study", "check", "ended", cwd=project, check=False)
+    assert check.returncode == 1 and "Optuna says PRUNED" in check.stdout, check.stdout
+    rerun = run_driver(store, "asha", "ended", None, tmp_path)
+    assert_no_crash(rerun)
+    assert "closed 1 MLflow run(s) that a killed driver had left RUNNING" in rerun.output, rerun.output
+    assert_study_check_clean(store, "ended", cwd=project)
+    run = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}").get_run(run_id)
+    assert run.info.status == "KILLED" and run.data.tags["hpolab.state"] == "PRUNED"
+    assert run.data.tags["hpolab.rung"] == str(t.system_attrs["hpolab.paused"]["rung"]), run.data.tags

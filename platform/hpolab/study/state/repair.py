@@ -5,7 +5,9 @@ the background, seconds). Killed in between, it leaves a finished Optuna trial w
 RUNNING; killed between creating a run and linking it to its trial, it leaves a run no trial
 points at. The next driver closes the first kind with the trial's state and deletes the second
 (empty: the trial that was starting is retried with a run of its own). Only runs whose owner is
-known to be gone (owners.py) are touched: another live driver may still be logging its model.
+known to be gone (owners.py) are touched: another live driver may still be logging its model. A
+trial that ended while paused (lifecycle.end_paused: Optuna told, then its run closed) has no
+owner process at all: a driver killed between the two leaves its run open, and any driver closes it.
 Before the close, the epochs whose batch the dead driver never wrote are logged (metric_backfill.py).
 """
 
@@ -18,6 +20,8 @@ from optuna.trial import TrialState
 
 from hpolab.stores.paths import Stores
 from hpolab.stores.run_roles import is_trial_run
+from hpolab.stores.trial_states import last_pause
+from hpolab.study.state.lifecycle import PAUSED_OWNER
 from hpolab.study.state.metric_backfill import backfill_run
 from hpolab.study.state.owners import owner_gone, owner_of
 
@@ -36,8 +40,13 @@ def close_orphan_runs(client, experiment_id: str, study: optuna.Study, close_run
         if number is None or not number.isdigit() or int(number) >= len(trials):
             continue
         t = trials[int(number)]
-        if t.state in (TrialState.RUNNING, TrialState.WAITING) or not owner_gone(owner_of(t)):
-            continue  # running (the reaper's business) or its owner may be alive
+        if t.state in (TrialState.RUNNING, TrialState.WAITING):
+            continue  # running: the reaper's business
+        # A trial that ended while paused (its owner record has no process: lifecycle.end_paused tells
+        # Optuna, then closes the run) has no driver that may still write its run: closed here too.
+        ended_paused = bool((owner_of(t) or {}).get(PAUSED_OWNER))
+        if not ended_paused and not owner_gone(owner_of(t)):
+            continue  # its owner may be alive
         run_id = run.info.run_id
         if t.user_attrs.get("mlflow_run_id") != run_id:
             client.delete_run(run_id)  # never linked to its trial: empty
@@ -45,7 +54,10 @@ def close_orphan_runs(client, experiment_id: str, study: optuna.Study, close_run
             tags = {"hpolab.closed_by": "a later driver (the trial's driver died before closing its run)"}
             tags.update(backfill_run(client, run_id, t, study.user_attrs.get("metric"),
                                      stores and stores.trial_dir(study.study_name, t.number), stores and stores.tracking_uri, note=note))
-            if t.state == TrialState.COMPLETE:
+            mark = last_pause(t)
+            if ended_paused and mark:
+                tags["hpolab.rung"] = str(mark.get("rung"))
+            elif t.state == TrialState.COMPLETE:
                 tags["hpolab.model_error"] = "the driver died before the model was logged"
             elif t.state == TrialState.FAIL:  # its reason died with the driver (tell came first, the close was queued)
                 tags["hpolab.fail_reason"] = "unknown: the trial's driver died before closing its run"
