@@ -24,9 +24,9 @@ Read back from the stores (MLflow metric histories of each trial's run, Optuna f
 best val_acc of any epoch of any trial; the epochs trained (distinct (trial, epoch) pairs: a resumed
 ASHA trial continues its one run, so its segments count once); the epochs trained, in the order the
 driver received them, until the arm first reached random search's best - 0.5 points of the same seed;
-the wall time of the command. With --compare-root DIR each seed's arms run twice, side by side, in
+the wall time of the command and the CPU time of its process tree. With --compare-root DIR each seed's arms run twice, side by side, in
 alternating order: with DIR's hpolab ("before") and this checkout's ("after"); the header then gives
-each one's ASHA wall time over random search's, per seed. An arm the CLI refuses (exit 2: its spec key does not exist yet) is
+each one's ASHA wall (and CPU) time over random search's, per seed. An arm the CLI refuses (exit 2: its spec key does not exist yet) is
 reported as missing. The load average is recorded before each study.
 
     nice -n 10 .venv/bin/python bench/multifidelity.py --pbt-task lr-decay [--seeds 0 1 2] [--json ...] [--markdown ...]
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import statistics
 import subprocess
@@ -210,10 +211,10 @@ def run_arm(arm: str, seed: int, trials: int, workdir: Path, task: dict = TASKS[
            f"seed={seed}", *arm_overrides(arm, trials, task["epochs"])]
     before = load()
     log = store.with_name(store.name + ".log")
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), children_cpu()
     with log.open("w") as out:
         proc = subprocess.run(cmd, cwd=root, env=env(root), stdout=out, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, children_cpu() - cpu0
     text = log.read_text()
     if proc.returncode == 2:
         return {"arm": arm, "seed": seed, "refused": text.strip().splitlines()[-1] if text.strip() else "exit 2"}
@@ -222,8 +223,15 @@ def run_arm(arm: str, seed: int, trials: int, workdir: Path, task: dict = TASKS[
     # trial at a rung (no COMPLETE trial): an arm's result, as long as no trial failed or is left running.
     if proc.returncode != 0 and not (proc.returncode == 1 and got["states"] and set(got["states"]) <= {"COMPLETE", "PRUNED"}):
         sys.exit(f"multifidelity: {arm} seed {seed} failed with exit code {proc.returncode}; see {log}")
-    return {"arm": arm, "seed": seed, "wall_s": round(wall, 1), "load_before": before, "store": store,
+    return {"arm": arm, "seed": seed, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "load_before": before, "store": store,
             "exit_code": proc.returncode, "last_line": text.strip().splitlines()[-1] if text.strip() else "", **got}
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children: a study's whole process tree
+    (driver, trial processes, threads), less noisy than its wall time on a shared machine."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def read_store(store: Path, study_name: str = STUDY, metric: str = "val_acc") -> dict:
@@ -396,16 +404,17 @@ def main() -> int:
 
 
 def wall_ratios(rows: list[dict], codes: list[str | None]) -> str:
-    """Each checkout's ASHA wall time over random search's, per seed (the rows ran side by side)."""
+    """Each checkout's ASHA wall time (and CPU time) over random search's, per seed (the rows ran side by side)."""
     out = []
-    for code in codes:
-        tag = f" ({code})" if code else ""
-        by_seed = {r["seed"]: r["wall_s"] for r in rows if r["arm"] == f"random{tag}" and "wall_s" in r}
-        ratios = [(r["seed"], r["wall_s"] / by_seed[r["seed"]]) for r in rows
-                  if r["arm"] == f"asha{tag}" and "wall_s" in r and by_seed.get(r["seed"])]
-        if ratios:
-            mean = statistics.fmean(x for _, x in ratios)
-            out.append(f"asha / random wall{tag}: {mean:.2f}x (" + ", ".join(f"seed {s} {x:.2f}x" for s, x in ratios) + ")")
+    for key, what in (("wall_s", "wall"), ("cpu_s", "CPU")):
+        for code in codes:
+            tag = f" ({code})" if code else ""
+            by_seed = {r["seed"]: r[key] for r in rows if r["arm"] == f"random{tag}" and key in r}
+            ratios = [(r["seed"], r[key] / by_seed[r["seed"]]) for r in rows
+                      if r["arm"] == f"asha{tag}" and key in r and by_seed.get(r["seed"])]
+            if ratios:
+                mean = statistics.fmean(x for _, x in ratios)
+                out.append(f"asha / random {what}{tag}: {mean:.2f}x (" + ", ".join(f"seed {s} {x:.2f}x" for s, x in ratios) + ")")
     return "".join(f"\n{line}" for line in out)
 
 
@@ -422,7 +431,7 @@ def run_seed(seed: int, arms: list[str], trials: int, workdir: Path, root: Path,
                 target = summarise(r["events"], None)["best"] - TARGET_POINTS / 100
             r.update(summarise(r["events"], target), target=target)
             print(f"seed {seed} {r['arm']:>9}: best {r['best']:.4f}, {r['epochs']} epochs, to target {r['epochs_to_target']}, "
-                  f"{r['wall_s']} s, {r['states']}, {r['exploited']} exploited  [{r['load_before']}]", flush=True)
+                  f"{r['wall_s']} s ({r['cpu_s']} s CPU), {r['states']}, {r['exploited']} exploited  [{r['load_before']}]", flush=True)
         else:
             print(f"seed {seed} {arm:>9}: refused: {r['refused']}", flush=True)
         rows.append(r)

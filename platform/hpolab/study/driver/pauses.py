@@ -106,6 +106,7 @@ class Pauses:
         self.tracker, self.progress, self.note, self.guard = tracker, progress, progress.note, guard
         self.pause_at: dict[int, int | None] = {}  # trial number -> the epoch its current segment pauses after
         self.until_of: dict[int, dict[str, int] | None] = {}  # trial number -> {epoch, rung} of that pause (lifecycle.SEGMENT_UNTIL)
+        self.seen: list[FrozenTrial] = []  # the study's trials as this driver's last read under the lock had them (go_on's first look)
 
     @property
     def runs(self) -> lifecycle.RunSide:
@@ -167,17 +168,21 @@ class Pauses:
 
     # ------------------------------------------------------------ go on, or pause
 
-    def go_on(self, r: Running, epoch: int, stopping: Callable[[], bool], reply: Callable[[], None]) -> bool:
+    def go_on(self, r: Running, epoch: int, value: float | None, stopping: Callable[[], bool], reply: Callable[[], None]) -> bool:
         """At its pause point (its value there reported): the segment goes on in its process when the
         claim right after its pause would resume it anyway. The claim's decision, made as the claim
         makes it: under the budget lock, on one read, with this trial seen paused at `epoch` (the
         epoch budget, then the scheduler's next_resume); only a plain resume (no config changes, records
         or other weights) goes on. Recorded (lifecycle.continued) before `reply` tells the process; no
-        checkpoint wait, no pause and resume writes, no new process. False: it pauses as always."""
+        checkpoint wait, no pause and resume writes, no new process. False: it pauses as always.
+        Most trials at a rung are not promoted there: a first look at this driver's last read lets
+        those pause without the lock or a read of their own (_may_be_next)."""
+        if value is None or not math.isfinite(value) or not self._may_be_next(r, epoch, value):
+            return False  # (not finite at its rung: it pauses, and the claims decide as always)
         with budget_lock(self.storage, self.spec.name):
             if stopping():
                 return False
-            trials = self.guard(self.study.get_trials, deepcopy=False)
+            trials = self.seen = self.guard(self.study.get_trials, deepcopy=False)
             me = trials[r.number]
             rung = self._rung_of(me, epoch)
             view = [seen_paused(t, rung, epoch) if t.number == r.number else t for t in trials]
@@ -193,6 +198,19 @@ class Pauses:
         self.tracker.set_tags_later(r, {"hpolab.rung": str(rung), **res.tags})
         self.progress.trial_promoted(r.number, rung, epoch)
         return True
+
+    def _may_be_next(self, r: Running, epoch: int, value: float) -> bool:
+        """go_on's first look, without the lock or a read: whether the scheduler names the trial on the
+        trials of this driver's last read, with its `value` at `epoch`. A stale read may miss a
+        promotion (the trial then pauses and is resumed as always), never make one: a yes is decided
+        again under the lock on a fresh read. True when the last read does not have the trial yet."""
+        if r.number >= len(self.seen):
+            return True
+        me = copy.copy(self.seen[r.number])
+        me.intermediate_values = {**me.intermediate_values, epoch: value}
+        view = [seen_paused(me, self._rung_of(me, epoch), epoch) if t.number == r.number else t for t in self.seen]
+        res = self.scheduler.next_resume(view)
+        return res is not None and res.number == r.number
 
     # ------------------------------------------------------------ pause
 
@@ -234,6 +252,7 @@ class Pauses:
         return self.scheduler.may_start_new(trials)
 
     def in_flight(self, trials: list[FrozenTrial]) -> int:
+        self.seen = trials  # (the claim's read under the lock: go_on's first look uses it)
         return epochs_in_flight(self.scheduler, trials)
 
     def start(self, c: Claimed, experiment, runner) -> None:
