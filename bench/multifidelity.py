@@ -24,9 +24,10 @@ Read back from the stores (MLflow metric histories of each trial's run, Optuna f
 best val_acc of any epoch of any trial; the epochs trained (distinct (trial, epoch) pairs: a resumed
 ASHA trial continues its one run, so its segments count once); the epochs trained, in the order the
 driver received them, until the arm first reached random search's best - 0.5 points of the same seed;
-the wall time of the command and the CPU time of its process tree. With --compare-root DIR each seed's arms run twice, side by side, in
+the wall time of the command and the driver's CPU time (the CLI process, its loop and threads; the
+trial processes come from the forkserver, which nobody waits for, and are not in it). With --compare-root DIR each seed's arms run twice, side by side, in
 alternating order: with DIR's hpolab ("before") and this checkout's ("after"); the header then gives
-each one's ASHA wall (and CPU) time over random search's, per seed. An arm the CLI refuses (exit 2: its spec key does not exist yet) is
+each one's ASHA wall (and driver CPU) time over random search's, per seed. An arm the CLI refuses (exit 2: its spec key does not exist yet) is
 reported as missing. The load average is recorded before each study.
 
     nice -n 10 .venv/bin/python bench/multifidelity.py --pbt-task lr-decay [--seeds 0 1 2] [--json ...] [--markdown ...]
@@ -228,8 +229,8 @@ def run_arm(arm: str, seed: int, trials: int, workdir: Path, task: dict = TASKS[
 
 
 def children_cpu() -> float:
-    """CPU seconds (user + system) of this process's finished children: a study's whole process tree
-    (driver, trial processes, threads), less noisy than its wall time on a shared machine."""
+    """CPU seconds (user + system) of this process's finished children and what they waited for: a
+    study's driver (its loop and threads; not the trial processes, which its forkserver forks)."""
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
 
@@ -406,7 +407,7 @@ def main() -> int:
 def wall_ratios(rows: list[dict], codes: list[str | None]) -> str:
     """Each checkout's ASHA wall time (and CPU time) over random search's, per seed (the rows ran side by side)."""
     out = []
-    for key, what in (("wall_s", "wall"), ("cpu_s", "CPU")):
+    for key, what in (("wall_s", "wall"), ("cpu_s", "driver CPU")):
         for code in codes:
             tag = f" ({code})" if code else ""
             by_seed = {r["seed"]: r[key] for r in rows if r["arm"] == f"random{tag}" and key in r}
@@ -431,7 +432,7 @@ def run_seed(seed: int, arms: list[str], trials: int, workdir: Path, root: Path,
                 target = summarise(r["events"], None)["best"] - TARGET_POINTS / 100
             r.update(summarise(r["events"], target), target=target)
             print(f"seed {seed} {r['arm']:>9}: best {r['best']:.4f}, {r['epochs']} epochs, to target {r['epochs_to_target']}, "
-                  f"{r['wall_s']} s ({r['cpu_s']} s CPU), {r['states']}, {r['exploited']} exploited  [{r['load_before']}]", flush=True)
+                  f"{r['wall_s']} s ({r['cpu_s']} s driver CPU), {r['states']}, {r['exploited']} exploited  [{r['load_before']}]", flush=True)
         else:
             print(f"seed {seed} {arm:>9}: refused: {r['refused']}", flush=True)
         rows.append(r)
