@@ -1,4 +1,5 @@
-"""The Optuna storage: opened for a driver (heartbeats, stale-trial retries) or to read a study back."""
+"""The Optuna storage: opened for a driver (heartbeats, stale-trial retries) or to read a study back;
+a new trial asked without Optuna's look for a WAITING one (ask_new)."""
 
 from __future__ import annotations
 
@@ -105,3 +106,16 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     from hpolab.stores.grpc_proxy import grpc_storage, is_grpc_url
 
     return grpc_storage(url) if is_grpc_url(url) else optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
+
+
+def ask_new(study: optuna.Study, distributions: dict) -> optuna.Trial:
+    """study.ask() less its look for a WAITING trial to run first, which reads every unfinished trial
+    (under a trial scheduler every paused one: 20-40 ms at 36 of them). For a caller whose own read
+    under the budget lock found none: a retry copy another worker queues meanwhile (it does not take
+    the lock) stays WAITING for the next claim. The rest is ask()'s: a new trial, the sampler's
+    before_trial and relative sampling (optuna.Trial), then the fixed distributions suggested."""
+    study._thread_local.cached_all_trials = None  # (as ask: samplers read the trials afresh)
+    trial = optuna.Trial(study, study._storage.create_new_trial(study._study_id))
+    for name, distribution in distributions.items():
+        trial._suggest(name, distribution)
+    return trial

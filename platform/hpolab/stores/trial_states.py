@@ -29,6 +29,8 @@ trials as running.
 
 from __future__ import annotations
 
+import copy
+
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterable
@@ -79,6 +81,14 @@ def paused_mark(trial: Any) -> dict[str, Any] | None:
     """The paused mark ({rung, epoch, ...}) of a trial paused or put back now, else None."""
     mark = trial.system_attrs.get(PAUSED)
     return mark if optuna_state(trial) == "RUNNING" and isinstance(mark, dict) else None
+
+
+def seen_paused(t: Any, rung: int, epoch: int) -> Any:
+    """A copy of trial `t` as it would be once paused at `epoch` (its paused mark; nothing written):
+    what a claim right after the pause would read (driver/pauses.py's go_on)."""
+    view = copy.copy(t)
+    view.system_attrs = {**t.system_attrs, PAUSED: {"rung": rung, "epoch": epoch}}
+    return view
 
 
 def state_of(trial: Any, retried: Iterable[int] = ()) -> State:
@@ -169,7 +179,8 @@ class Transition:
 S = State
 TRANSITIONS: tuple[Transition, ...] = (
     Transition("claim", (NEW, S.WAITING), (S.CLAIMED,),
-               "Optuna, under the budget lock: ask() (a WAITING trial first), its owner record, a heartbeat"),
+               "Optuna, under the budget lock: ask() (a WAITING trial first; when the claim's read has none, a new "
+               "trial without Optuna's look for one), its owner record, a heartbeat"),
     Transition("reclaim", (S.CLAIMED,), (S.CLAIMED,),
                "Optuna, under the budget lock: a dead driver's claimed trial (no run made) gets this driver's owner record"),
     Transition("release", (S.CLAIMED,), (S.RELEASED,),

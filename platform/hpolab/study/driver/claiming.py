@@ -70,7 +70,7 @@ def claim_next(d, reaped: bool = False) -> optuna.Trial | Claimed | str | None:
         d.more_to_start = bool(d.pauses) or may_start_another(after, d.spec.n_trials)
         distributions = optuna_distributions(d.spec, lr_bounds(d.study))
         optimistic = None if locked else (lambda n: over_budget(d.study, n, d.spec.n_trials))  # (no lock: the proxy)
-        return lifecycle.claim(d.study, d.storage, distributions, optimistic, d.outage.call)
+        return lifecycle.claim(d.study, d.storage, distributions, optimistic, d.outage.call, no_waiting=locked and not counts["waiting"])
 
 
 def take_over(d, spent: bool) -> optuna.Trial | None:

@@ -48,7 +48,7 @@ from optuna.trial import FrozenTrial, TrialState
 from hpolab.stores.artifacts import fetch_checkpoint
 from hpolab.stores.budget_lock import budget_lock
 from hpolab.stores.trial_counts import last_reported
-from hpolab.stores.trial_states import OWNED, PAUSED, PAUSED_STATES, states
+from hpolab.stores.trial_states import OWNED, PAUSED_STATES, seen_paused, states
 from hpolab.study.objectives.trial_scheduler import CHANGES_ATTR, RUNG_ATTR, Resume, TrialScheduler, paused_at
 from hpolab.study.state import lifecycle
 from hpolab.study.state.budget import epoch_budget_spent
@@ -80,13 +80,6 @@ def epochs_in_flight(scheduler: TrialScheduler, trials: list[FrozenTrial]) -> in
         target = scheduler.pause_epoch(t, last + 1) or int(scheduler.top_epochs())
         out += max(0, target - last)
     return out
-
-
-def seen_paused(t: FrozenTrial, rung: int, epoch: int) -> FrozenTrial:
-    """`t` as it would be once paused at `epoch` (its paused mark): what a claim right after the pause reads."""
-    view = copy.copy(t)
-    view.system_attrs = {**t.system_attrs, PAUSED: {"rung": rung, "epoch": epoch}}
-    return view
 
 
 def set_dotted(config: dict[str, Any], changes: dict[str, Any]) -> None:

@@ -30,7 +30,8 @@ from typing import Any, Callable, Iterator
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from hpolab.stores.trial_states import BY_NAME, OWNER, PAUSED, RELEASED, RUN_ID, State, retried_numbers, state_of
+from hpolab.stores.optuna_storage import ask_new
+from hpolab.stores.trial_states import BY_NAME, OWNER, PAUSED, RELEASED, RUN_ID, State, paused_mark, retried_numbers, state_of
 from hpolab.study.state.outage import passthrough
 from hpolab.study.state.owners import first_heartbeat, owner_of, owner_record
 
@@ -71,11 +72,12 @@ def step(name: str) -> Iterator[None]:
 
 
 def claim(study: optuna.Study, storage, distributions: dict, over_budget: Callable[[int], bool] | None = None,
-          guard: Callable[..., Any] = passthrough) -> optuna.Trial | None:
+          guard: Callable[..., Any] = passthrough, no_waiting: bool = False) -> optuna.Trial | None:
     """A new (or WAITING) trial for this driver, under the budget lock: asked, owned, one heartbeat.
-    `over_budget(number)`: the optimistic check where no lock is held (True: released, None back)."""
+    `over_budget(number)`: the optimistic check where no lock is held (True: released, None back).
+    `no_waiting`: the claim's read under the lock found no WAITING trial (ask_new: no look for one)."""
     with step("claim"):
-        trial = study.ask(fixed_distributions=distributions)
+        trial = ask_new(study, distributions) if no_waiting else study.ask(fixed_distributions=distributions)
         if over_budget is not None and guard(over_budget, trial.number):
             guard(release, study, trial)  # another worker took the last slot first
             return None
@@ -246,10 +248,8 @@ def pause(storage, trial_id: int, number: int, rung: int, epoch: int, run_side: 
 def continued(storage, trial_id: int, rung: int, epoch: int, until: dict | None, go_on: Callable[[], None],
               guard: Callable[..., Any] = passthrough) -> None:
     """Under the budget lock: a segment at its pause point that the scheduler would resume next goes on
-    in its process (a pause and a resume with nothing between them). Recorded as a resumed segment is:
-    the rung reached, where the next segment started and where it pauses; then `go_on` tells the
-    process. A driver killed before this leaves a segment that reached its pause point (put back:
-    paused there); after it, a segment of the next rung (put back: interrupted, from its checkpoint)."""
+    in its process, recorded as a resumed segment is (rung reached, where the next segment starts and
+    pauses); then `go_on` tells the process. Killed before: put back paused there; after: interrupted."""
     with step("continued"):
         guard(storage.set_trial_user_attr, trial_id, RUNG, rung)
         guard(storage.set_trial_system_attr, trial_id, SEGMENT_AFTER, epoch)
@@ -262,8 +262,6 @@ def claim_paused(storage, t: FrozenTrial, config_changes: dict[str, Any], attrs:
     """Under the budget lock: paused (or put back) trial `t` becomes this driver's, with the scheduler's
     decision recorded right after it was made (a driver that dies before the segment starts leaves a
     trial that says what its checkpoint is: resumed by the next one with no new decision). Its mark."""
-    from hpolab.stores.trial_states import paused_mark
-
     info = paused_mark(t)
     with step("resume_claimed"):
         guard(storage.set_trial_user_attr, t._trial_id, OWNER, owner_record(t.number))
@@ -379,8 +377,6 @@ def end_paused(study: optuna.Study, t: FrozenTrial, state: TrialState, tags: dic
                guard: Callable[..., Any] = passthrough) -> bool:
     """A trial still paused when nothing can run ends as the scheduler says (ASHA: PRUNED at its rung):
     Optuna told, then its run closed. False when Optuna refused (noted; the run stays open)."""
-    from hpolab.stores.trial_states import paused_mark
-
     info = paused_mark(t) or {}
     value = t.intermediate_values.get(info.get("epoch")) if state == TrialState.COMPLETE else None
     with step("ended_paused"):
