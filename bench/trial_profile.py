@@ -129,6 +129,7 @@ def targets(segs: trial_phases.Segments):
     from hpolab.study.driver import driver, events, pauses, progress
     from hpolab.study.objectives import pruning, stopping
     from hpolab.study.retention import retention
+    from hpolab.study.state import lifecycle
     from hpolab.study.trials import runner, tracker
 
     D, E, T = driver.Driver, events.TrialEvents, tracker.TrialTracker
@@ -136,6 +137,7 @@ def targets(segs: trial_phases.Segments):
         (D, "_claim_trial", "1 start: claim (budget lock, dead trials?, count, ask, owner, heartbeat)", segs.claimed),
         (D, "reap", "1 start:   reap dead trials (when the claim's read finds one)", None),
         (optuna.Study, "ask", "1 start:   ask", None),
+        *([(lifecycle, "ask_new", "1 start:   ask a new trial (no look for a WAITING one)", None)] if hasattr(lifecycle, "ask_new") else []),
         (driver, "trial_counts", "1 start:   trial counts (budget) / loop counts", None),
         (D, "_start_trial", "1 start: start trial (run, params, files, spawn)", _both(_mark("start"), segs.started("fresh"))),
         (driver, "retry_source", "1 start:   retry source", None),
