@@ -131,7 +131,7 @@ class TrialEvents:
             if told and self.never_prunes and not self._report(r, value if finite else float("nan"), epoch):
                 return
             told = False  # (reported)
-            if self.pauses.go_on(r, epoch, value, self.stopping, lambda: _answer(r, "continue")):
+            if self.pauses.go_on(r, epoch, value, lambda: _answer(r, "continue")):
                 reply = None
         if reply is not None:
             _answer(r, reply)

@@ -93,10 +93,11 @@ class Pauses:
     """Pauses, resumes and the end of paused trials for one driver (the driver and events.py call it)."""
 
     def __init__(self, scheduler: TrialScheduler, spec, stores, study: optuna.Study, storage, running: dict[int, Running],
-                 tracker, progress, guard: Callable[..., Any]):
+                 tracker, progress, guard: Callable[..., Any], may_resume: Callable[[], bool] = lambda: True):
         self.scheduler, self.spec, self.stores = scheduler, spec, stores
         self.study, self.storage, self.running = study, storage, running
         self.tracker, self.progress, self.note, self.guard = tracker, progress, progress.note, guard
+        self.may_resume = may_resume  # whether this driver's claims may resume a trial now (no stop, drain or `study pause`)
         self.pause_at: dict[int, int | None] = {}  # trial number -> the epoch its current segment pauses after
         self.until_of: dict[int, dict[str, int] | None] = {}  # trial number -> {epoch, rung} of that pause (lifecycle.SEGMENT_UNTIL)
         self.seen: list[FrozenTrial] = []  # the study's trials as this driver's last read under the lock had them (go_on's first look)
@@ -161,7 +162,7 @@ class Pauses:
 
     # ------------------------------------------------------------ go on, or pause
 
-    def go_on(self, r: Running, epoch: int, value: float | None, stopping: Callable[[], bool], reply: Callable[[], None]) -> bool:
+    def go_on(self, r: Running, epoch: int, value: float | None, reply: Callable[[], None]) -> bool:
         """At its pause point (its value there reported): the segment goes on in its process when the
         claim right after its pause would resume it anyway. The claim's decision, made as the claim
         makes it: under the budget lock, on one read, with this trial seen paused at `epoch` (the
@@ -173,7 +174,7 @@ class Pauses:
         if value is None or not math.isfinite(value) or not self._may_be_next(r, epoch, value):
             return False  # (not finite at its rung: it pauses, and the claims decide as always)
         with budget_lock(self.storage, self.spec.name):
-            if stopping():
+            if not self.may_resume():  # (as the loop claims nothing then)
                 return False
             trials = self.seen = self.guard(self.study.get_trials, deepcopy=False)
             me = trials[r.number]
