@@ -343,3 +343,13 @@ def assert_sigterm_then_rerun_resumes(store: Path, spec: str, study: str, args: 
         assert int(run.data.tags["hpolab.resumed_after_epoch"]) >= 1  # it went on from the restored checkpoint
         assert metric_steps(client, run.info.run_id, metric) == list(range(1, epochs + 1))  # one continuous curve
     assert_study_check_clean(store, study)
+
+
+def bench_script(name: str):
+    """A bench/ script loaded as a module (bench/ is no package): its pure parts, tested without training."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", Path(__file__).resolve().parents[1] / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

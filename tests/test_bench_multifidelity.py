@@ -3,7 +3,6 @@ through the real spec loader, and one slow smoke run of the script through the C
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,17 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import bench_script
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_multifidelity", ROOT / "bench" / "multifidelity.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-mf = _bench()
+mf = bench_script("multifidelity")
 
 
 def test_epochs_are_counted_once_in_the_order_received_and_the_target_is_the_first_good_enough():

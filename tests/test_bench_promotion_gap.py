@@ -2,17 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_promotion_gap", ROOT / "bench" / "promotion_gap.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import bench_script
 
 
 def test_promotions_in_process_and_pauses_resumed_at_once_are_told_apart_and_waits_left_out():
@@ -22,4 +12,4 @@ def test_promotions_in_process_and_pauses_resumed_at_once_are_told_apart_and_wai
              "00:02 trial 1 paused at rung 1 (epoch 3) | running: none",
              "00:02 trial 1 resumed after epoch 3 (promoted; from /s/trial-1/last.pt)",
              "00:03 trial 0 resumed after epoch 1 (promoted; from /s/trial-0/last.pt)"]
-    assert _bench().promotions(lines) == {"in process": [(1, 1)], "paused, resumed at once": [(1, 3)]}
+    assert bench_script("promotion_gap").promotions(lines) == {"in process": [(1, 1)], "paused, resumed at once": [(1, 3)]}
