@@ -30,7 +30,6 @@ trials as running.
 from __future__ import annotations
 
 import copy
-
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterable

@@ -186,9 +186,8 @@ class Driver:
                                     mlflow_guard=self.mlflow_outage.call, code=self.code)
         self.system_metrics = SystemMetrics(self.spec.system_metrics, self.tracker)  # each trial's processes, in its run
         scheduler = scheduler_for(self.spec, self.stores)  # ASHA / PBT: pause and resume trials (pauses.py)
-        self.pauses = scheduler and Pauses(scheduler, self.spec, self.stores, self.study, self.storage, self.running, self.tracker,
-                                           self.progress, self.outage.call,
-                                           may_resume=lambda: not (self.signals.stopping or self.draining or self.control.paused))
+        self.pauses = scheduler and Pauses(scheduler, self.spec, self.stores, self.study, self.storage, self.running, self.tracker, self.progress,
+                                           self.outage.call, may_resume=lambda: not (self.signals.stopping or self.draining or self.control.paused))
         self.events = TrialEvents(self.study, self.storage, self.running, self.tracker, self.runner, self.progress,
                                   self.spec.metric, self.retry, self.streak,
                                   stopping=lambda: self.signals.stopping, aborting=lambda: self.signals.aborting,
