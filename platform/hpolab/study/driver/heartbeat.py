@@ -165,8 +165,12 @@ def dead_trials(study: optuna.Study, storage, mine: dict[int, Running], trials: 
     claimed, dead = [], []
     for t in others:
         why = why_dead(t, stale_ids, storage)
-        if why is not None:
-            (claimed.append(t) if state_of(t) == State.CLAIMED else dead.append((t, why)))
+        if why is None:
+            continue
+        if state_of(t) == State.CLAIMED:
+            claimed.append(t)
+        else:
+            dead.append((t, why))
     return claimed, dead
 
 

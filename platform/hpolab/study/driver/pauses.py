@@ -82,6 +82,12 @@ def epochs_in_flight(scheduler: TrialScheduler, trials: list[FrozenTrial]) -> in
     return out
 
 
+def plain_resume_of(res: Resume | None, number: int) -> bool:
+    """`res` resumes trial `number` from its own checkpoint, changing nothing: it may go on in its process."""
+    return (res is not None and res.number == number and not (res.config_changes or res.attrs or res.params)
+            and res.source is None)
+
+
 def set_dotted(config: dict[str, Any], changes: dict[str, Any]) -> None:
     """Apply `section.key` -> value changes over a resolved config."""
     for path, value in changes.items():
@@ -183,7 +189,7 @@ class Pauses:
             if epoch_budget_spent(view, self.spec, epochs_in_flight(self.scheduler, view)):
                 return False
             res = self.scheduler.next_resume(view)
-            if res is None or res.number != r.number or res.config_changes or res.attrs or res.params or res.source is not None:
+            if not plain_resume_of(res, r.number):
                 return False
             at = self.scheduler.pause_epoch(me, epoch + 1)
             until = None if at is None else {"epoch": at, "rung": self._rung_of(me, at)}
@@ -203,8 +209,7 @@ class Pauses:
         me = copy.copy(self.seen[r.number])
         me.intermediate_values = {**me.intermediate_values, epoch: value}
         view = [seen_paused(me, self._rung_of(me, epoch), epoch) if t.number == r.number else t for t in self.seen]
-        res = self.scheduler.next_resume(view)
-        return res is not None and res.number == r.number
+        return plain_resume_of(self.scheduler.next_resume(view), r.number)
 
     # ------------------------------------------------------------ pause
 
