@@ -64,7 +64,8 @@ ENV = {
                                                   "`system/` metrics (`system_metrics: false` turns them off)", "2"),
     "HPOLAB_NOTIFY_EXIT_WAIT": (PROCESSES, "seconds a driver's end waits for notifications still being delivered "
                                            "(what is left is counted as dropped)", "10"),
-    "HPOLAB_CACHE": (PROCESSES, "where migrated empty databases are kept, copied into each new embedded store",
+    "HPOLAB_CACHE": (PROCESSES, "where migrated empty databases are kept, copied into each new embedded store, and which "
+                     "installed distribution owns which module (per set of installed distributions)",
                      "`$XDG_CACHE_HOME/hpolab` or `~/.cache/hpolab`"),
     "XDG_CACHE_HOME": (PROCESSES, "the cache folder `HPOLAB_CACHE` defaults to (under `hpolab/`)", "`~/.cache`"),
     "MLFLOW_TRACKING_USERNAME": (MLFLOW, "user name for an MLflow server with a login (`--app-name basic-auth`); "
