@@ -67,3 +67,30 @@ def test_an_unwritable_cache_falls_back_to_creating_the_database(tmp_path, monke
     make_storage(resolve_stores(str(store)).optuna_url).engine.dispose()
     assert _default_experiment(store / "mlflow.db") == (store / "artifacts").as_uri() + "/0"
     assert (store / "optuna.db").stat().st_size > 0
+
+
+def _journal_mode_and_count(db, table: str) -> tuple[str, int]:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("PRAGMA journal_mode").fetchone()[0], con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_a_new_store_logs_ahead_and_its_database_files_alone_hold_the_finished_study(tmp_path):
+    """A new store's databases use SQLite's write-ahead log; the study's command copies the log into
+    them as it exits, so a copy of optuna.db or mlflow.db alone (no -wal file beside it) has every
+    trial and run."""
+    import shutil
+
+    from conftest import ROOT, run_cli
+
+    store = tmp_path / "store"
+    run_cli("--store", str(store), "study", "run", str(ROOT / "studies" / "bench_multifidelity.yaml"), "n_trials=2",
+            "trainer.max_epochs=2", "parallel=1")
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for name in ("optuna.db", "mlflow.db"):
+        shutil.copyfile(store / name, alone / name)
+    assert _journal_mode_and_count(alone / "optuna.db", "trials") == ("wal", 2)
+    assert _journal_mode_and_count(alone / "mlflow.db", "runs") == ("wal", 3)  # the study's run and a run per trial

@@ -4,7 +4,8 @@ Creating MLflow's SQLite tracking DB runs some sixty alembic migrations, and Opt
 its own: seconds of CPU, the largest fixed cost of the first `hpolab study run` in a new `--store`.
 The result depends only on the installed versions, so the first new store on a machine pays it once,
 into ~/.cache/hpolab (or $HPOLAB_CACHE), and every later new store copies the file (milliseconds).
-The copy is written beside its target and renamed into place, never over an existing database.
+The copy is written beside its target and renamed into place, never over an existing database, and
+uses the write-ahead log (sqlite_wal.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sqlite3
 import tempfile
 from pathlib import Path
 from typing import Callable
+
+from hpolab.stores.sqlite_wal import use_wal
 
 
 def cache_dir() -> Path:
@@ -58,6 +61,7 @@ def seed_database(db: Path, key: str, create: Callable[[str], None],
             shutil.copyfile(template, tmp)
             if prepare is not None:
                 prepare(Path(tmp))
+            use_wal(Path(tmp))
             os.link(tmp, db)  # fails if another worker created it meanwhile: theirs stays
         except FileExistsError:
             pass

@@ -17,6 +17,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from hpolab.stores.paths import Stores, redact
 from hpolab.stores.run_roles import ROLE, TRIAL
+from hpolab.stores.sqlite_wal import checkpoint_at_exit
 
 PARAM_BATCH = 100  # MLflow's log_batch limit for params
 METRIC_BATCH = 1000  # and for metrics
@@ -36,6 +37,7 @@ def quiet_mlflow() -> None:
 def client_for(stores: Stores) -> MlflowClient:
     quiet_mlflow()
     _create_local_db(stores)
+    checkpoint_at_exit(stores.tracking_db)
     return MlflowClient(tracking_uri=stores.tracking_uri)
 
 

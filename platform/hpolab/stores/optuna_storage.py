@@ -13,6 +13,7 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from hpolab.errors import StudyError, UserError
 from hpolab.stores.paths import Stores, redact, sqlite_file
 from hpolab.stores.preflight import OPTUNA_FIX, one_line, check_database, connect_args_for
+from hpolab.stores.sqlite_wal import checkpoint_at_exit
 
 HEARTBEAT_INTERVAL = int(os.environ.get("HPOLAB_HEARTBEAT_INTERVAL", "10"))  # seconds between heartbeats
 GRACE_PERIOD = int(os.environ.get("HPOLAB_GRACE_PERIOD", str(6 * HEARTBEAT_INTERVAL)))  # then a trial is stale
@@ -55,6 +56,7 @@ def make_storage(where: Stores | str, max_retries: int = 1) -> optuna.storages.B
     from sqlalchemy.exc import SQLAlchemyError
 
     _seed_sqlite(db)
+    checkpoint_at_exit(db)
     for attempt in range(6):
         try:
             return optuna.storages.RDBStorage(
