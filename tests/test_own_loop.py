@@ -33,7 +33,7 @@ def _checkpoints(client, run_id: str) -> list[str]:
 
 
 def test_pruned_and_complete_trials_are_logged_like_the_routines(store):
-    out = _run(store)
+    out = _run(store, "model.amp=bf16")
     client, study = open_study(store, STUDY)
     by_quality = {t.params["model.quality"]: t for t in study.get_trials()}
     done, pruned = by_quality[0.9], by_quality[0.1]
@@ -45,6 +45,7 @@ def test_pruned_and_complete_trials_are_logged_like_the_routines(store):
     assert run.info.status == "FINISHED" and tags["hpolab.state"] == "COMPLETE"
     assert tags["hpolab.best_epoch"] == "3" and tags["hpolab.epochs_run"] == "3" and tags["hpolab.stop_reason"] == "max_epochs"
     assert tags["hpolab.device"] == "cpu" and run.data.params["model.quality"] == "0.9"
+    assert tags["hpolab.amp"] == "bf16"  # what the loop told trial.describe
     assert [s for s, _ in _history(client, run.info.run_id, "val_acc")] == [1, 2, 3]
     assert [v for _, v in _history(client, run.info.run_id, "steps")] == [1, 2, 3]
     assert tags["hpolab.checkpoint_epoch"] == "3"  # last.pt uploaded while it ran (then deleted: it finished)

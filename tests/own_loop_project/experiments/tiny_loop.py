@@ -14,6 +14,7 @@ Its model: keys pass through as the spec gives them (no MODEL_DEFAULTS):
   keep         "best": trial.log_model after each report that is the best so far (default: once, at the end)
   changes      "apply": a resumed attempt calls trial.apply_config_changes(optimizer) after restoring it
   val_loss     a val_loss reported every epoch (none by default)
+  amp          what train() tells trial.describe(amp=...) (its run's tag hpolab.amp; none by default)
 Every epoch also reports `opt_lr`, the learning rate the optimizer trained it with.
 Every epoch reports `steps` (optimizer steps so far, carried in the checkpoint's state: it equals the
 epoch only when a resumed attempt restored it) and `start_epoch` (trial.start_epoch of this attempt).
@@ -34,6 +35,8 @@ def train(config: dict, trial) -> None:
     net = nn.Linear(4, 2)
     opt = torch.optim.SGD(net.parameters(), lr=t["lr"])
     steps = 0
+    if "amp" in m:
+        trial.describe(amp=m["amp"])
     state = trial.restore()
     if state is not None:
         net.load_state_dict(state["model"])
