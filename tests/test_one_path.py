@@ -64,16 +64,10 @@ def _wait_for_epoch(store: Path, epoch: int, timeout: float = 120) -> None:
     raise AssertionError(f"no trial checkpointed epoch {epoch} in time")
 
 
-# With no pruner both kinds train on while the driver answers an epoch. The routine reads the answer
-# before each batch and abandons the epoch in progress at a stop; an own loop hears it only from its next
-# trial.report (docs/how-to/own-loop.md, Limits), so after a SIGTERM it trains that whole epoch for nothing.
-WHOLE_EPOCH_AFTER_STOP = pytest.mark.xfail(strict=True, reason="an own loop learns of a stop at its next report only "
-                                           "(pruner none: reports do not wait for the answer), so it trains the epoch after "
-                                           "its last recorded one to its end; the routine abandons it within a batch")
-
-
-@pytest.mark.parametrize("kind, how", [("routine", "SIGKILL"), ("own_loop", "SIGKILL"), ("routine", "SIGTERM"),
-                                       pytest.param("own_loop", "SIGTERM", marks=WHOLE_EPOCH_AFTER_STOP)])
+# With no pruner both kinds train on while the driver answers an epoch; a stop abandons the epoch in
+# progress in both: the routine reads the answer before each batch, an own loop is interrupted in its
+# code (study/trials/stop_interrupt.py).
+@pytest.mark.parametrize("kind, how", [("routine", "SIGKILL"), ("own_loop", "SIGKILL"), ("routine", "SIGTERM"), ("own_loop", "SIGTERM")])
 def test_a_trial_whose_driver_was_killed_or_stopped_is_retried_from_its_checkpoints_epoch(store, tmp_path, kind, how):
     trace = tmp_path / "trained.txt"  # a line per batch trained: the process id that trained it
     args = ["n_trials=1", "search_space={}", "sampler={type: random}", "trainer.max_epochs=4", "trainer.batch_size=2",

@@ -11,7 +11,8 @@ epoch and reading the driver's "continue" | "stop" is a Report's, in one of two 
   the next report waits for it first. The checkpoint's fsync and the round trip to the driver (its
   turn on a shared CPU) then cost the loop nothing. A stop is seen by the next report, which returns
   True without sending its epoch: that epoch is trained but neither reported nor checkpointed, so the
-  trial's records end after the epoch the driver answered "stop" to, as in waiting mode.
+  trial's records end after the epoch the driver answered "stop" to, as in waiting mode. A loop that
+  does not poll `trial.stop_requested()` is interrupted in its epoch instead (stop_interrupt.py).
 
 Either way the epoch's message goes out only after its checkpoint is renamed into place (the driver
 stages that file for upload before it answers) and the next checkpoint is written only after that
@@ -30,9 +31,10 @@ from hpolab.study.trials.lifeline import ORPHAN_EXIT_CODE
 class Reports:
     """The epoch messages of one trial process (its pipe to the driver is used by nobody else meanwhile)."""
 
-    def __init__(self, conn, pipelined: bool):
+    def __init__(self, conn, pipelined: bool, on_stop: Callable[[], None] | None = None):
         self._conn = conn
         self.pipelined = pipelined
+        self._on_stop = on_stop  # a pipelined "stop" interrupts the loop's epoch in progress (stop_interrupt.py)
         self.stopped = False  # the driver answered "stop"
         self._job: threading.Thread | None = None
         self._error: BaseException | None = None  # the checkpoint's write failed (disk full ...)
@@ -67,6 +69,8 @@ class Reports:
         try:
             self._conn.send(("epoch", epoch, values))
             self.stopped = self._conn.recv() == "stop"
+            if self.stopped and self.pipelined and self._on_stop is not None:
+                self._on_stop()
         except (EOFError, OSError):  # the driver is gone (its end closed): nobody to train for
             os._exit(ORPHAN_EXIT_CODE)
 

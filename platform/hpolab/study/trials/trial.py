@@ -43,6 +43,8 @@ from hpolab.study.trials.lifeline import ORPHAN_EXIT_CODE
 from hpolab.study.trials.trial_contract import (ContractError, EpochNumbers, TrialFailure, check_plain, model_example,
                                                    plain_metrics, plain_params)
 from hpolab.study.trials.reports import Reports
+from hpolab.study.trials.stop_interrupt import interrupter
+from hpolab.study.trials.stop_interrupt import run as run_train
 from hpolab.train.checkpoint import (CHECKPOINT_FORMAT, atomic_write_bytes, link_or_write, load_checkpoint, serialize_checkpoint,
                                      unwrap_model)
 from hpolab.train.device import resolve_device
@@ -63,8 +65,10 @@ class Trial:
         self.dir: Path = Path(job["checkpoint_dir"])
         self._conn = conn
         self._awaiting_go = awaiting_go  # the driver's "go" is read before the first message (trial_process.await_go)
-        # The driver's runner says whether reports may go on while the loop trains (no pruner); a loop that polls does
-        self._reports = Reports(conn, pipelined or bool(job.get("pipelined_reports")))
+        # The driver's runner says whether reports may go on while the loop trains (no pruner); a loop that polls does.
+        # One that does not is interrupted in its epoch by a stop (stop_interrupt.py).
+        self._reports = Reports(conn, pipelined or bool(job.get("pipelined_reports")),
+                                on_stop=None if pipelined or not job.get("pipelined_reports") else interrupter())
         self._described: dict[str, Any] = {}  # what the loop said of itself for the summary (describe)
         self.keeps_model = bool(job.get("export_model"))  # the study logs models: trial.log_model's copy is saved
         self._metric, self._direction = cfg["metric"], cfg["direction"]
@@ -340,7 +344,7 @@ def run_trial(conn, job: dict[str, Any], report: Callable, offer_export: Callabl
         seed_everything(cfg["seed"], bool(cfg["trainer"].get("deterministic", False)))
         pruned = False
         try:
-            train(cfg, trial)
+            run_train(train, cfg, trial)  # (a stop may end it early: stop_interrupt.py)
         except Exception as e:
             trial.settle(raise_error=False)  # nothing else may use the pipe while a report is in flight
             if not _is_trial_pruned(e):
