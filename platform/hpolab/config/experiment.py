@@ -151,6 +151,18 @@ def is_own_loop(module: ModuleType) -> bool:
     return callable(getattr(module, "train", None)) and not hasattr(module, "build_model")
 
 
+def shape_problems(module: ModuleType, name: str) -> list[str]:
+    """What the experiment lacks for the loop that trains it: its own train(config, trial), or the
+    names the platform's routine builds its data and model from."""
+    if is_own_loop(module):
+        return []
+    if not hasattr(module, "build_model") and not hasattr(module, "train"):
+        return [f"experiment: {name} defines neither train(config, trial) (your own training loop) nor "
+                "build_model and load_data (the platform's routine); define one of them (see experiments/README.md)"]
+    return [f"experiment: {name} has no {attr} (see experiments/README.md)"
+            for attr in ("MODEL_DEFAULTS", "DATA_DEFAULTS", "load_data", "build_model") if not hasattr(module, attr)]
+
+
 def train_of(module: ModuleType):
     """The experiment's `train(config, trial)`: its own, or the platform's routine over its data, model
     and task (train/builtin.py)."""

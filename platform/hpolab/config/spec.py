@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from hpolab.config.controls import ConvergedStop, NoImprovementStop, NoiseProbe, Promotion, check_enqueue, seconds_of
 from hpolab.config.messages import validation_messages
 from hpolab.config.notify import NotifyTarget
-from hpolab.config.experiment import is_own_loop, load_experiment, project_root_of
+from hpolab.config.experiment import load_experiment, project_root_of, shape_problems
 from hpolab.config.training_loop import loop_problems
 from hpolab.config.overrides import apply_overrides, parse_overrides  # noqa: F401  (tests import it from here)
 from hpolab.config.objectives import Constraint, Objective, Pruning, WarmStart, declared_costs, fill_primary, measured_metrics
@@ -268,14 +268,7 @@ def _check_experiment(spec: StudySpec, search_from: Path | None = None) -> tuple
     except Exception as e:  # an experiment that fails to import is a spec problem the user must see
         return None, [f"experiment: importing {spec.experiment!r} failed: {type(e).__name__}: {e}"]
     spec._project_dir = project_root_of(exp)
-    own = is_own_loop(exp)
-    if not own and not hasattr(exp, "build_model") and not hasattr(exp, "train"):
-        return exp, [f"experiment: {spec.experiment} defines neither train(config, trial) (your own training loop) nor "
-                     "build_model and load_data (the platform's routine); define one of them (see experiments/README.md)"]
-    problems = []
-    for attr in () if own else ("MODEL_DEFAULTS", "DATA_DEFAULTS", "load_data", "build_model"):
-        if not hasattr(exp, attr):
-            problems.append(f"experiment: {spec.experiment} has no {attr} (see experiments/README.md)")
+    problems = shape_problems(exp, spec.experiment)
     if problems:
         return exp, problems
     # None: any key (an own loop without MODEL_DEFAULTS / DATA_DEFAULTS takes the spec's as given)
