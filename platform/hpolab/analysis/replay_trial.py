@@ -1,105 +1,74 @@
-"""The trial object of `hpolab reproduce`: what an experiment's `train(config, trial)` talks to when a
-run is trained again, the built-in routine's (train/builtin.py) and an own loop's alike.
+"""The trial of `hpolab reproduce`: the trial process's own trial object (study/trials/trial.py), run
+in this process by run_trial as a trial process runs it (the experiment's `train(config, trial)`,
+seeded as the trial was), with a Replay as the driver's end of its pipe.
 
-It records the reports instead of sending them (every reported number, per epoch) and stops the loop
-after the epoch its stretch ends at (report returns True then, as for a pruned trial, so a pruned trial
-is compared on its epochs). Checkpoints stay in the reproduction's temporary folder (the routine's
-last.pt) and in memory (an own loop's trial.checkpoint state); a PBT member's replay (reproduce_pbt.py)
-trains stretch after stretch with the same trial: the next one starts at `start_epoch` from the last
-checkpoint (`restore()`; the routine's last.pt), its config's new values in `config_changes` for the
-loop to give its optimizer (`apply_config_changes`), as a resumed attempt's trial has them.
-log_model and log_params are ignored: nothing is written to the stores.
+The Replay records every report (per epoch, its numbers) instead of logging it, and answers "stop" to
+the epoch its stretch ends at, "continue" before it: a pruned trial is compared on its epochs, as its
+driver stopped it there. A PBT member's replay (reproduce_pbt.py) trains stretch after stretch: each
+next one is a new attempt of the trial that resumes from the last checkpoint in the reproduction's
+folder (the routine's last.pt, an own loop's trial.checkpoint), its config's new values in
+`trial.config_changes` for the loop to give its optimizer, as the member's resumed attempts had them.
+Nothing reaches the stores: the loop's log_params and log_model stay in this process.
 """
 
 from __future__ import annotations
 
-import copy
+import multiprocessing
+import threading
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 # Reported per epoch by loops that time themselves; they measure the machine, never reproduce.
 TIMING = ("epoch_seconds", "samples_per_second", "data_wait_fraction")
 
 
-class LocalTrial:
-    """The trial of a reproduction (see the module docstring)."""
+class Replay:
+    """The driver's end of a reproduction's trial (see the module docstring); `history`: one dict per
+    report, its epoch (as recorded) and its numeric metrics."""
 
-    def __init__(self, number: int, params: dict[str, Any], config: dict, folder: Path):
-        import torch
-
-        from hpolab.study.trials.config_changes import ConfigChanges
-        from hpolab.study.trials.trial_contract import EpochNumbers
-
-        self.number, self.params, self.config, self.dir = number, params, config, folder
-        self.device, self.start_epoch = torch.device("cpu"), 1
-        self.history: list[dict[str, float]] = []  # one dict per report: epoch (as recorded) + the numeric metrics
-        self.weights_epoch: int | None = None
-        self._epochs = EpochNumbers()  # the trial's own numbering: a loop counting from 0 is recorded from 1
-        self._stop_after = 0
-        self._saved: tuple[dict, dict] | None = None  # (state, config) of the last trial.checkpoint
-        self._restored: dict | None = None
-        self._changes = ConfigChanges(config, None)
+    def __init__(self, experiment: ModuleType, number: int, params: dict[str, Any], folder: Path):
+        self.experiment, self.number, self.params, self.dir = experiment, number, params, folder
+        self.history: list[dict[str, float]] = []
 
     def stretch(self, config: dict, last: int) -> None:
-        """Train on with `config` up to epoch `last`: from the last checkpoint when epochs were trained already."""
-        from hpolab.study.trials.config_changes import ConfigChanges
+        """Train with `config` up to epoch `last`: from the last checkpoint when epochs were trained already."""
+        from hpolab.study.trials.trial import run_trial
 
-        self.config = config
-        self._stop_after = last
-        done = int(self.history[-1]["epoch"]) if self.history else 0
-        self.start_epoch = self._epochs.loop_epoch(done + 1) if done else 1
-        state, saved_config = self._saved if done and self._saved is not None else (None, None)
-        self._restored = copy.deepcopy(state)
-        self._changes = ConfigChanges(config, saved_config)
+        checkpoint = self.dir / "last.pt"
+        job = {"config": config, "number": self.number, "params": self.params, "checkpoint_dir": str(self.dir),
+               "resume_from": str(checkpoint) if self.history and checkpoint.is_file() else None,
+               "export_model": False, "pipelined_reports": False}
+        ours, theirs = multiprocessing.Pipe()
+        answering = threading.Thread(target=self._answer, args=(ours, last), name="reproduce-driver", daemon=True)
+        answering.start()
+        run_trial(theirs, job, report=_outcome, offer_export=None, experiment=self.experiment)  # (it closes `theirs`)
+        answering.join()
 
-    def report(self, epoch: Any, metrics: dict[str, float] | None = None, checkpoint: dict | None = None) -> bool:
-        if metrics is None and isinstance(epoch, dict):  # trial.report(metrics): the next epoch
-            epoch, metrics = None, epoch
-        recorded = self._epochs.record(epoch, self.history[-1]["epoch"] if self.history else 0, 1)
-        row: dict[str, float] = {"epoch": recorded}
-        for k, v in metrics.items():
+    def _answer(self, conn, last: int) -> None:
+        """As a driver: "go", then an answer to every epoch, until the trial's end of the pipe closes."""
+        conn.send("go")
+        while True:
             try:
-                row[str(k)] = float(v)
-            except (TypeError, ValueError):
-                continue  # not a number: the trial process would have refused it; nothing to compare
-        self.history.append(row)
-        if isinstance(checkpoint, dict):  # (a path: the loop wrote its own file, in self.dir)
-            self.checkpoint(checkpoint)
-        return recorded >= self._stop_after  # stop where the original stopped (or its stretch ends)
+                msg = conn.recv()
+            except (EOFError, OSError):
+                return
+            if msg[0] == "epoch":  # (("params", ...): the loop's log_params, nothing to answer)
+                epoch, metrics = int(msg[1]), msg[2]
+                self.history.append({"epoch": epoch, **{k: float(v) for k, v in metrics.items()}})
+                conn.send("stop" if epoch >= last else "continue")
 
-    @property
-    def is_best(self) -> bool:
-        return False  # (log_model is ignored: nothing to keep)
 
-    def checkpoint(self, state: dict) -> None:
-        self._saved = (copy.deepcopy(state), copy.deepcopy(self.config))  # (the loop changes its tensors next)
+def _outcome(conn, work, close: bool = True) -> dict[str, Any] | None:
+    """run_trial's `report`: the trial's work, its outcome kept here (the reports are what is compared).
+    A trial that ended in a TrialFailure (a summary the original could not have had either) still has
+    its reports."""
+    from hpolab.study.trials.trial import TrialFailure
 
-    def restore(self) -> dict | None:
-        return self._restored
-
-    @property
-    def resume_path(self) -> Path | None:
-        """A loop that writes its own checkpoints (the routine) resumes from its last.pt in self.dir."""
-        return Path(self.dir) / "last.pt" if self.start_epoch > 1 else None
-
-    def stop_requested(self, wait: bool = False) -> bool:
-        return False  # (report's answer stops the loop where the original stopped)
-
-    def describe(self, **fields: Any) -> None:
-        pass
-
-    @property
-    def config_changes(self) -> dict[str, Any]:
-        return self._changes.read()
-
-    def apply_config_changes(self, optimizer, schedulers=()) -> list[str]:
-        return self._changes.apply(optimizer, schedulers)
-
-    def log_params(self, params: dict) -> None:
-        pass
-
-    def log_model(self, model, input_example, *, epoch: int | None = None) -> None:
-        pass
+    try:
+        return work()
+    except TrialFailure:
+        return None
 
 
 def sampled_params(run, stores) -> dict[str, Any]:

@@ -4,8 +4,9 @@ The run's `config.yaml` artifact is the complete resolved config (seed included)
 say what it ran on and `hpolab.torch_threads` how many CPU threads it used (the order of float
 reductions depends on it; replayed up to the CPUs available now, said when fewer). Every experiment
 is trained again the same way: its `train(config, trial)` (an own loop's, or the built-in routine's:
-train/builtin.py) in this process, seeded as the trial process seeded it, with a LocalTrial
-(replay_trial.py) that records its reports and stops it after the epochs the run logged. Every metric
+train/builtin.py) in this process, with the trial process's own trial object, seeded as the trial
+process seeded it (run_trial), and a Replay (replay_trial.py) as its driver: it records the reports
+and stops the loop after the epochs the run logged. Every metric
 it reports that the run has is compared with the run's history per epoch (timing excepted):
 same seed + same environment (+ `trainer.deterministic` on a GPU) => identical numbers. A PBT
 member's schedule is replayed stretch by stretch (reproduce_pbt.py). Nothing is written to the
@@ -98,16 +99,14 @@ def _experiment(client, run, experiment: str, allow_change: bool, console):
 
 def _retrain(run, stores, config: dict, exp, epochs: int, console, schedule=None):
     """The experiment's train(config, trial) again with the run's config, seed and thread count, for the
-    run's number of epochs: the LocalTrial with its reports. A PBT member's `schedule` is replayed one
+    run's number of epochs: the Replay with its reports. A PBT member's `schedule` is replayed one
     stretch of the same values after the other, each resuming from the previous one's checkpoint with
     the next values, as the member's segments did."""
-    import optuna
     import torch
 
-    from hpolab.analysis.replay_trial import LocalTrial, sampled_params
+    from hpolab.analysis.replay_trial import Replay, sampled_params
     from hpolab.analysis.reproduce_pbt import apply, segments
     from hpolab.config.experiment import train_of
-    from hpolab.train import seed_everything
 
     tags = run.data.tags
     if tags.get("hpolab.trainer_overrides"):
@@ -120,25 +119,20 @@ def _retrain(run, stores, config: dict, exp, epochs: int, console, schedule=None
     torch.set_num_threads(_threads(int(tags.get("hpolab.torch_threads", "1")), console))
     config = {**config, "trainer": {**config["trainer"], "inject_nan_at_step": None, "inject_oom_at_step": None}}
     with tempfile.TemporaryDirectory(prefix="hpolab-reproduce-") as folder:
-        trial = LocalTrial(int(tags.get("optuna.trial_number", "0")), sampled_params(run, stores), config, Path(folder))
+        replay = Replay(exp, int(tags.get("optuna.trial_number", "0")), sampled_params(run, stores), Path(folder))
         for first, last, values in segments(schedule or [], epochs):
             config = {**config, "trainer": dict(config["trainer"]), **{k: dict(config[k]) for k in ("model", "data") if k in config}}
             apply(config, config["trainer"], values, first, console)
-            trial.stretch(config, last)
-            seed_everything(config["seed"], bool(config["trainer"].get("deterministic", False)))  # as the trial process did
-            try:
-                train(config, trial)
-            except optuna.TrialPruned:
-                pass
-    return trial
+            replay.stretch(config, last)
+    return replay
 
 
-def _compared(client, run, trial, exploit: int | None) -> tuple[tuple[str, ...], dict[str, dict[int, float]]]:
+def _compared(client, run, replay, exploit: int | None) -> tuple[tuple[str, ...], dict[str, dict[int, float]]]:
     """The metrics the replay reported that the run has (timing excepted), and the run's history of
     each; after a PBT member's first `exploit` only its lr (reproduce_pbt.py says why)."""
     from hpolab.analysis.replay_trial import TIMING
 
-    reported = dict.fromkeys(k for row in trial.history for k in row if k != "epoch" and k not in TIMING)
+    reported = dict.fromkeys(k for row in replay.history for k in row if k != "epoch" and k not in TIMING)
     compared = tuple(m for m in reported if m in run.data.metrics)
     history = {m: {h.step: h.value for h in client.get_metric_history(run.info.run_id, m)} for m in compared}
     if exploit is not None:
@@ -218,10 +212,10 @@ def reproduce_cmd(args, stores) -> int:
     exp = _experiment(client, run, experiment, bool(getattr(args, "allow_code_change", False)), console)
     epochs = _epochs(client, args.run_id, config)
     schedule, exploit = _pbt_schedule(stores, tags, console)
-    trial = _retrain(run, stores, config, exp, epochs, console, schedule)
-    compared, history = _compared(client, run, trial, exploit)
+    replay = _retrain(run, stores, config, exp, epochs, console, schedule)
+    compared, history = _compared(client, run, replay, exploit)
 
-    table, worst = _compare_table(f"{run.info.run_name}: original vs reproduced", compared, history, trial.history)
+    table, worst = _compare_table(f"{run.info.run_name}: original vs reproduced", compared, history, replay.history)
     console.print(table)
     ok = worst <= args.tolerance
     verdict = "identical" if worst == 0 else f"max abs difference {worst:.3g}"

@@ -4,8 +4,8 @@ A mistake in how `train(config, trial)` calls the trial (an epoch that is not a 
 is not one, a checkpoint holding a numpy value, a model that takes only one batch size) is the same in
 every trial of the study: it is a ContractError, which fails the trial with one line and stops the
 study at once (the failure budget is for trials that fail by their own chance, not for a loop that
-cannot run). The trial object (trial.py) and the reproduction's (analysis/replay_trial.py)
-number epochs with the same EpochNumbers.
+cannot run). The trial object (trial.py) numbers epochs with EpochNumbers, in a trial process and in
+`hpolab reproduce` alike (analysis/replay_trial.py runs the same object).
 
 Epochs: the records count them from 1 (MLflow's step, Optuna's intermediate step, the budget). A loop
 that counts from 0 (`for epoch in range(n)`, Optuna's own step convention) is recognised by its first
