@@ -203,13 +203,6 @@ def reap_dead_trials(
     return claimed
 
 
-def reap_trial(study: optuna.Study, storage, t, why: tuple[str, str], retry: RetryCopy,
-               close_run: Callable[[str, TrialState, dict[str, str]], None], note: Callable[[str], None],
-               guard: Callable[..., Any] = passthrough) -> None:
-    """Fail running trial `t` of another driver as dead (lifecycle.reap)."""
-    lifecycle.reap(study, storage, t, why, retry, close_run, note, guard)
-
-
 def others_running(study: optuna.Study, storage, mine: dict[int, Running], watch: AttrBeats | None = None) -> list[str]:
     """RUNNING trials of other (live-looking) drivers, described with their owner and heartbeat age."""
     out = []

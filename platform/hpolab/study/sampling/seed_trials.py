@@ -53,9 +53,3 @@ def queue_seed_trial(study: optuna.Study, seed: int, *, params: dict[str, Any] |
 def seed_trial_tags(trial) -> dict[str, str]:
     """A seed trial's run tags (hpolab.seed, hpolab.race_candidate); {} for any other trial."""
     return {k: str(trial.user_attrs[k]) for k in (CANDIDATE, SEED) if trial.user_attrs.get(k) is not None}
-
-
-def seed_of(trial) -> int | None:
-    """A seed trial's training seed (None: an ordinary trial, on the study's seed)."""
-    seed = trial.user_attrs.get(SEED)
-    return None if seed is None else int(seed)
