@@ -16,7 +16,8 @@ from optuna.trial import TrialState
 
 from conftest import run_cli
 from hpolab.study.driver.end_reasons import disagreement
-from hpolab.study.driver.heartbeat import HEARTBEAT_ATTR, REAPED, lost_reason, reap_trial
+from hpolab.study.driver.heartbeat import HEARTBEAT_ATTR, REAPED, lost_reason
+from hpolab.study.state import lifecycle
 from hpolab.study.state.owners import OWNER_ATTR, owner_record
 from hpolab.study.state.retry import KINDS, OVERRIDES, RetryCopy
 
@@ -44,8 +45,8 @@ def _reaped_and_retried(store, name: str = "rc"):
     storage.set_trial_user_attr(t._trial_id, "worker_seed", 7)
     storage.set_trial_system_attr(t._trial_id, HEARTBEAT_ATTR, time.time())
     storage.set_trial_system_attr(t._trial_id, OVERRIDES, {"micro_batch_size": 8})
-    reap_trial(study, storage, storage.get_trial(t._trial_id), ("owner_gone", "its driver is gone"), RetryCopy(1),
-               close_run=lambda *a: None, note=lambda line: None)
+    lifecycle.reap(study, storage, storage.get_trial(t._trial_id), ("owner_gone", "its driver is gone"), RetryCopy(1),
+                   close=lambda *a: None, note=lambda line: None)
     attempt, copy = study.get_trials()
     return study, attempt, copy
 
