@@ -71,6 +71,10 @@ def migrated_store(tmp_path_factory) -> Path:
     MlflowClient(tracking_uri=f"sqlite:///{template / 'mlflow.db'}").search_experiments()
     optuna.storages.RDBStorage(f"sqlite:///{template / 'optuna.db'}")
     optuna.storages.RDBStorage(f"sqlite:///{template / 'optuna.db'}").engine.dispose()
+    from hpolab.stores.sqlite_wal import use_wal
+
+    for name in ("mlflow.db", "optuna.db"):  # as a new store's (stores/db_templates.py): its copies log ahead too
+        use_wal(template / name)
     return template
 
 
