@@ -395,13 +395,16 @@ def test_a_trial_reaped_while_its_owner_runs_it_ends_fail_in_both_stores(store):
     from hpolab.study.state.owners import OWNER_ATTR
     from hpolab.study.state.retry import RetryCopy
 
-    # Opened before the driver starts: between trial 0's first checkpoint and the reap below, only the
-    # reap itself runs (trial 0 must still be training when it is reaped, on a loaded machine too).
+    # Trial 0 must still be training when it is reaped, on a loaded machine too: after its first
+    # checkpoint its model waits while the hold file exists (model.fault=hold); the file goes after the reap.
     storage = open_storage(f"sqlite:///{store / 'optuna.db'}")
     client = MlflowClient(tracking_uri=f"sqlite:///{store / 'mlflow.db'}")
     client.search_experiments()
-    env = {**hpolab_env(), "HPOLAB_HEARTBEAT_INTERVAL": "1"}
-    driver = _start(store, "n_trials=2", "parallel=1", "trainer.max_epochs=12", "model.sleep=0.03", env=env)
+    hold = store.parent / "hold"
+    hold.touch()
+    env = {**hpolab_env(), "HPOLAB_HEARTBEAT_INTERVAL": "1", "HPOLAB_TEST_HOLD": str(hold)}
+    driver = _start(store, "n_trials=2", "parallel=1", "trainer.max_epochs=12", "model.sleep=0.03",
+                    "model.fault=hold", "model.fault_after=20", env=env)
     _wait_for(store / "trials" / "faulty" / "trial-0" / "last.pt", driver)
 
     # Another worker's reaper believes trial 0's owner dead (as when the owner's heartbeat writes
@@ -422,6 +425,7 @@ def test_a_trial_reaped_while_its_owner_runs_it_ends_fail_in_both_stores(store):
 
     notes: list[str] = []
     reap_dead_trials(study, storage, {}, RetryCopy(1), close_run, notes.append)
+    hold.unlink()
     assert notes and "is gone; retried as trial" in notes[0], notes
     out, _ = driver.communicate(timeout=600)
     assert driver.returncode == 0, out

@@ -4,6 +4,7 @@ Real data (sklearn digits, flattened) and a tiny MLP. `model.fault` picks the mi
 `model.fault_after` forward calls (about 9 per epoch at batch 128):
   none | raise (Python exception) | nan (NaN logits) | sigkill (the process kills itself) |
   segfault (a real SIGSEGV) | hang (sleeps for an hour: for the per-trial timeout) |
+  hold (waits while the file that HPOLAB_TEST_HOLD names exists: a test removes it when it is done) |
   exit_after_epoch (the process exits right after sending its first epoch to the driver, so the
   driver's "continue" meets a closed pipe; fault_after is ignored)
 `model.sleep` slows every forward call (seconds), to make trials slow enough to interrupt.
@@ -65,6 +66,8 @@ class Faulty(nn.Module):
                 return self.net(x) * float("nan")
             if self.fault == "hang":
                 time.sleep(3600)
+            while self.fault == "hold" and os.path.exists(os.environ["HPOLAB_TEST_HOLD"]):
+                time.sleep(0.05)
         return self.net(x)
 
 
