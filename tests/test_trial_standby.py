@@ -158,3 +158,17 @@ def test_a_preload_is_kept_only_when_load_data_leaves_every_global_rng_as_it_was
     assert builtin._data_key(exp, {"a": 2}, 3) != key and builtin._data_key(exp, {"a": 1}, 4) != key
     builtin._PRELOADED.pop(key, None)
     assert calls == [({"a": 1}, 3)]
+
+
+@pytest.mark.slow
+def test_a_trial_process_imports_nothing_of_the_routine_or_torch_its_forkserver_had_not(store, tmp_path):
+    # The forkserver preloads the routine (study/trials/trial_process.py): a trial forked from it,
+    # directly (trial 0) or as a standby (trial 1), starts training without importing any of it again.
+    imports = tmp_path / "imports"
+    imports.mkdir()
+    run_cli("--store", str(store), "study", "run", FAULT_SPEC, "n_trials=2", *ARGS, cwd=FAULT_PROJECT,
+            env={**hpolab_env(), "HPOLAB_TEST_IMPORTS_DIR": str(imports)})
+    found = {f.stem: f.read_text().split() for f in imports.iterdir()}
+    assert len(found) == 2, found
+    for names in found.values():
+        assert [n for n in names if n.split(".")[0] in ("torch", "hpolab", "experiments")] == ["hpolab.study.trials.trial_entry"], names

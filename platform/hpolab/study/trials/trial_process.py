@@ -37,6 +37,12 @@ from typing import Any
 import torch  # imported here so the forkserver that preloads this module has torch warm
 import torch._dynamo  # noqa: F401  -- torch.optim's constructors import it lazily (~3 s); pay it once, in the forkserver
 
+# The routine's modules, which train/builtin.py imports only when it trains (the driver checks a spec
+# without them): imported here, once in the forkserver, instead of in every trial process (~40 ms each).
+import torch.utils.serialization.config  # noqa: F401  -- torch.save/torch.load import it on first use
+import hpolab.train.loop  # noqa: F401
+import hpolab.train.losses  # noqa: F401
+import hpolab.train.tasks  # noqa: F401
 from hpolab.study.trials.child_export import offer_export
 from hpolab.study.trials.gpu_memory import watch_gpu_memory
 from hpolab.study.trials.lifeline import watch_lifeline
