@@ -38,7 +38,7 @@ import torch  # imported here so the forkserver that preloads this module has to
 import torch._dynamo  # noqa: F401  -- torch.optim's constructors import it lazily (~3 s); pay it once, in the forkserver
 
 # The routine's modules, which train/builtin.py imports only when it trains (the driver checks a spec
-# without them): imported here, once in the forkserver, instead of in every trial process (~40 ms each).
+# without them): imported here, once in the forkserver, instead of in every trial process (tens of ms each).
 import torch.utils.serialization.config  # noqa: F401  -- torch.save/torch.load import it on first use
 import hpolab.train.loop  # noqa: F401
 import hpolab.train.losses  # noqa: F401
