@@ -37,6 +37,9 @@ KINDS = {
              "val_acc"),
     "pbt": (FAULT_PROJECT, "studies/faulty.yaml", ["parallel=1", "trainer.max_epochs=2", "log_models=none", PBT], "val_acc"),
 }
+# The harness's kinds are the lifecycle's study kinds, plus "own_loop": a plain study of an experiment with its
+# own train(config, trial), which passes the same transitions as the routine's.
+LIFECYCLE_KIND = {"own_loop": "plain"}
 PREP = ("segment_started", "after")  # leaves a running trial of a dead driver: what the recovery transitions act on
 
 
@@ -44,6 +47,7 @@ def kill_points(kind: str) -> list[tuple[str, str]]:
     """Every (transition, before|after) a driver of this study kind passes, in the table's order."""
     from hpolab.stores.trial_states import TRANSITIONS
 
+    kind = LIFECYCLE_KIND.get(kind, kind)
     return [(t.name, when) for t in TRANSITIONS if kind in t.studies for when in ("before", "after")]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from hpolab.stores.trial_states import TRANSITIONS
-from kill_harness import KINDS, enumerate_kills, kill_points, kills_beside_a_worker
+from kill_harness import KINDS, LIFECYCLE_KIND, enumerate_kills, kill_points, kills_beside_a_worker
 
 
 def test_the_kill_points_are_read_from_the_transition_table():
@@ -16,9 +16,10 @@ def test_the_kill_points_are_read_from_the_transition_table():
     names = {t.name for t in TRANSITIONS}
     for kind in KINDS:
         points = kill_points(kind)
-        assert {n for n, _ in points} <= names and len(points) == 2 * sum(kind in t.studies for t in TRANSITIONS)
+        assert {n for n, _ in points} <= names and len(points) == 2 * sum(LIFECYCLE_KIND.get(kind, kind) in t.studies for t in TRANSITIONS)
     assert ("put_back", "before") in kill_points("asha") and ("exploit_copied", "after") in kill_points("pbt")
     assert ("reaped", "after") in kill_points("plain") and ("pause", "before") not in kill_points("plain")
+    assert kill_points("own_loop") == kill_points("plain")  # an own loop passes the routine's transitions
 
 
 @pytest.mark.slow

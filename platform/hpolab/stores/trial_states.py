@@ -162,7 +162,9 @@ def chain_root(trial: Any) -> int:
 # ---------------------------------------------------------------- the transitions (study/state/lifecycle.py makes them)
 
 NEW = "new"  # a trial not in Optuna yet
-ALL = ("plain", "own_loop", "asha", "pbt")
+# The study kinds, by trial scheduler: "plain" has none. An experiment's own loop and the built-in routine
+# pass the same transitions (the kill-point harness runs "plain" with each).
+ALL = ("plain", "asha", "pbt")
 SCHEDULED = ("asha", "pbt")
 
 
@@ -215,12 +217,12 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("told", (S.RUNNING,), (S.COMPLETE, S.PRUNED, S.FAILED),
                "Optuna: tell, then read back (its state is the truth the run records)"),
     Transition("retry_queued", (S.FAILED,), (S.RETRIED,),
-               "Optuna: a WAITING copy with the same params, retry_history and the attrs it carries", ("plain", "own_loop")),
+               "Optuna: a WAITING copy with the same params, retry_history and the attrs it carries", ("plain",)),
     Transition("run_closed", (S.COMPLETE, S.PRUNED, S.FAILED), (S.COMPLETE, S.PRUNED, S.FAILED),
                "MLflow (upload thread, after its epochs, checkpoints and model): tags hpolab.state, status FINISHED/KILLED/FAILED"),
     Transition("reaped", (S.RUNNING,), (S.FAILED,),
                "a dead driver's trial: Optuna: hpolab.reaped, FAIL, a retry copy; MLflow: unwritten epochs restored, run closed FAILED",
-               ("plain", "own_loop")),
+               ("plain",)),
     Transition("ended_paused", (S.PAUSED, S.PUT_BACK), (S.PRUNED, S.COMPLETE),
                "nothing can run any more: Optuna: tell (PRUNED at its rung); MLflow: run closed with the rung", ("asha",)),
     Transition("imported", (NEW,), (S.IMPORTED,),
