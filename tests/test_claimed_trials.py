@@ -10,7 +10,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from conftest import assert_study_check_clean, open_study
+from conftest import assert_study_check_clean, open_study, run_cli
 from kill_harness import KINDS, assert_no_crash, finish_driver, run_driver, start_driver
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -52,6 +52,10 @@ def test_a_stop_signal_while_a_trial_is_claimed_starts_nothing_and_the_rerun_tak
     stopped = run_driver(store, "plain", "stop-claim", ("claim", "after", "2", "TERM"), tmp_path)
     assert stopped.returncode == 143, stopped.output
     assert "starting no new trials" in stopped.output and "trial 1 started" not in stopped.output, stopped.output
+    # What the stop left is no disagreement: study check exits 0 and says what the next run does with it.
+    check = run_cli("--store", str(store), "study", "check", "stop-claim", cwd=KINDS["plain"][0], check=False)
+    assert check.returncode == 0 and "Optuna and MLflow agree" in check.stdout, check.stdout + check.stderr
+    assert "trial 1: claimed by a driver that is gone" in check.stdout and "the next `study run` starts it" in check.stdout, check.stdout
     again = run_driver(store, "plain", "stop-claim", None, tmp_path)
     assert_no_crash(again)
     assert_study_check_clean(store, "stop-claim", cwd=KINDS["plain"][0])

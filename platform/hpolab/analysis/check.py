@@ -110,6 +110,9 @@ def check_study(name: str, stores: Stores, repair: bool = False, as_json: bool =
         return 0 if not remaining else 1
     for p, what in done:
         print(f"repaired: {'study' if p.trial is None else f'trial {p.trial}'}: {what}")
+    for number, reason in sorted(s.left_claimed.items()):
+        print(f"trial {number}: claimed by a driver that is gone ({reason}) before it was started; "
+              "the next `study run` starts it in the same trial (nothing of it was trained or logged)")
     if not remaining:
         runs = sum(1 for r in s.runs.values() if is_trial_run(r.data.tags, s.name))
         print(f"study {name}: {len(s.trials)} trials, {runs} trial runs: Optuna and MLflow agree")

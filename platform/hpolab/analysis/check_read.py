@@ -33,6 +33,9 @@ class Study:
     trials: list[FrozenTrial]
     parent_id: str | None
     live: set[int] = field(default_factory=set)  # RUNNING trials whose owner may be alive
+    # Claimed by a driver that is gone before it made the run (a stop signal leaves this): no disagreement,
+    # the next `study run` starts it in place. Trial number -> why its driver is taken for gone.
+    left_claimed: dict[int, str] = field(default_factory=dict)
     links: dict[str, Any] = field(default_factory=dict)  # live model id -> model_links_read.ModelLinks
     metric_names: list[str] | None = None  # the study's objective metrics (Optuna's metric names)
     user_attrs: dict[str, Any] = field(default_factory=dict)  # the Optuna study's (its recorded spec, metric, ...)

@@ -78,8 +78,9 @@ def _owner_alive(t: FrozenTrial) -> bool:
 
 
 def running_problems(s: Study) -> list[Problem]:
-    """Running (and claimed) trials without a live owner; fills `s.live` with those whose owner may be
-    alive. A paused one has no process: nothing to check here."""
+    """Running trials without a live owner; fills `s.live` with those whose owner may be alive and
+    `s.left_claimed` with claimed ones whose owner is gone (not a problem: nothing of them was trained
+    or logged). A paused one has no process: nothing to check here."""
     owned = [t for t, state in states(s.trials) if state in OWNED]
     # Stale: no heartbeat for GRACE_PERIOD seconds (None: no heartbeat, or a storage without them)
     stale = {t._trial_id for t in owned if (heartbeat_age(s.storage, t._trial_id) or 0) > GRACE_PERIOD}
@@ -91,8 +92,7 @@ def running_problems(s: Study) -> list[Problem]:
             continue
         kind, reason = why
         if state_of(t) == State.CLAIMED:
-            out.append(Problem(t.number, f"claimed by a driver that is gone ({reason}) before its MLflow run was made",
-                               "none needed: the next `study run` starts it in the same trial (nothing of it was trained or logged)"))
+            s.left_claimed[t.number] = reason
         elif s.scheduled:
             out.append(Problem(t.number, f"RUNNING in Optuna, but {reason}",
                                "put it back to paused in the same trial and run, at its newest checkpoint (what the next `study run` does)",
