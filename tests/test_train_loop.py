@@ -204,6 +204,20 @@ def test_resume_continues_exactly(tmp_path, variant):
         assert torch.equal(a_state[name], tensor), name
 
 
+def test_a_checkpoint_read_already_is_not_read_again_and_resumes_exactly(tmp_path):
+    # A trial object reads its checkpoint once (trial.resume_checkpoint) and the routine's fit takes it
+    # from there: the file is overwritten after that read, so a second read would fail.
+    config = cfg(max_epochs=4, optimizer="adamw", lr=0.01, scheduler="cosine")
+    straight = fit(config, mlp(), splits(), seed=3, checkpoint_dir=tmp_path / "a")
+    fit(config, mlp(), splits(), seed=3, checkpoint_dir=tmp_path / "b", on_epoch=lambda e, m: e == 2)
+    last = tmp_path / "b" / "last.pt"
+    read = load_checkpoint(last)
+    last.write_bytes(b"not a checkpoint any more")
+    resumed = fit(config, mlp(seed=9), splits(), seed=3, checkpoint_dir=tmp_path / "c", resume_from=last, resume_checkpoint=read)
+    assert [h["epoch"] for h in resumed.history] == [1, 2, 3, 4]
+    assert learning(straight.history) == learning(resumed.history)
+
+
 def test_resume_of_a_finished_run_trains_nothing(tmp_path):
     done = fit(cfg(), mlp(), splits(), checkpoint_dir=tmp_path)
     calls = []

@@ -3,7 +3,7 @@
 An experiment that defines data + model + task trains through the same trial object as an own loop
 (study/trials/trial.py): each epoch is `trial.report(epoch, metrics, checkpoint=last.pt)` (True:
 stop now), its checkpoints live in `trial.dir`, and a resumed attempt continues from
-`trial.resume_path`. What the routine does that a user's loop may not is said by attributes of the
+`trial.resume_path` (read once, by the trial object: `trial.resume_checkpoint`). What the routine does that a user's loop may not is said by attributes of the
 function, which the trial process reads, not by branches on which loop it runs:
 - `resumes_exactly`: fit() restores every RNG stream, so a resumed run is bit-for-bit the uninterrupted one;
 - `sets_up_before_go`: building data, model and optimizer writes nothing, so it happens while the
@@ -56,7 +56,8 @@ def builtin_train(experiment: ModuleType) -> Callable[[dict[str, Any], Any], Any
         last = Path(trial.dir) / "last.pt"
         notes: list[str] = []
         result = fit(tcfg, model, data, metric=config["metric"], direction=config["direction"], seed=config["seed"],
-                     checkpoint_dir=trial.dir, task=task_for(experiment), resume_from=trial.resume_path, log=notes.append,
+                     checkpoint_dir=trial.dir, task=task_for(experiment), resume_from=trial.resume_path,
+                     resume_checkpoint=trial.resume_checkpoint, log=notes.append,
                      on_epoch=lambda epoch, metrics: trial.report(epoch, metrics, checkpoint=last), ranks=ranks,
                      stop_requested=trial.stop_requested if ranks is None else None)  # (ranks: rank 0 answers at once)
         if ranks is None or ranks.is_rank0:

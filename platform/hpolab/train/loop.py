@@ -221,11 +221,14 @@ def _stopped_by_caller(state: LoopState, note) -> str:
     return "stopped_by_caller"
 
 
-def _resume(cfg: TrainConfig, run: _Run, resume_from, ckpt_dir: Path | None, *, metric: str, direction: str, note) -> tuple[LoopState, Path | None]:
-    """(loop state, best.pt) restored from `resume_from`; a fresh state when there is none."""
+def _resume(cfg: TrainConfig, run: _Run, resume_from, ckpt_dir: Path | None, *, metric: str, direction: str, note,
+            loaded: dict[str, Any] | None) -> tuple[LoopState, Path | None]:
+    """(loop state, best.pt) restored from `resume_from` (`loaded`: its contents, read already); a fresh
+    state when there is none."""
     if resume_from is None:
         return LoopState(), None
-    state, best_path = restore(resume_from, run.parts, cfg=cfg, metric=metric, direction=direction, checkpoint_dir=ckpt_dir, note=note)
+    state, best_path = restore(resume_from, run.parts, cfg=cfg, metric=metric, direction=direction, checkpoint_dir=ckpt_dir,
+                               note=note, loaded=loaded)
     note(f"resumed at epoch {state.epoch + 1} of {cfg.max_epochs} from {resume_from}")
     return state, best_path
 
@@ -322,14 +325,15 @@ def _fit_result(state: LoopState, stop_reason: str, best_path, last_path, resume
 def fit(cfg: TrainConfig, model: nn.Module, data: DataSplits, *, metric: str = "val_acc", direction: str = "maximize", seed: int = 0,
         on_epoch: Callable[[int, dict[str, float]], bool] | None = None, checkpoint_dir: str | Path | None = None,
         resume_from: str | Path | None = None, log: Callable[[str], None] | None = None, task: Any = None, ranks: Any = None,
-        stop_requested: Callable[[bool], bool] | None = None) -> FitResult:
+        stop_requested: Callable[[bool], bool] | None = None, resume_checkpoint: dict[str, Any] | None = None) -> FitResult:
     """Train `model` on `data` as `cfg` says; select the best epoch by `metric` (`direction`).
 
     on_epoch(epoch, metrics) is called after each epoch, once that epoch's checkpoints are written;
     returning True stops training ("stopped_by_caller", e.g. a pruned trial). checkpoint_dir gets
     last.pt every epoch and best.pt when the metric improves. resume_from: a last.pt to continue
     from at its next epoch, bit-for-bit as if never interrupted (same device, same seed, same
-    config; with persistent DataLoader workers the workers' own RNG restarts). log receives
+    config; with persistent DataLoader workers the workers' own RNG restarts); resume_checkpoint: that
+    file's contents when the caller has read it already (load_checkpoint), so it is not read again. log receives
     human-readable notes. Raises NonFiniteLossError on a NaN/inf loss, torch.cuda.OutOfMemoryError
     as torch does (the caller decides whether to retry with a smaller micro-batch).
 
@@ -357,7 +361,8 @@ def fit(cfg: TrainConfig, model: nn.Module, data: DataSplits, *, metric: str = "
 
     # ---- restore
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    state, best_path = _resume(cfg, run, resume_from, ckpt_dir, metric=metric, direction=direction, note=note)
+    state, best_path = _resume(cfg, run, resume_from, ckpt_dir, metric=metric, direction=direction, note=note,
+                               loaded=resume_checkpoint)
     stop_reason, first_epoch = _first_epoch(cfg, state)
     watch = LossWatch(device, amp, cfg.inject_nan_at_step)
 

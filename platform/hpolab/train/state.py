@@ -132,12 +132,14 @@ def restore(
     direction: str,
     checkpoint_dir: Path | None,
     note: Callable[[str], None],
+    loaded: dict[str, Any] | None = None,
 ) -> tuple[LoopState, Path | None]:
     """Load a last.pt into the run's objects and the RNGs; returns its loop state and the best.pt beside it.
+    `loaded`: the file's contents as load_checkpoint read them already (a trial object's), not read again.
 
     The RNG states are restored last: nothing after this may draw random numbers before training.
     """
-    ckpt = load_checkpoint(path, map_location="cpu")
+    ckpt = loaded if loaded is not None else load_checkpoint(path, map_location="cpu")
     own = ckpt.get("state") if isinstance(ckpt.get("state"), dict) else {}
     if ckpt.get("format_version") != CHECKPOINT_FORMAT or "rng" not in own:
         raise ValueError(f"{path} was not written by fit() (checkpoint format {ckpt.get('format_version')!r}, expected "

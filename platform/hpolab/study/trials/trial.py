@@ -83,9 +83,11 @@ class Trial:
         # The epoch of the weights the loop's model holds when it is not the last reported one: the
         # Hugging Face callback sets it when the Trainer loaded its best checkpoint at the end.
         self.weights_epoch: int | None = None
-        self._restored: dict[str, Any] | None = None
         self._changes = ConfigChanges(cfg, None, job.get("scheduler_keys") or ())
         self.resume_path: Path | None = None  # the checkpoint this attempt resumes from (None: a first attempt)
+        # That checkpoint as read (once): its record (epoch, history, config, ...) and its "state", which
+        # restore() gives; a loop that needs the record too (the routine's fit) takes it from here.
+        self.resume_checkpoint: dict[str, Any] | None = None
         if job.get("resume_from"):
             self._resume(Path(job["resume_from"]))
         self.start_epoch: int = self._epochs.loop_epoch(self._loop.epoch + 1)
@@ -177,7 +179,7 @@ class Trial:
 
     def restore(self) -> dict[str, Any] | None:
         """The state an earlier attempt of this trial checkpointed last (None: a first attempt)."""
-        return self._restored
+        return self.resume_checkpoint["state"] if self.resume_checkpoint is not None else None
 
     @property
     def config_changes(self) -> dict[str, Any]:
@@ -225,7 +227,7 @@ class Trial:
         self._loop.epoch = self._last_epoch = int(ckpt["epoch"])
         self._epochs.base = ckpt.get("epoch_base")
         self._changes = ConfigChanges(self.config, ckpt.get("config"), self._changes.scheduler_keys)
-        self._restored = ckpt["state"]
+        self.resume_checkpoint = ckpt
         self._last_path = path
         for best in (self.dir / "best.pt", path.parent / "best.pt"):  # the best epoch came before the resume
             if self._loop.best_epoch and best.is_file():
