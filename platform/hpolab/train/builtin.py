@@ -3,8 +3,9 @@
 An experiment that defines data + model + task trains through the same trial object as an own loop
 (study/trials/trial.py): each epoch is `trial.report(epoch, metrics, checkpoint=last.pt)` (True:
 stop now), its checkpoints live in `trial.dir`, and a resumed attempt continues from
-`trial.resume_path` (read once, by the trial object: `trial.resume_checkpoint`). What the routine does that a user's loop may not is said by attributes of the
-function, which the trial process reads, not by branches on which loop it runs:
+`trial.resume_path` (read once, by the trial object: `trial.resume_checkpoint`). What the routine does
+that a user's loop may not is said by attributes of the function, which the trial process reads, not
+by branches on which loop it runs:
 - `resumes_exactly`: fit() restores every RNG stream, so a resumed run is bit-for-bit the uninterrupted one;
 - `sets_up_before_go`: building data, model and optimizer writes nothing, so it happens while the
   driver records the segment's start (the trial waits for "go" at its first report or stop check);

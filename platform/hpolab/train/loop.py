@@ -333,8 +333,8 @@ def fit(cfg: TrainConfig, model: nn.Module, data: DataSplits, *, metric: str = "
     last.pt every epoch and best.pt when the metric improves. resume_from: a last.pt to continue
     from at its next epoch, bit-for-bit as if never interrupted (same device, same seed, same
     config; with persistent DataLoader workers the workers' own RNG restarts); resume_checkpoint: that
-    file's contents when the caller has read it already (load_checkpoint), so it is not read again. log receives
-    human-readable notes. Raises NonFiniteLossError on a NaN/inf loss, torch.cuda.OutOfMemoryError
+    file's contents when the caller has read it already (load_checkpoint), so it is not read again.
+    log receives human-readable notes. Raises NonFiniteLossError on a NaN/inf loss, torch.cuda.OutOfMemoryError
     as torch does (the caller decides whether to retry with a smaller micro-batch).
 
     "Best" (best_value, best.pt) is any strict improvement of the metric; early stopping counts
