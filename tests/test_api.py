@@ -325,3 +325,47 @@ def test_a_store_that_is_a_file_is_one_user_error_from_the_api(tmp_path):
     with pytest.raises(UserError, match="is a file, not a folder"):
         hpolab.run_study("studies/digits_cnn.yaml", {"n_trials": 1}, store=file, progress=False)
     assert file.read_text() == "not a store"
+
+
+@pytest.mark.slow
+def test_a_script_that_edits_its_experiment_between_two_studies_runs_and_records_the_edited_code(store, tmp_path):
+    """One process, three studies: the forkserver is kept while the experiment's file is unchanged (the
+    second study starts at once) and replaced when it changed, and the driver imports the file again:
+    the third study's trial runs the edited code, which is the code its runs record. Before, the
+    trials of every later study ran the first version while the runs recorded the edited one. The
+    edit keeps the file's size and lands within the same second (Python's bytecode cache would hold
+    the old code: the edit's mtime is set to the first version's)."""
+    project = tmp_path / "project"
+    (project / "experiments").mkdir(parents=True)
+    (project / "studies").mkdir()
+    spec = (ROOT / "studies" / "digits_own_loop.yaml").read_text().replace("experiment: digits_own_loop", "experiment: mine")
+    (project / "studies" / "s.yaml").write_text(spec)
+    source = (ROOT / "experiments" / "digits_own_loop.py").read_text()
+    out = run_script(f"""
+        import hashlib, json, os, pathlib, sys
+        from multiprocessing import forkserver
+        import hpolab
+
+        sys.dont_write_bytecode = False  # (PYTHONDONTWRITEBYTECODE may be set) bytecode cached, as for most users
+
+        source, experiment, seen = {source!r}, pathlib.Path("experiments/mine.py"), []
+        for i, version in enumerate("AAB"):
+            experiment.write_text(source.replace("def train(config: dict, trial) -> None:\\n",
+                                  f"def train(config: dict, trial) -> None:\\n    print('code version {{version}}', flush=True)\\n", 1))
+            written = written if i else experiment.stat().st_mtime_ns
+            os.utime(experiment, ns=(written, written))  # each edit as if in the same second as the first
+            hpolab.run_study("studies/s.yaml", {{"name": f"edited-{{i}}", "n_trials": 1, "parallel": 1, "trainer.max_epochs": 1,
+                             "log_models": "none"}}, store={str(store)!r})
+            seen.append([forkserver._forkserver._forkserver_pid, hashlib.sha256(experiment.read_bytes()).hexdigest()[:16]])
+        print(json.dumps(seen))
+    """, tmp_path, cwd=project)
+    (pid_a, hash_a), (pid_a2, hash_a2), (pid_b, hash_b) = last_json(out.stdout)
+    assert pid_a == pid_a2 != pid_b and hash_a == hash_a2 != hash_b
+    trial_lines = [line for line in out.stdout.splitlines() if line.startswith("trial 0 | code version")]
+    assert trial_lines == ["trial 0 | code version A", "trial 0 | code version A", "trial 0 | code version B"], out.stdout
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}/mlflow.db")
+    for name, expected in (("edited-1", hash_a), ("edited-2", hash_b)):
+        runs = client.search_runs([client.get_experiment_by_name(name).experiment_id])
+        assert {r.data.tags["hpolab.code_hash"] for r in runs} == {expected}, name  # the parent run and the trial's

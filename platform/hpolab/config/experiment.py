@@ -96,14 +96,54 @@ def imported_with(module: str) -> set[str]:
     return set(_IMPORTED_WITH.get(module, ()))
 
 
+_IMPORTED_SOURCE: dict[str, bytes | None] = {}  # experiment module -> its file's bytes when imported (or first seen) here
+
+
 def _import_module(name: str) -> ModuleType:
-    """importlib.import_module, noting what a first import brought in (stores/experiment_packages.py)."""
-    if name in sys.modules:
-        return importlib.import_module(name)
+    """importlib.import_module, noting what a first import brought in (stores/experiment_packages.py).
+
+    A module whose file changed since this process imported it is imported again, as a new module
+    object (those handed out before stay as they were): a notebook or script that edits its
+    experiment between two studies gets the edited code, which is also what the study records as its
+    code (experiment_code.py). Only the module's own file is compared, as the recorded code is."""
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        now = source_of_file(getattr(loaded, "__file__", None))
+        if _IMPORTED_SOURCE.setdefault(name, now) == now:
+            return importlib.import_module(name)
+        del sys.modules[name]
+        forget_bytecode(loaded.__file__)
     before = {n.partition(".")[0] for n in list(sys.modules)}
     module = importlib.import_module(name)
-    _IMPORTED_WITH[module.__name__] = {n.partition(".")[0] for n in list(sys.modules)} - before
+    _IMPORTED_WITH.setdefault(module.__name__, set()).update({n.partition(".")[0] for n in list(sys.modules)} - before)
+    _IMPORTED_SOURCE[name] = source_of_file(getattr(module, "__file__", None))
     return module
+
+
+def source_of_file(path: str | Path | None) -> bytes | None:
+    """A module file's bytes as they are now (None: no file, or it is gone)."""
+    try:
+        return Path(path).read_bytes() if path else None
+    except OSError:
+        return None
+
+
+def module_file(root: Path, module: str) -> Path:
+    """The file of module `experiments.<x>` in the project `root` (of a package: its __init__.py)."""
+    base = root / Path(*module.split("."))
+    return base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+
+
+def forget_bytecode(source_file: str | Path) -> None:
+    """Remove a changed module's cached bytecode before it is imported again: Python reuses a .pyc
+    whose recorded source mtime (whole seconds) and size still match, so an edit within the same
+    second that kept the file's size would import the old code."""
+    import importlib.util
+
+    try:
+        Path(importlib.util.cache_from_source(str(source_file))).unlink()
+    except (OSError, ValueError, NotImplementedError):
+        pass
 
 
 def _import_from(root: Path, module: str) -> ModuleType:

@@ -27,13 +27,17 @@ import sys
 import threading
 from pathlib import Path
 
+from hpolab.config.experiment import forget_bytecode, source_of_file
+
 EXPERIMENT_ENV = "HPOLAB_FORKSERVER_EXPERIMENT"  # read (and removed) by experiment_preload.py in the forkserver
 # HPOLAB_FORKSERVER=new: always multiprocessing's own start (a new interpreter), never a fork of the driver:
 # for an experiment that imports a library whose own threads a fork would leave behind (Python's threads
 # are seen and refused; a C library's are not)
 START_ENV = "HPOLAB_FORKSERVER"
-# (experiment module, export warm-up) of the forkserver this process started; None before any start
-_started: tuple[str, bool] | None = None
+# (experiment module, export warm-up, its file's bytes) of the forkserver this process started; None
+# before any start. A process that runs several studies (a notebook, a script) keeps one forkserver
+# while these stay the same: an experiment edited in between gets a new one, importing the edited file.
+_started: tuple[str, bool, bytes | None] | None = None
 _fork_allowed = False  # set by allow_fork(): only the `hpolab` command's own process forks its forkserver
 
 
@@ -56,10 +60,11 @@ def preload(export_models: bool) -> list[str]:
     return modules
 
 
-def start(experiment_module: str, export_models: bool):
-    """The forkserver context, its server running (a no-op when it already runs with that preload;
-    one started with another preload, or not by this module, is stopped first). Returns the
-    multiprocessing context.
+def start(experiment_module: str, export_models: bool, source_file: str | Path | None = None):
+    """The forkserver context, its server running (a no-op when it already runs with that preload and
+    the experiment's file unchanged; one started with another preload or file, or not by this
+    module, is stopped first). Returns the multiprocessing context. `source_file`: the experiment's
+    file when this process has not imported it (start_early).
 
     It starts with Ctrl-C and SIGTERM ignored (an ignored signal stays ignored across exec): a signal
     to the whole process group (a terminal, `docker stop`, Slurm's scancel signals every process of
@@ -70,7 +75,13 @@ def start(experiment_module: str, export_models: bool):
     from multiprocessing import forkserver
 
     global _started
-    if _started != (experiment_module, export_models) and forkserver._forkserver._forkserver_pid is not None:
+    if source_file is None and getattr(sys.modules.get(experiment_module), "__file__", None):
+        source_file = sys.modules[experiment_module].__file__
+    source = source_file and source_of_file(source_file)
+    wanted = (experiment_module, export_models, source)
+    if _started is not None and _started[0] == experiment_module and _started[2] != source and source_file:
+        forget_bytecode(source_file)  # a new interpreter's import must not take the edited file's old bytecode
+    if _started != wanted and forkserver._forkserver._forkserver_pid is not None:
         # One with another preload, or one this module did not start (this process's own code used a
         # forkserver context first: a notebook, a test): multiprocessing keeps one per process and would
         # reuse it, and every trial would import torch and the experiment itself (seconds each).
@@ -97,7 +108,7 @@ def start(experiment_module: str, export_models: bool):
             forkserver.ensure_running()
     finally:
         os.environ.pop(EXPERIMENT_ENV, None)
-    _started = (experiment_module, export_models)
+    _started = wanted
     return ctx
 
 
@@ -227,7 +238,7 @@ def start_early(spec_path: str, overrides: list[str]) -> bool:
     start to the usual place, after the check."""
     import yaml
 
-    from hpolab.config.experiment import locate_experiment, put_first_on_path
+    from hpolab.config.experiment import locate_experiment, module_file, put_first_on_path
     from hpolab.config.overrides import apply_overrides, parse_overrides
 
     if can_fork_server():  # the check's imports are the forkserver's: it is forked after them (start)
@@ -243,5 +254,5 @@ def start_early(spec_path: str, overrides: list[str]) -> bool:
         return False
     root, module = found
     put_first_on_path(root)  # the forkserver is given this process's sys.path (load_spec does the same)
-    start(module, export_models=log_models != "none")
+    start(module, export_models=log_models != "none", source_file=module_file(root, module))
     return True
