@@ -6,10 +6,14 @@ that finds a dead driver's trial gives way, so it is reaped with the budget lock
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import optuna
 import pytest
 from optuna.trial import TrialState
 
+import hpolab
 from conftest import assert_study_check_clean, open_study, run_cli
 from kill_harness import KINDS, assert_no_crash, finish_driver, run_driver, start_driver
 
@@ -55,7 +59,11 @@ def test_a_stop_signal_while_a_trial_is_claimed_starts_nothing_and_the_rerun_tak
     # What the stop left is no disagreement: study check exits 0 and says what the next run does with it.
     check = run_cli("--store", str(store), "study", "check", "stop-claim", cwd=KINDS["plain"][0], check=False)
     assert check.returncode == 0 and "Optuna and MLflow agree" in check.stdout, check.stdout + check.stderr
-    assert "trial 1: claimed by a driver that is gone" in check.stdout and "the next `study run` starts it" in check.stdout, check.stdout
+    assert "trial 1: claimed, then its driver (pid " in check.stdout and "the next `study run` starts it" in check.stdout, check.stdout
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):  # the Python API's check says the same
+        assert hpolab.load_study("stop-claim", store=store).check() == []
+    assert printed.getvalue().splitlines() == [line for line in check.stdout.splitlines() if line.startswith("trial 1: claimed, then")]
     again = run_driver(store, "plain", "stop-claim", None, tmp_path)
     assert_no_crash(again)
     assert_study_check_clean(store, "stop-claim", cwd=KINDS["plain"][0])

@@ -98,6 +98,17 @@ def run_check(name: str, stores: Stores, repair: bool = False) -> CheckResult:
     return CheckResult(s, problems, remaining, done)
 
 
+def outcome_lines(r: CheckResult) -> list[str]:
+    """What the check did and found that is not a disagreement: its repairs, and trials left claimed
+    by a driver that is gone (a stop signal during the claim), which the next run starts in place.
+    Printed by `study check` and by the API's Study.check."""
+    lines = [f"repaired: {'study' if p.trial is None else f'trial {p.trial}'}: {what}" for p, what in r.done]
+    for number, reason in sorted(r.study.left_claimed.items()):
+        lines.append(f"trial {number}: claimed, then {reason} before it was started; "
+                     "the next `study run` starts it in the same trial (nothing of it was trained or logged)")
+    return lines
+
+
 def check_study(name: str, stores: Stores, repair: bool = False, as_json: bool = False) -> int:
     """Print the study's disagreements (a table, or JSON); with `repair`, fix what can be fixed,
     say what was done and check again. 0: clean (after repairs), 1: disagreements remain."""
@@ -108,11 +119,8 @@ def check_study(name: str, stores: Stores, repair: bool = False, as_json: bool =
         out = [{**p.as_dict(), "repaired": did.get(id(p))} for p in problems]
         print(json.dumps(out, indent=1))
         return 0 if not remaining else 1
-    for p, what in done:
-        print(f"repaired: {'study' if p.trial is None else f'trial {p.trial}'}: {what}")
-    for number, reason in sorted(s.left_claimed.items()):
-        print(f"trial {number}: claimed by a driver that is gone ({reason}) before it was started; "
-              "the next `study run` starts it in the same trial (nothing of it was trained or logged)")
+    for line in outcome_lines(r):
+        print(line)
     if not remaining:
         runs = sum(1 for r in s.runs.values() if is_trial_run(r.data.tags, s.name))
         print(f"study {name}: {len(s.trials)} trials, {runs} trial runs: Optuna and MLflow agree")

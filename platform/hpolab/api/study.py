@@ -92,13 +92,14 @@ class Study:
     def check(self, repair: bool = False) -> list:
         """`hpolab study check`: the disagreements between the study's Optuna trials and MLflow runs
         that remain (empty: the stores agree). Each has .trial, .what and .fix; `repair` first fixes
-        what can be fixed without deleting anything (as --repair; `repaired` lines are printed)."""
-        from hpolab.analysis.check import run_check
+        what can be fixed without deleting anything (as --repair). Prints what the command prints
+        besides its table: the `repaired` lines, and a trial left claimed by a stopped driver."""
+        from hpolab.analysis.check import outcome_lines, run_check
 
         with keep_tracking_uri():
             result = run_check(self.name, self.stores, repair=repair)
-        for p, what in result.done:
-            print(f"repaired: {'study' if p.trial is None else f'trial {p.trial}'}: {what}")
+        for line in outcome_lines(result):
+            print(line)
         return result.remaining
 
     def report(self, path: str | Path | None = None, ui_url: str | None = None) -> Path:
