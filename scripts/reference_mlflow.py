@@ -185,7 +185,8 @@ NAMES = {
 # Literals of these prefixes that are no MLflow/Optuna names: files, modules, Kubernetes labels.
 NOT_NAMES = {"hpolab.cli", "mlflow.db", "optuna.db", "mlflow.pytorch", "mlflow.sql", "mlflow.store.db.utils",
              "mlflow.pyfunc", "mlflow.entities", "mlflow.tracking", "mlflow.exceptions", "optuna.storages",
-             "optuna.trial", "optuna.samplers", "optuna.pruners", "mlflow.tracking._tracking_service.utils"}
+             "optuna.trial", "optuna.samplers", "optuna.pruners", "mlflow.tracking._tracking_service.utils",
+             "mlflow.pytorch._lightning_autolog"}
 
 # Epoch metrics whose line in train/loop.py carries no comment.
 EPOCH_NOTES = {"grad_norm_max": "largest global L2 norm of the gradients over the epoch's optimizer steps, before clipping"}
