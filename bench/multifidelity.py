@@ -27,7 +27,11 @@ driver received them, until the arm first reached random search's best - 0.5 poi
 the wall time of the command and the driver's CPU time (the CLI process, its loop and threads; the
 trial processes come from the forkserver, which nobody waits for, and are not in it). With --compare-root DIR each seed's arms run twice, side by side, in
 alternating order: with DIR's hpolab ("before") and this checkout's ("after"); the header then gives
-each one's ASHA wall (and driver CPU) time over random search's, per seed. An arm the CLI refuses (exit 2: its spec key does not exist yet) is
+each one's ASHA wall (and driver CPU) time over random search's, per seed. The header also splits each
+study's wall time into its start (the command's start to the first trial's run), its trials (to the last
+epoch received) and its end, and gives the least ASHA's ratio could be on those figures: random search's
+start and end, and each ASHA epoch at what random's epochs cost in its trials phase, with no further cost
+per trial or segment. An arm the CLI refuses (exit 2: its spec key does not exist yet) is
 reported as missing. The load average is recorded before each study.
 
     nice -n 10 .venv/bin/python bench/multifidelity.py --pbt-task lr-decay [--seeds 0 1 2] [--json ...] [--markdown ...]
@@ -146,6 +150,28 @@ def trial_best(histories: dict[int, list[tuple[float, int, float]]], maximize: b
     return out
 
 
+def phases(started: float, wall: float, first_run: float | None, events: list) -> dict | None:
+    """A study command's wall time in three parts, s: `start` (the command's start to its first trial's
+    run: imports, the spec check, the stores, the forkserver), `trials` (to the last epoch the driver
+    received) and `end` (to the command's exit: what is ended at the end, the summary). `started`:
+    the command's start (s since the epoch); events as epochs_of gives them."""
+    if first_run is None or not events:
+        return None
+    last = max(e[0] for e in events)
+    return {"start": round(first_run - started, 2), "trials": round(last - first_run, 2),
+            "end": round(started + wall - last, 2)}
+
+
+def free_segments_ratio(random: dict, asha: dict) -> float | None:
+    """ASHA's wall over random search's if each of ASHA's epochs cost what random's cost in random's
+    trials phase, and nothing more (no cost per trial or per segment beyond random's), with random's start
+    and end: the least the ratio can be on this run's figures."""
+    ph = random.get("phases")
+    if not ph or not random.get("epochs") or not asha.get("epochs"):
+        return None
+    return (ph["start"] + ph["end"] + ph["trials"] * asha["epochs"] / random["epochs"]) / random["wall_s"]
+
+
 def _by_trial(mapping: dict, trial: int):  # int keys when fresh, str keys read back from JSON
     return mapping.get(trial, mapping.get(str(trial)))
 
@@ -212,7 +238,7 @@ def run_arm(arm: str, seed: int, trials: int, workdir: Path, task: dict = TASKS[
            f"seed={seed}", *arm_overrides(arm, trials, task["epochs"])]
     before = load()
     log = store.with_name(store.name + ".log")
-    t0, cpu0 = time.perf_counter(), children_cpu()
+    started, t0, cpu0 = time.time(), time.perf_counter(), children_cpu()
     with log.open("w") as out:
         proc = subprocess.run(cmd, cwd=root, env=env(root), stdout=out, stderr=subprocess.STDOUT)
     wall, cpu = time.perf_counter() - t0, children_cpu() - cpu0
@@ -225,6 +251,7 @@ def run_arm(arm: str, seed: int, trials: int, workdir: Path, task: dict = TASKS[
     if proc.returncode != 0 and not (proc.returncode == 1 and got["states"] and set(got["states"]) <= {"COMPLETE", "PRUNED"}):
         sys.exit(f"multifidelity: {arm} seed {seed} failed with exit code {proc.returncode}; see {log}")
     return {"arm": arm, "seed": seed, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "load_before": before, "store": store,
+            "started": started,
             "exit_code": proc.returncode, "last_line": text.strip().splitlines()[-1] if text.strip() else "", **got}
 
 
@@ -244,6 +271,7 @@ def read_store(store: Path, study_name: str = STUDY, metric: str = "val_acc") ->
     study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{store / 'optuna.db'}")
     client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
     histories, states, params, schedules, exploited = {}, {}, {}, {}, 0
+    first_run = float("inf")  # when the study's first run was created (s since the epoch)
     for t in study.trials:
         states[t.state.name] = states.get(t.state.name, 0) + 1
         params[t.number] = t.params  # the sampled configuration: the same first ones in every arm of a seed
@@ -251,12 +279,14 @@ def read_store(store: Path, study_name: str = STUDY, metric: str = "val_acc") ->
         if run_id:
             hist = client.get_metric_history(run_id, metric)
             histories[t.number] = [(m.timestamp / 1000, m.step, m.value) for m in hist]
-            exploited += "hpolab.pbt_exploited_from" in client.get_run(run_id).data.tags  # PBT: copied another member
+            run = client.get_run(run_id)
+            exploited += "hpolab.pbt_exploited_from" in run.data.tags  # PBT: copied another member
+            first_run = min(first_run, run.info.start_time / 1000)
             lr = client.get_metric_history(run_id, "pbt.trainer.lr")  # PBT: the lr each segment trained at
             if lr:
                 schedules[t.number] = sorted((m.step, m.value) for m in lr)
     return {"trials": len(study.trials), "states": states, "params": params, "exploited": exploited,
-            "lr_schedules": schedules, "histories": histories}
+            "lr_schedules": schedules, "histories": histories, "first_run": first_run if histories else None}
 
 
 # ------------------------------------------------------------------ output
@@ -416,6 +446,20 @@ def wall_ratios(rows: list[dict], codes: list[str | None]) -> str:
             if ratios:
                 mean = statistics.fmean(x for _, x in ratios)
                 out.append(f"asha / random {what}{tag}: {mean:.2f}x (" + ", ".join(f"seed {s} {x:.2f}x" for s, x in ratios) + ")")
+    for code in codes:
+        tag = f" ({code})" if code else ""
+        parts = {arm: [r["phases"] for r in rows if r["arm"] == f"{arm}{tag}" and r.get("phases")] for arm in ("random", "asha")}
+        if all(parts.values()):
+            out.append(f"start | trials | end, mean s{tag}: " + "; ".join(
+                f"{arm} " + " | ".join(f"{statistics.fmean(p[k] for p in got):.1f}" for k in ("start", "trials", "end"))
+                for arm, got in parts.items()))
+        by_seed = {r["seed"]: r for r in rows if r["arm"] == f"random{tag}"}
+        floor = [(r["seed"], free_segments_ratio(by_seed[r["seed"]], r)) for r in rows
+                 if r["arm"] == f"asha{tag}" and r["seed"] in by_seed]
+        floor = [(s, x) for s, x in floor if x is not None]
+        if floor:
+            out.append(f"asha / random wall if ASHA's epochs cost what random's do and its segments nothing more{tag}: "
+                       f"{statistics.fmean(x for _, x in floor):.2f}x (" + ", ".join(f"seed {s} {x:.2f}x" for s, x in floor) + ")")
     return "".join(f"\n{line}" for line in out)
 
 
@@ -431,6 +475,7 @@ def run_seed(seed: int, arms: list[str], trials: int, workdir: Path, root: Path,
             if arm == "random":
                 target = summarise(r["events"], None)["best"] - TARGET_POINTS / 100
             r.update(summarise(r["events"], target), target=target)
+            r["phases"] = phases(r.pop("started"), r["wall_s"], r.pop("first_run"), r["events"])
             print(f"seed {seed} {r['arm']:>9}: best {r['best']:.4f}, {r['epochs']} epochs, to target {r['epochs_to_target']}, "
                   f"{r['wall_s']} s ({r['cpu_s']} s driver CPU), {r['states']}, {r['exploited']} exploited  [{r['load_before']}]", flush=True)
         else:

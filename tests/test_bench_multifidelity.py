@@ -56,6 +56,27 @@ def test_the_table_names_a_missing_arm_and_each_arms_share_of_random_epochs():
     assert "| pbt | 0 | missing: hpolab: trial_scheduler.type: pbt is not available yet |" in text
 
 
+def test_a_study_s_wall_time_splits_into_start_trials_and_end_and_gives_asha_s_least_ratio():
+    # The command started at t=100 and took 15 s; its first run was created at 105.5; epochs arrived until 114.
+    events = mf.epochs_of({0: [(106.0, 1, 0.5), (114.0, 2, 0.9)], 1: [(108.0, 1, 0.7)]})
+    ph = mf.phases(100.0, 15.0, 105.5, events)
+    assert ph == {"start": 5.5, "trials": 8.5, "end": 1.0}
+    assert sum(ph.values()) == pytest.approx(15.0)
+    assert mf.phases(100.0, 15.0, None, []) is None  # a study with no run: nothing to split
+    # Random: 324 epochs in an 8.5 s trials phase. ASHA's 162 epochs at that cost, with random's start and
+    # end: (5.5 + 1.0 + 4.25) / 15 = 0.717x, whatever ASHA's own wall was.
+    random = {"wall_s": 15.0, "epochs": 324, "phases": ph}
+    assert mf.free_segments_ratio(random, {"wall_s": 19.0, "epochs": 162}) == pytest.approx(10.75 / 15)
+    assert mf.free_segments_ratio({**random, "phases": None}, {"wall_s": 19.0, "epochs": 162}) is None
+    rows = [{"arm": "random", "seed": 0, "wall_s": 15.0, "cpu_s": 8.0, "epochs": 324, "phases": ph},
+            {"arm": "asha", "seed": 0, "wall_s": 19.0, "cpu_s": 12.0, "epochs": 162,
+             "phases": {"start": 5.6, "trials": 12.0, "end": 1.4}}]
+    text = mf.wall_ratios(rows, [None])
+    assert "asha / random wall: 1.27x (seed 0 1.27x)" in text
+    assert "start | trials | end, mean s: random 5.5 | 8.5 | 1.0; asha 5.6 | 12.0 | 1.4" in text
+    assert "its segments nothing more: 0.72x (seed 0 0.72x)" in text
+
+
 @pytest.mark.parametrize("arm", ["random", "hyperband"])
 def test_the_arms_specs_load(arm):
     # The overrides each arm passes on the command line are a valid spec (the arms that need a trial
