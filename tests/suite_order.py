@@ -42,6 +42,7 @@ END_TO_END_ONLY = {
     "test_one_path.py": "ASHA, PBT and a SIGKILLed driver's retry, for a routine and an own-loop experiment",
     "test_one_path_results.py": "one study per experiment kind: its best epoch, logged model, promote, reproduce",
     "test_promote_kinds.py": "promote on a two-objective study of each experiment kind, and from a logged model without best.pt",
+    "test_stores_followed.py": "a script's study, promote and predict in a store elsewhere, read back from another folder",
 }
 
 

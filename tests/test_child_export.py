@@ -82,6 +82,7 @@ def _start(job, summary):
     return proc, parent, life_write
 
 
+@pytest.mark.slow
 def test_the_trial_process_saves_its_model_and_the_driver_logs_that_folder(tmp_path, store):
     import mlflow
 
@@ -197,6 +198,7 @@ if importlib.util.find_spec("pytorch_lightning"):  # installed (the test extras)
 MLFLOW_TELEMETRY_OFF = ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "PYTEST_CURRENT_TEST", "CI", "GITHUB_ACTIONS")  # (and other CI names)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mlflow_first", [False, True], ids=["mlflow-imported-by-the-warm-up", "mlflow-imported-before-the-fork"])
 def test_the_warmed_forkserver_forks_trials_that_compute_in_parallel(tmp_path, mlflow_first):
     """The warm-up runs torch on one thread and MLflow without telemetry: no thread it would start

@@ -45,6 +45,7 @@ def test_a_lightning_module_logs_one_train_loss_per_epoch_its_version_and_its_fi
     assert any(line.startswith("trial 0 | ") for line in out.stdout.splitlines())
 
 
+@pytest.mark.slow
 def test_a_trainer_script_with_relative_paths_logs_the_weights_it_ends_with(store, tmp_path):
     out = run_cli("--store", str(store), "study", "run", str(PROJECT / "studies/hf_user.yaml"), "sampler={type: grid}",
                   "search_space={model.load_best: {type: categorical, choices: [false, true]}}", cwd=tmp_path)

@@ -234,6 +234,7 @@ def test_a_study_stopped_by_its_failure_limit_sends_study_error_not_finished(sto
     assert error["text"].startswith("hpolab: study broken stopped on an error on ")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["down", "fail", "block"])
 def test_a_receiver_that_is_down_failing_or_slow_does_not_hold_the_study(store, tmp_path, mode):
     """The study ends (its parent run FINISHED, every trial told) while the receiver is still down, still

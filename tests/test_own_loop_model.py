@@ -33,6 +33,7 @@ def _linked(client, run) -> dict[str, tuple[int, float]]:
     return {m.key: (m.step, m.value) for m in model.metrics or []}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep, epoch, value", [("final", 2, 0.5), ("best", 1, 0.9)])
 def test_the_logged_model_holds_the_weights_of_the_epoch_its_metrics_and_value_are_from(store, keep, epoch, value):
     run_cli("--store", str(store), "study", "run", "studies/tiny_loop.yaml", *TINY, f"model.keep={keep}", cwd=PROJECT)
@@ -52,6 +53,7 @@ def test_the_logged_model_holds_the_weights_of_the_epoch_its_metrics_and_value_a
     assert check.returncode == 1 and f"its logged model holds epoch {epoch}'s weights" in " ".join(check.stdout.split())
 
 
+@pytest.mark.slow
 def test_a_model_logged_with_a_one_row_example_takes_any_batch_and_promotes(store, tmp_path):
     run_cli("--store", str(store), "study", "run", "studies/classic_mnist.yaml", "n_trials=1", "model.example_rows=1", cwd=PROJECT)
     client, study = open_study(store, "classic-mnist")

@@ -88,6 +88,7 @@ def test_the_cli_redacts_any_error_it_prints(monkeypatch, capsys, error):
     assert "Sl4sh/pw==" not in err and "u:***@db:5432" in err
 
 
+@pytest.mark.slow
 def test_no_command_shows_a_secret(tmp_path):
     """Through the real CLI: `study run` and `study status` against a store that does not answer,
     and the script of `launch slurm --dry-run`."""

@@ -129,6 +129,7 @@ def test_tracking_server_on_a_closed_port_fails_fast(tmp_path):
     assert took < BOUND_S, f"{took:.1f} s (MLflow's HTTP retries not turned down?)"
 
 
+@pytest.mark.slow
 def test_a_server_that_never_answers_is_given_seconds_not_minutes(tmp_path, silent_server):
     out, took = timed("--store", str(tmp_path / "s"), "--tracking-uri", f"http://127.0.0.1:{silent_server}", "study", "list")
     line = one_line_error(out, 1)

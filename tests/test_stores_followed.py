@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from conftest import run_cli
 from test_api import last_json, run_script
@@ -22,6 +23,7 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+@pytest.mark.slow
 def test_a_promotion_of_a_study_in_another_store_predicts_from_that_store(tmp_path):
     store = tmp_path / "S"
     work = tmp_path / "work"

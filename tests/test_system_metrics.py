@@ -94,6 +94,7 @@ def _env() -> dict:
     return {**hpolab_env(), "HPOLAB_SYSTEM_METRICS_INTERVAL": "0.2"}
 
 
+@pytest.mark.slow
 def test_every_trial_run_gets_its_system_metrics_and_compare_and_the_report_show_them(store, tmp_path):
     run_cli("--store", str(store), "study", "run", *ARGS, "name=sysm", cwd=FAULT_PROJECT, env=_env())
     client, study = open_study(store, "sysm")
@@ -122,6 +123,7 @@ def test_every_trial_run_gets_its_system_metrics_and_compare_and_the_report_show
     assert "<th>peak MB</th>" in html and "<th>samples/s</th>" in html, html[:2000]
 
 
+@pytest.mark.slow
 def test_system_metrics_false_logs_none(store):
     run_cli("--store", str(store), "study", "run", *ARGS, "name=nosys", "n_trials=1", "system_metrics=false", cwd=FAULT_PROJECT, env=_env())
     client, study = open_study(store, "nosys")

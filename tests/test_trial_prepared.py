@@ -37,6 +37,7 @@ def _message(r: Running, timeout: float):
     return r.conn.recv()
 
 
+@pytest.mark.slow
 def test_a_prepared_trial_process_trains_only_once_told_go(runner_and_trial):
     runner, r = runner_and_trial
     runner.prepare(r, None, [r])

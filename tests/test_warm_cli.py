@@ -39,6 +39,7 @@ def test_bad_input_exits_the_same_with_the_same_message(monkeypatch, store, tmp_
     assert usage_warm.returncode == usage_fresh.returncode == 2 and usage_warm.stderr == usage_fresh.stderr
 
 
+@pytest.mark.slow
 def test_the_commands_environment_and_import_path_are_its_own(monkeypatch, tmp_path):
     """PYTHONPATH puts a project first on the import path, and hpolab's modules are imported under the
     command's environment (several read it at import), not the warm interpreter's."""
