@@ -111,6 +111,17 @@ def _host_slots_of_this_test_process(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _temp_files_under_pytests_tmp(tmp_path_factory):
+    """The processes this pytest process starts (commands, drivers, their forkservers and trials, the
+    servers) make their temporary files under pytest's own temporary folder, which pytest prunes (it
+    keeps its last three runs'). A process SIGKILLed on purpose (the kill points, the fault tests)
+    cannot remove its own: multiprocessing's `pymp-*` folder of a killed driver stayed in /tmp, hundreds
+    per run of the suite."""
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _autograd_without_device_threads():
     """One backward pass in this pytest process before any test. Autograd decides once per process, at
     its first backward pass, whether to start its device threads, and starts them when a device type
@@ -128,7 +139,7 @@ def _autograd_without_device_threads():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _warm_cli():
+def _warm_cli(_temp_files_under_pytests_tmp):
     # Started before the first test (its imports overlap the first tests), not by the first run_cli: a
     # test that compares the processes alive before and after a command would count it as left behind.
     if os.environ.get("HPOLAB_TEST_FRESH_CLI") != "1":

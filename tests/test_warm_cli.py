@@ -42,7 +42,8 @@ def test_bad_input_exits_the_same_with_the_same_message(monkeypatch, store, tmp_
 @pytest.mark.slow
 def test_the_commands_environment_and_import_path_are_its_own(monkeypatch, tmp_path):
     """PYTHONPATH puts a project first on the import path, and hpolab's modules are imported under the
-    command's environment (several read it at import), not the warm interpreter's."""
+    command's environment (several read it at import), not the warm interpreter's; its TMPDIR is where
+    its temporary files go."""
     project = tmp_path / "elsewhere"
     (project / "experiments").mkdir(parents=True)
     (project / "experiments" / "__init__.py").write_text("")
@@ -51,16 +52,18 @@ def test_the_commands_environment_and_import_path_are_its_own(monkeypatch, tmp_p
     spec = (ROOT / "studies" / "diabetes_mlp.yaml").read_text()
     spec = re.sub(r"(?m)^experiment:.*$", "experiment: experiments.tiny_probe", spec)
     (tmp_path / "probe.yaml").write_text(spec)
-    env = {**hpolab_env(), "PYTHONPATH": str(project), "HPOLAB_GRACE_PERIOD": "1234"}
+    own_tmp = tmp_path / "own-tmp"
+    own_tmp.mkdir()
+    env = {**hpolab_env(), "PYTHONPATH": str(project), "HPOLAB_GRACE_PERIOD": "1234", "TMPDIR": str(own_tmp)}
     warm, fresh = both(monkeypatch, "study", "validate", str(tmp_path / "probe.yaml"), cwd=tmp_path, env=env)
     assert warm.returncode == fresh.returncode == 0, warm.stderr
     assert warm.stdout == fresh.stdout
-    code = "from hpolab.stores.optuna_storage import GRACE_PERIOD; print(GRACE_PERIOD)"
+    code = "import tempfile; from hpolab.stores.optuna_storage import GRACE_PERIOD; print(GRACE_PERIOD, tempfile.gettempdir())"
     (project / "experiments" / "tiny_probe.py").write_text(
         (ROOT / "experiments" / "diabetes_mlp.py").read_text() + f"\n{code}\n")
     warm, fresh = both(monkeypatch, "study", "validate", str(tmp_path / "probe.yaml"), cwd=tmp_path, env=env)
     assert warm.returncode == fresh.returncode == 0, warm.stderr
-    assert "1234" in warm.stdout.splitlines()[0] and warm.stdout == fresh.stdout
+    assert warm.stdout.splitlines()[0] == f"1234 {own_tmp}" and warm.stdout == fresh.stdout
 
 
 def test_a_command_holds_no_descriptor_a_new_process_would_not(monkeypatch, tmp_path):
