@@ -271,7 +271,7 @@ def read_store(store: Path, study_name: str = STUDY, metric: str = "val_acc") ->
     study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{store / 'optuna.db'}")
     client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
     histories, states, params, schedules, exploited = {}, {}, {}, {}, 0
-    first_run = float("inf")  # when the study's first run was created (s since the epoch)
+    starts = []  # when each trial's run was created (s since the epoch)
     for t in study.trials:
         states[t.state.name] = states.get(t.state.name, 0) + 1
         params[t.number] = t.params  # the sampled configuration: the same first ones in every arm of a seed
@@ -281,12 +281,12 @@ def read_store(store: Path, study_name: str = STUDY, metric: str = "val_acc") ->
             histories[t.number] = [(m.timestamp / 1000, m.step, m.value) for m in hist]
             run = client.get_run(run_id)
             exploited += "hpolab.pbt_exploited_from" in run.data.tags  # PBT: copied another member
-            first_run = min(first_run, run.info.start_time / 1000)
+            starts.append(run.info.start_time / 1000)
             lr = client.get_metric_history(run_id, "pbt.trainer.lr")  # PBT: the lr each segment trained at
             if lr:
                 schedules[t.number] = sorted((m.step, m.value) for m in lr)
     return {"trials": len(study.trials), "states": states, "params": params, "exploited": exploited,
-            "lr_schedules": schedules, "histories": histories, "first_run": first_run if histories else None}
+            "lr_schedules": schedules, "histories": histories, "first_run": min(starts, default=None)}
 
 
 # ------------------------------------------------------------------ output
@@ -435,32 +435,40 @@ def main() -> int:
 
 
 def wall_ratios(rows: list[dict], codes: list[str | None]) -> str:
-    """Each checkout's ASHA wall time (and CPU time) over random search's, per seed (the rows ran side by side)."""
+    """Each checkout's ASHA wall time (and CPU time) over random search's, per seed (the rows ran side by
+    side); then each study's start, trials and end, and the least ASHA's wall ratio could be (free_segments_ratio)."""
     out = []
     for key, what in (("wall_s", "wall"), ("cpu_s", "driver CPU")):
-        for code in codes:
-            tag = f" ({code})" if code else ""
-            by_seed = {r["seed"]: r[key] for r in rows if r["arm"] == f"random{tag}" and key in r}
-            ratios = [(r["seed"], r[key] / by_seed[r["seed"]]) for r in rows
-                      if r["arm"] == f"asha{tag}" and key in r and by_seed.get(r["seed"])]
-            if ratios:
-                mean = statistics.fmean(x for _, x in ratios)
-                out.append(f"asha / random {what}{tag}: {mean:.2f}x (" + ", ".join(f"seed {s} {x:.2f}x" for s, x in ratios) + ")")
-    for code in codes:
-        tag = f" ({code})" if code else ""
+        for tag in _tags(codes):
+            out.append(_ratio_line(f"asha / random {what}{tag}", _per_seed(
+                rows, tag, lambda random, asha: asha[key] / random[key] if random.get(key) and key in asha else None)))
+    for tag in _tags(codes):
         parts = {arm: [r["phases"] for r in rows if r["arm"] == f"{arm}{tag}" and r.get("phases")] for arm in ("random", "asha")}
         if all(parts.values()):
             out.append(f"start | trials | end, mean s{tag}: " + "; ".join(
                 f"{arm} " + " | ".join(f"{statistics.fmean(p[k] for p in got):.1f}" for k in ("start", "trials", "end"))
                 for arm, got in parts.items()))
-        by_seed = {r["seed"]: r for r in rows if r["arm"] == f"random{tag}"}
-        floor = [(r["seed"], free_segments_ratio(by_seed[r["seed"]], r)) for r in rows
-                 if r["arm"] == f"asha{tag}" and r["seed"] in by_seed]
-        floor = [(s, x) for s, x in floor if x is not None]
-        if floor:
-            out.append(f"asha / random wall if ASHA's epochs cost what random's do and its segments nothing more{tag}: "
-                       f"{statistics.fmean(x for _, x in floor):.2f}x (" + ", ".join(f"seed {s} {x:.2f}x" for s, x in floor) + ")")
-    return "".join(f"\n{line}" for line in out)
+        out.append(_ratio_line(f"asha / random wall if ASHA's epochs cost what random's do and its segments nothing more{tag}",
+                               _per_seed(rows, tag, free_segments_ratio)))
+    return "".join(f"\n{line}" for line in out if line)
+
+
+def _tags(codes: list[str | None]) -> list[str]:
+    """The arm names' suffix of each checkout: ' (before)', ' (after)', or '' for this checkout alone."""
+    return [f" ({code})" if code else "" for code in codes]
+
+
+def _per_seed(rows: list[dict], tag: str, ratio) -> list[tuple[int, float]]:
+    """[(seed, ratio(random's row, ASHA's row))] for each seed both arms ran (None ratios left out)."""
+    random = {r["seed"]: r for r in rows if r["arm"] == f"random{tag}"}
+    pairs = [(r["seed"], ratio(random[r["seed"]], r)) for r in rows if r["arm"] == f"asha{tag}" and r["seed"] in random]
+    return [(seed, x) for seed, x in pairs if x is not None]
+
+
+def _ratio_line(label: str, pairs: list[tuple[int, float]]) -> str:
+    if not pairs:
+        return ""
+    return f"{label}: {statistics.fmean(x for _, x in pairs):.2f}x (" + ", ".join(f"seed {s} {x:.2f}x" for s, x in pairs) + ")"
 
 
 def run_seed(seed: int, arms: list[str], trials: int, workdir: Path, root: Path, code: str | None) -> list[dict]:
