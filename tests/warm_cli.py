@@ -203,10 +203,7 @@ def _command(msg: dict, fds: list[int], base_path: list[str]) -> None:
     os.chdir(msg["cwd"])
     os.environ.clear()
     os.environ.update(msg["env"])
-    from multiprocessing import process
-
     tempfile.tempdir = None  # read again from the command's TMPDIR, as a new process would
-    process.current_process()._config.pop("tempdir", None)  # (multiprocessing's pymp-* folder, were one made here)
     argv = msg["argv"]
     script = argv[0] if Path(argv[0]).name == "hpolab" else None
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
